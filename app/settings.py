@@ -1,0 +1,179 @@
+"""Where draftpen keeps its files, and the user's settings.
+
+Paths come from here and nowhere else. They follow the platform's conventions
+(XDG on Linux, ~/Library on macOS) through ``platformdirs``; two environment variables
+override them, so tests and CI never touch a real home directory:
+
+- ``DRAFTPEN_HOME``: config, data and cache all live under it
+  (``$DRAFTPEN_HOME/config``, ``/data``, ``/cache``).
+- ``DRAFTPEN_MODELS_DIR``: the model store, default ``<data dir>/models``. CI points it
+  at a persistent directory so the large model files are fetched once per machine.
+- ``DRAFTPEN_CATALOG``: a models.toml to use instead of the packaged one (tests, and
+  trying a new catalog entry before it ships).
+
+Functions return paths without creating them; code that writes creates what it needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import platformdirs
+
+from app.errors import SettingsError
+
+APP_NAME = "draftpen"
+HOME_ENV = "DRAFTPEN_HOME"
+MODELS_DIR_ENV = "DRAFTPEN_MODELS_DIR"
+CATALOG_ENV = "DRAFTPEN_CATALOG"
+SETTINGS_FILENAME = "settings.toml"
+
+DrafterChoice = Literal["auto", "model", "ngram", "none"]
+DRAFTER_CHOICES: tuple[str, ...] = typing.get_args(DrafterChoice)
+
+
+def _env_path(name: str) -> Path | None:
+    # An empty variable counts as unset: `DRAFTPEN_HOME= draftpen` should not mean cwd.
+    value = os.environ.get(name, "").strip()
+    return Path(value).expanduser() if value else None
+
+
+def config_dir() -> Path:
+    """The directory holding ``settings.toml``."""
+    home = _env_path(HOME_ENV)
+    if home is not None:
+        return home / "config"
+    return platformdirs.user_config_path(APP_NAME, appauthor=False)
+
+
+def data_dir() -> Path:
+    """The directory for lasting data: chat history, and the model store by default."""
+    home = _env_path(HOME_ENV)
+    if home is not None:
+        return home / "data"
+    return platformdirs.user_data_path(APP_NAME, appauthor=False)
+
+
+def cache_dir() -> Path:
+    """The directory for files that can be rebuilt at any time."""
+    home = _env_path(HOME_ENV)
+    if home is not None:
+        return home / "cache"
+    return platformdirs.user_cache_path(APP_NAME, appauthor=False)
+
+
+def models_dir() -> Path:
+    """The model store: ``$DRAFTPEN_MODELS_DIR`` if set, else ``<data dir>/models``."""
+    override = _env_path(MODELS_DIR_ENV)
+    return override if override is not None else data_dir() / "models"
+
+
+def catalog_override_path() -> Path | None:
+    """``$DRAFTPEN_CATALOG`` if set: a catalog file that replaces the packaged one."""
+    return _env_path(CATALOG_ENV)
+
+
+def settings_path() -> Path:
+    """The user's settings file (it need not exist)."""
+    return config_dir() / SETTINGS_FILENAME
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The user's preferences; every field has a default, so an empty file is valid."""
+
+    default_pair: str = "starter"
+    temperature: float = 0.7
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    max_tokens: int = 1024
+    context_length: int = 4096
+    draft_tokens: int = 4
+    drafter: DrafterChoice = "auto"
+    system_prompt: str = ""
+
+    def __post_init__(self) -> None:
+        problem = _range_problem(self)
+        if problem:
+            raise SettingsError(problem)
+
+
+def _range_problem(settings: Settings) -> str | None:
+    checks: list[tuple[bool, str]] = [
+        (bool(settings.default_pair), "default_pair must not be empty"),
+        (settings.temperature >= 0, "temperature must be 0 or more (0 = always the likeliest)"),
+        (settings.top_k >= 0, "top_k must be 0 or more (0 = no top-k limit)"),
+        (0 < settings.top_p <= 1, "top_p must be above 0 and at most 1"),
+        (0 <= settings.min_p <= 1, "min_p must be between 0 and 1"),
+        (settings.max_tokens >= 1, "max_tokens must be 1 or more"),
+        (settings.context_length >= 1, "context_length must be 1 or more"),
+        (settings.draft_tokens >= 0, "draft_tokens must be 0 or more (0 = no speculation)"),
+        (
+            settings.drafter in DRAFTER_CHOICES,
+            f"drafter must be one of {', '.join(DRAFTER_CHOICES)}",
+        ),
+    ]
+    return next((message for ok, message in checks if not ok), None)
+
+
+def _field_types() -> dict[str, type]:
+    hints = typing.get_type_hints(Settings)
+    # The Literal field is a str in the file; its allowed values are checked later.
+    return {
+        field.name: str if typing.get_origin(hints[field.name]) is Literal else hints[field.name]
+        for field in dataclasses.fields(Settings)
+    }
+
+
+def _coerce(key: str, value: Any, expected: type) -> Any:
+    # TOML distinguishes 1 from 1.0; a person writing `temperature = 1` means 1.0.
+    # bool is a subclass of int, so it is refused explicitly.
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, expected) and not isinstance(value, bool):
+        return value
+    kind = {float: "a number", int: "an integer", str: "a string"}[expected]
+    raise SettingsError(f"{key} must be {kind}, not {value!r}")
+
+
+def settings_from_mapping(values: dict[str, Any]) -> Settings:
+    """Validate parsed TOML into :class:`Settings`; unknown keys are rejected."""
+    types = _field_types()
+    unknown = sorted(set(values) - set(types))
+    if unknown:
+        raise SettingsError(
+            f"unknown setting(s) {', '.join(unknown)}; known settings: {', '.join(types)}"
+        )
+    coerced = {key: _coerce(key, value, types[key]) for key, value in values.items()}
+    return Settings(**coerced)
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """Read settings from ``path`` (default :func:`settings_path`).
+
+    A missing file means all defaults. A malformed file raises :class:`SettingsError`
+    naming the file and the problem, so the person can fix or delete it.
+    """
+    path = path if path is not None else settings_path()
+    try:
+        with path.open("rb") as file:
+            values = tomllib.load(file)
+    except FileNotFoundError:
+        return Settings()
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise SettingsError(
+            f"Cannot read settings file {path}: {error}. Fix it or delete it to use defaults."
+        ) from error
+    try:
+        return settings_from_mapping(values)
+    except SettingsError as error:
+        raise SettingsError(
+            f"Invalid settings file {path}: {error}. Fix it or delete it to use defaults."
+        ) from error

@@ -1,0 +1,123 @@
+"""The Model protocol: what the speculative loop asks of a runtime.
+
+A runtime (llama.cpp, MLX) implements this small surface and nothing else of the
+algorithm. Logits are returned as float32 numpy arrays of shape ``(n, n_vocab)``;
+a runtime may return a view into its own buffer, valid only until its next call to
+``forward`` or ``prefill``, so consumers read what they need before the next call.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """The facts about a tokenizer that decide whether two models can pair up."""
+
+    vocab_type: str
+    n_vocab: int
+    bos_id: int
+    eos_id: int
+    add_bos: bool
+    add_eos: bool
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One turn of a conversation."""
+
+    role: str
+    content: str
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A causal language model with a KV cache that can be trimmed.
+
+    The cache holds ``len(cached_tokens)`` positions. ``prefill`` and ``forward`` append to it;
+    ``rollback`` forgets everything after the first ``n_keep`` positions.
+    """
+
+    name: str
+    n_vocab: int
+    n_ctx: int
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        """The tokens whose positions the KV cache holds, in order."""
+        ...
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        """Text to token ids; ``add_special`` adds BOS where the model wants it.
+
+        Special-token text (``<|im_start|>``) in ``text`` is parsed as the special
+        token, as chat templates need.
+        """
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for (special tokens render as empty)."""
+        ...
+
+    def is_end_of_generation(self, token: int) -> bool:
+        """Whether this token ends a reply (EOS, EOT, <|im_end|>, ...)."""
+        ...
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
+        """The prompt text for a conversation, ending where the assistant speaks."""
+        ...
+
+    def vocab_info(self) -> VocabInfo:
+        """Tokenizer facts for the pair check."""
+        ...
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's stored text of a token (for the pair check)."""
+        ...
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Evaluate tokens into the cache without computing any logits."""
+        ...
+
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        """Evaluate tokens in ONE batched pass and return their logits.
+
+        Shape ``(n, n_vocab)``, or ``(1, n_vocab)`` for the last token when
+        ``last_only``. The array may be a view that the next call overwrites.
+        """
+        ...
+
+    def rollback(self, n_keep: int) -> None:
+        """Forget every cached position from ``n_keep`` on."""
+        ...
+
+    def close(self) -> None:
+        """Free the runtime's memory; the model is unusable afterwards."""
+        ...
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token bytes into text that never ends in half a character.
+
+    Byte-level BPE splits multi-byte UTF-8 characters across tokens; the incremental
+    UTF-8 decoder keeps the incomplete tail until the rest arrives. Invalid bytes
+    become U+FFFD rather than an exception.
+    """
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> str:
+        """Add one token; return the text that became complete."""
+        return self._decoder.decode(self._model.token_bytes(token))
+
+    def flush(self) -> str:
+        """Return whatever is left (an incomplete tail becomes U+FFFD)."""
+        return self._decoder.decode(b"", final=True)

@@ -1,0 +1,300 @@
+"""Where draft tokens come from.
+
+A drafter looks at the committed context (prompt + accepted output, ending with the
+token the target will evaluate next) and proposes up to ``max_tokens`` continuation
+tokens, each with the distribution ``q`` it was drawn from. Three kinds:
+
+- :class:`ModelDrafter`: a small language model sharing the target's tokenizer;
+  samples from its own filtered distribution, keeps its KV cache in step with the
+  committed context.
+- :class:`NgramDrafter`: prompt lookup; finds the latest earlier occurrence of the
+  context's last n tokens and proposes what followed it. Costs nearly nothing; its
+  ``q`` is a point mass, so the target accepts a token with probability ``p(x)``.
+- :class:`PredictionDrafter`: the caller says what the output will probably be
+  (OpenAI's Predicted Outputs); proposes the next stretch of that text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from backends.base import Model
+from backends.sampling import SamplingParams, SparseDistribution, distribution, greedy_token
+
+
+@dataclass(frozen=True)
+class DraftProposal:
+    """Draft tokens and, for sampled drafts, the distribution each was drawn from.
+
+    ``distributions`` is None when every token is a point mass (n-gram, prediction,
+    or a model drafting greedily); the loop then treats each ``q`` as one-hot.
+    ``top_probs`` holds the drafter's own confidence in each token where it has one.
+    """
+
+    tokens: list[int]
+    distributions: list[SparseDistribution] | None = None
+    top_probs: list[float] = field(default_factory=list)
+    passes: int = 0
+
+
+EMPTY_PROPOSAL = DraftProposal(tokens=[])
+
+
+class Drafter(Protocol):
+    """Anything that proposes draft tokens."""
+
+    name: str
+
+    def begin(self, prompt_tokens: Sequence[int]) -> None:
+        """Start a new generation whose context begins with ``prompt_tokens``."""
+        ...
+
+    def propose(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> DraftProposal:
+        """Up to ``max_tokens`` tokens that may follow ``context``."""
+        ...
+
+
+def common_prefix_length(left: Sequence[int], right: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    limit = min(len(left), len(right))
+    if list(left[:limit]) == list(right[:limit]):
+        return limit
+    index = 0
+    while index < limit and left[index] == right[index]:
+        index += 1
+    return index
+
+
+class ModelDrafter:
+    """Drafts with a small model that shares the target's tokenizer.
+
+    Its cache follows the committed context lazily: each proposal first trims the
+    cache back to the longest prefix it shares with the context (dropping rejected
+    drafts), evaluates the missing tokens in one pass, then drafts token by token.
+    An optional confidence floor stops drafting where the draft itself is unsure.
+    """
+
+    name = "model"
+
+    def __init__(self, model: Model, min_confidence: float = 0.0) -> None:
+        self.model = model
+        self.min_confidence = min_confidence
+
+    def begin(self, prompt_tokens: Sequence[int]) -> None:
+        """Nothing to reset: the cache syncs by common prefix on the next proposal."""
+
+    def propose(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> DraftProposal:
+        """Draft up to ``max_tokens`` tokens by sampling the draft model's ``q``."""
+        if max_tokens <= 0 or not context:
+            return EMPTY_PROPOSAL
+        model = self.model
+        keep = min(common_prefix_length(model.cached_tokens, context), len(context) - 1)
+        model.rollback(keep)
+        missing = context[keep:]
+        row = model.forward(missing, last_only=True)[0]
+        passes = 1
+        tokens: list[int] = []
+        distributions: list[SparseDistribution] = []
+        top_probs: list[float] = []
+        while True:
+            if params.greedy:
+                token = greedy_token(row)
+                confidence = _greedy_confidence(row) if self.min_confidence > 0 else 1.0
+            else:
+                q = distribution(row, params)
+                token = q.sample(rng)
+                distributions.append(q)
+                confidence = q.top_prob
+            if tokens and confidence < self.min_confidence:
+                if distributions:
+                    distributions.pop()
+                break
+            tokens.append(token)
+            top_probs.append(confidence)
+            if len(tokens) >= max_tokens or model.is_end_of_generation(token):
+                break
+            row = model.forward([token], last_only=True)[0]
+            passes += 1
+        return DraftProposal(
+            tokens=tokens,
+            distributions=None if params.greedy else distributions,
+            top_probs=top_probs,
+            passes=passes,
+        )
+
+
+def _greedy_confidence(row: np.ndarray) -> float:
+    """Softmax probability of the argmax token (one pass over the row)."""
+    top = float(row.max())
+    return float(1.0 / np.exp(row.astype(np.float64) - top).sum())
+
+
+class NgramIndex:
+    """Latest end position of every n-gram (n in ``sizes``) of a growing token list.
+
+    Incremental: ``extend`` indexes only new positions. The n-gram that ends at the
+    last token is never indexed, so a lookup of the context's suffix finds an
+    *earlier* occurrence with at least one token after it.
+    """
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = tuple(sorted(set(sizes), reverse=True))
+        self._latest_end: dict[tuple[int, ...], int] = {}
+        self._tokens: list[int] = []
+        self._indexed_until = 0  # n-grams ending before this position are indexed
+
+    def reset(self, tokens: Sequence[int]) -> None:
+        """Start over with ``tokens``."""
+        self._latest_end.clear()
+        self._tokens = list(tokens)
+        self._indexed_until = 0
+        self._index_up_to(len(self._tokens) - 1)
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Follow a context that grew by appends (rebuild if it changed otherwise)."""
+        known = len(self._tokens)
+        if len(tokens) < known or list(tokens[max(0, known - 8) : known]) != self._tokens[-8:]:
+            self.reset(tokens)
+            return
+        self._tokens.extend(tokens[known:])
+        self._index_up_to(len(self._tokens) - 1)
+
+    def _index_up_to(self, stop: int) -> None:
+        tokens = self._tokens
+        for end in range(self._indexed_until, max(stop, 0)):
+            for size in self.sizes:
+                if end + 1 >= size:
+                    self._latest_end[tuple(tokens[end + 1 - size : end + 1])] = end
+        self._indexed_until = max(self._indexed_until, stop)
+
+    def continuation(self, max_tokens: int) -> tuple[list[int], int]:
+        """What followed the latest earlier occurrence of the longest matching suffix.
+
+        Returns the tokens and the n of the match (0 when nothing matched).
+        """
+        tokens = self._tokens
+        for size in self.sizes:
+            if len(tokens) < size + 1:
+                continue
+            end = self._latest_end.get(tuple(tokens[-size:]))
+            if end is not None:
+                return tokens[end + 1 : end + 1 + max_tokens], size
+        return [], 0
+
+
+class NgramDrafter:
+    """Prompt-lookup drafting over prompt + output; nearly free, point-mass ``q``."""
+
+    name = "ngram"
+
+    def __init__(self, sizes: Sequence[int] = (4, 3, 2), min_match: int = 2) -> None:
+        self.index = NgramIndex(sizes)
+        self.min_match = min_match
+        self.last_match_size = 0
+
+    def begin(self, prompt_tokens: Sequence[int]) -> None:
+        """Index the prompt."""
+        self.index.reset(prompt_tokens)
+
+    def propose(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> DraftProposal:
+        """Propose the continuation of the longest earlier match of the suffix."""
+        if max_tokens <= 0:
+            return EMPTY_PROPOSAL
+        self.index.sync(context)
+        tokens, size = self.index.continuation(max_tokens)
+        self.last_match_size = size
+        if size < self.min_match:
+            return EMPTY_PROPOSAL
+        return DraftProposal(tokens=tokens)
+
+
+class PredictionDrafter:
+    """Drafts from a caller-supplied prediction of the output.
+
+    Follows the prediction with a cursor: while the output agrees with it, the next
+    stretch after the cursor is proposed; after a divergence, the output's last
+    tokens are looked up in the prediction (n-gram match) to find where to resume.
+    """
+
+    name = "prediction"
+
+    def __init__(self, prediction_tokens: Sequence[int], sizes: Sequence[int] = (8, 4, 2, 1)):
+        self.prediction = list(prediction_tokens)
+        self.sizes = tuple(sorted(set(sizes), reverse=True))
+        self._prompt_length = 0
+        self._anchor_output = 0
+        self._anchor_prediction = 0
+        self._positions: dict[tuple[int, ...], list[int]] = {}
+        for size in self.sizes:
+            for end in range(size - 1, len(self.prediction)):
+                key = tuple(self.prediction[end + 1 - size : end + 1])
+                self._positions.setdefault(key, []).append(end)
+
+    def begin(self, prompt_tokens: Sequence[int]) -> None:
+        """The output starts right after the prompt; the prediction from its start."""
+        self._prompt_length = len(prompt_tokens)
+        self._anchor_output = 0
+        self._anchor_prediction = 0
+
+    def propose(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> DraftProposal:
+        """The next stretch of the prediction after the output so far."""
+        if max_tokens <= 0 or not self.prediction:
+            return EMPTY_PROPOSAL
+        output = context[self._prompt_length :]
+        start = self._locate(output)
+        if start is None or start >= len(self.prediction):
+            return EMPTY_PROPOSAL
+        self._anchor_output, self._anchor_prediction = len(output), start
+        return DraftProposal(tokens=self.prediction[start : start + max_tokens])
+
+    def _locate(self, output: Sequence[int]) -> int | None:
+        """Index in the prediction of the token expected next, or None."""
+        if not output:
+            return 0
+        # Fast path: since the last proposal the output kept following the prediction.
+        grown = len(output) - self._anchor_output
+        if grown >= 0:
+            expected = self.prediction[self._anchor_prediction : self._anchor_prediction + grown]
+            if len(expected) == grown and list(output[self._anchor_output :]) == expected:
+                return self._anchor_prediction + grown
+        for size in self.sizes:
+            if len(output) < size:
+                continue
+            ends = self._positions.get(tuple(output[-size:]))
+            if not ends:
+                continue
+            # Prefer the first occurrence after the last anchor: predictions are
+            # followed front to back.
+            later = [end for end in ends if end + 1 >= self._anchor_prediction]
+            end = later[0] if later else ends[-1]
+            if end + 1 < len(self.prediction):
+                return end + 1
+        return None

@@ -1,0 +1,114 @@
+"""A loaded target (+ optional draft) and the one way to generate with it.
+
+The TUI, the server, ``generate`` and ``bench`` all go through :meth:`Engine.generate`,
+which picks a drafter policy for the request and runs the shared speculative loop.
+An engine is not thread-safe: one generation at a time (the server queues).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from backends.base import ChatMessage, Model
+from backends.drafters import Drafter, ModelDrafter, NgramDrafter, PredictionDrafter
+from backends.errors import BackendError
+from backends.pair_check import check_pair
+from backends.sampling import SamplingParams
+from backends.speculative import (
+    DraftPolicy,
+    FixedDraftPolicy,
+    GenerationEvent,
+    speculative_generate,
+)
+
+DRAFTER_CHOICES = ("auto", "model", "ngram", "none")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Everything one generation needs besides the models."""
+
+    prompt_tokens: tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 512
+    drafter: str = "auto"
+    draft_tokens: int = 4
+    stop: tuple[str, ...] = ()
+    prediction: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.drafter not in DRAFTER_CHOICES:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        if self.draft_tokens < 0:
+            raise ValueError("draft_tokens must be >= 0")
+
+
+class Engine:
+    """A target model, an optional draft model that passed the pair check, and the loop."""
+
+    def __init__(self, target: Model, draft: Model | None = None) -> None:
+        if draft is not None:
+            check_pair(target, draft).raise_if_incompatible(target.name, draft.name)
+        self.target = target
+        self.draft = draft
+        self._model_drafter = ModelDrafter(draft) if draft is not None else None
+        self._ngram_drafter = NgramDrafter()
+
+    def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """Token ids for a conversation rendered with the target's chat template."""
+        return self.text_prompt(self.target.apply_chat_template(messages))
+
+    def text_prompt(self, text: str) -> list[int]:
+        """Token ids for raw prompt text (BOS added once, where the model wants it)."""
+        info = self.target.vocab_info()
+        bos_text = self.target.token_text(info.bos_id) if info.add_bos and info.bos_id >= 0 else ""
+        add_special = not (bos_text and text.startswith(bos_text))
+        return self.target.tokenize(text, add_special=add_special)
+
+    def drafter_named(self, name: str) -> Drafter | None:
+        """The drafter for a name (None for "none"); errors say what is missing."""
+        if name == "none":
+            return None
+        if name == "ngram":
+            return self._ngram_drafter
+        if name == "model":
+            if self._model_drafter is None:
+                raise BackendError(
+                    "This model has no draft model loaded; use --drafter ngram or none, "
+                    "or pick a pair with a draft model."
+                )
+            return self._model_drafter
+        if name == "auto":
+            return self._model_drafter or self._ngram_drafter
+        raise ValueError(f"unknown drafter {name!r}")
+
+    def policy_for(self, request: GenerationRequest) -> DraftPolicy:
+        """The drafter policy a request asks for."""
+        if request.prediction and request.drafter != "none":
+            prediction_tokens = self.target.tokenize(request.prediction, add_special=False)
+            return FixedDraftPolicy(PredictionDrafter(prediction_tokens), request.draft_tokens)
+        return FixedDraftPolicy(self.drafter_named(request.drafter), request.draft_tokens)
+
+    def generate(
+        self, request: GenerationRequest, cancel: threading.Event | None = None
+    ) -> Iterator[GenerationEvent]:
+        """Run the speculative loop for ``request``."""
+        return speculative_generate(
+            self.target,
+            request.prompt_tokens,
+            policy=self.policy_for(request),
+            params=request.params,
+            max_tokens=request.max_tokens,
+            stop=request.stop,
+            cancel=cancel,
+        )
+
+    def close(self) -> None:
+        """Free both models."""
+        self.target.close()
+        if self.draft is not None:
+            self.draft.close()

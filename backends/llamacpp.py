@@ -1,0 +1,335 @@
+"""The llama.cpp runtime, through llama-cpp-python's low-level (ctypes) API.
+
+Why not ``llama_cpp.Llama``: its high-level generate keeps an n_ctx x n_vocab score
+array (2.5 GB at a 4k context with a 150k vocabulary) and its draft-model path
+breaks when n_ctx > n_batch. Here each context owns one ``llama_batch``;
+``forward`` evaluates all new tokens in ONE ``llama_decode`` and hands back the
+logits rows as a zero-copy numpy view of llama.cpp's own buffer, asking for logits
+only where the caller needs them (never for a prefilled prompt).
+
+This is the only module that imports ``llama_cpp``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from backends.base import ChatMessage, VocabInfo
+from backends.chat_template import render_chat
+from backends.errors import (
+    ContextOverflowError,
+    DecodeError,
+    ModelLoadError,
+    RuntimeUnavailableError,
+)
+
+try:
+    import llama_cpp
+except ImportError as error:  # pragma: no cover - exercised where llama_cpp is absent
+    raise RuntimeUnavailableError(
+        "llama-cpp-python is not installed. Run packaging/install.sh, or "
+        "`pip install llama-cpp-python` in draftpen's environment."
+    ) from error
+
+GGUF_MAGIC = b"GGUF"
+VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
+_GGML_LOG_LEVELS_KEPT = (2, 3)  # warnings and errors
+_GGML_LOG_LEVEL_CONT = 5  # continues the previous message
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+_recent_errors: deque[str] = deque(maxlen=20)
+_last_level = 0
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp is chatty on stderr; keep warnings and errors so a failed load can
+    # say why, and print nothing (the TUI owns the terminal).
+    global _last_level
+    if level != _GGML_LOG_LEVEL_CONT:
+        _last_level = level
+    if _last_level in _GGML_LOG_LEVELS_KEPT:
+        _recent_errors.append(text.decode("utf-8", errors="replace").strip())
+
+
+def _ensure_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
+def _last_llama_error() -> str:
+    messages = [m for m in _recent_errors if m]
+    return messages[-1] if messages else "no details from llama.cpp"
+
+
+def physical_cores() -> int:
+    """Physical CPU cores (llama.cpp's own default is half the logical ones)."""
+    try:
+        import psutil
+
+        cores = psutil.cpu_count(logical=False)
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        cores = None
+    return max(1, cores or os.cpu_count() or 1)
+
+
+def supports_gpu_offload() -> bool:
+    """Whether this llama.cpp build can put layers on a GPU (CUDA, Metal, ...)."""
+    _ensure_backend()
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def check_gguf_file(path: Path) -> None:
+    """Fail early, with a useful message, on a missing or non-GGUF file."""
+    if not path.is_file():
+        raise ModelLoadError(f"Model file not found: {path}")
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(
+            f"{path} is not a GGUF model file (it starts with {magic!r}). "
+            "Delete it and download the model again."
+        )
+
+
+class LlamaCppModel:
+    """A GGUF model with one context, one sequence and one reusable batch."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_ctx: int = 4096,
+        n_batch: int = 512,
+        n_threads: int | None = None,
+        gpu_layers: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.path = Path(path)
+        check_gguf_file(self.path)
+        _ensure_backend()
+        self.name = name or self.path.stem
+        self._model = None
+        self._context = None
+        self._batch = None
+
+        model_params = llama_cpp.llama_model_default_params()
+        self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
+        if gpu_layers is None:
+            gpu_layers = 999 if self.gpu_offload else 0
+        model_params.n_gpu_layers = gpu_layers
+        _recent_errors.clear()
+        self._model = llama_cpp.llama_model_load_from_file(
+            str(self.path).encode("utf-8"), model_params
+        )
+        if not self._model:
+            raise ModelLoadError(
+                f"llama.cpp could not load {self.path} ({_last_llama_error()}). The file may "
+                "be truncated or corrupt: delete it and download it again."
+            )
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.size_bytes = int(llama_cpp.llama_model_size(self._model))
+
+        threads = n_threads or physical_cores()
+        context_params = llama_cpp.llama_context_default_params()
+        context_params.n_ctx = n_ctx
+        context_params.n_batch = n_batch
+        context_params.n_ubatch = n_batch
+        context_params.n_seq_max = 1
+        context_params.n_threads = threads
+        context_params.n_threads_batch = threads
+        context_params.no_perf = True
+        self._context = llama_cpp.llama_init_from_model(self._model, context_params)
+        if not self._context:
+            self.close()
+            raise ModelLoadError(
+                f"llama.cpp could not create a {n_ctx}-token context for {self.path} "
+                f"({_last_llama_error()}). Try a smaller context length."
+            )
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self._context))
+        self.n_batch = n_batch
+        self.n_threads = threads
+        self._memory = llama_cpp.llama_get_memory(self._context)
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._tokens: list[int] = []
+        self._piece_cache: dict[int, bytes] = {}
+        self._eog_cache: dict[int, bool] = {}
+        self.chat_template = self._metadata("tokenizer.chat_template")
+
+    # -- metadata and tokens -------------------------------------------------
+
+    def _metadata(self, key: str) -> str | None:
+        size = 1 << 16
+        while True:
+            buffer = ctypes.create_string_buffer(size)
+            length = llama_cpp.llama_model_meta_val_str(
+                self._model, key.encode("utf-8"), buffer, size
+            )
+            if length < 0:
+                return None
+            if length < size:
+                return buffer.value.decode("utf-8", errors="replace")
+            size = length + 1
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        """The tokens whose positions the KV cache holds."""
+        return self._tokens
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        """Text to tokens; special-token text is parsed as special tokens."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        while True:
+            buffer = (llama_cpp.llama_token * capacity)()
+            count = llama_cpp.llama_tokenize(
+                self._vocab, data, len(data), buffer, capacity, add_special, True
+            )
+            if count >= 0:
+                return list(buffer[:count])
+            capacity = -count
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of one token; control tokens render as nothing."""
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            buffer = ctypes.create_string_buffer(64)
+            length = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 64, 0, False)
+            if length < 0:
+                buffer = ctypes.create_string_buffer(-length)
+                length = llama_cpp.llama_token_to_piece(
+                    self._vocab, token, buffer, -length, 0, False
+                )
+            piece = buffer.raw[:length]
+            self._piece_cache[token] = piece
+        return piece
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's stored text for a token."""
+        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def is_end_of_generation(self, token: int) -> bool:
+        """EOS, EOT or any other token llama.cpp marks as ending generation."""
+        known = self._eog_cache.get(token)
+        if known is None:
+            known = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+            self._eog_cache[token] = known
+        return known
+
+    def vocab_info(self) -> VocabInfo:
+        """Tokenizer facts for the pair check."""
+        vocab = self._vocab
+        return VocabInfo(
+            vocab_type=VOCAB_TYPES.get(int(llama_cpp.llama_vocab_type(vocab)), "unknown"),
+            n_vocab=self.n_vocab,
+            bos_id=int(llama_cpp.llama_vocab_bos(vocab)),
+            eos_id=int(llama_cpp.llama_vocab_eos(vocab)),
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
+        )
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
+        """Render the conversation with the template stored in the GGUF file."""
+        info = self.vocab_info()
+        bos = self.token_text(info.bos_id) if info.bos_id >= 0 else ""
+        eos = self.token_text(info.eos_id) if info.eos_id >= 0 else ""
+        return render_chat(self.chat_template, messages, bos_token=bos, eos_token=eos)
+
+    # -- evaluation ----------------------------------------------------------
+
+    def _decode(self, tokens: Sequence[int], logits_from: int) -> None:
+        """One ``llama_decode`` of ``tokens``; logits for positions >= ``logits_from``."""
+        count = len(tokens)
+        if count > self.n_batch:
+            raise ValueError(f"{count} tokens exceed the batch size {self.n_batch}")
+        start = len(self._tokens)
+        if start + count > self.n_ctx:
+            raise ContextOverflowError(
+                f"The conversation needs {start + count} tokens but the context holds "
+                f"{self.n_ctx}. Start a new chat or raise the context length."
+            )
+        batch = self._batch
+        batch.n_tokens = count
+        token_array, position_array = batch.token, batch.pos
+        seq_count, seq_ids, logit_flags = batch.n_seq_id, batch.seq_id, batch.logits
+        for index, token in enumerate(tokens):
+            token_array[index] = token
+            position_array[index] = start + index
+            seq_count[index] = 1
+            seq_ids[index][0] = 0
+            logit_flags[index] = index >= logits_from
+        status = llama_cpp.llama_decode(self._context, batch)
+        if status != 0:
+            if status == 1:
+                raise ContextOverflowError(
+                    "llama.cpp found no room in the KV cache. Start a new chat or raise "
+                    "the context length."
+                )
+            raise DecodeError(f"llama_decode failed with status {status}: {_last_llama_error()}")
+        self._tokens.extend(tokens)
+
+    def _logits_view(self, rows: int) -> np.ndarray:
+        pointer = llama_cpp.llama_get_logits(self._context)
+        return np.ctypeslib.as_array(pointer, shape=(rows, self.n_vocab))
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Evaluate tokens into the cache, batch by batch, with no logits at all."""
+        for offset in range(0, len(tokens), self.n_batch):
+            chunk = tokens[offset : offset + self.n_batch]
+            self._decode(chunk, logits_from=len(chunk))
+
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        """Evaluate ``tokens`` and return their logits as a view valid until the next call."""
+        count = len(tokens)
+        if count == 0:
+            raise ValueError("forward needs at least one token")
+        if last_only:
+            if count > self.n_batch:
+                self.prefill(tokens[: count - 1])
+                tokens = tokens[count - 1 :]
+                count = 1
+            self._decode(tokens, logits_from=count - 1)
+            return self._logits_view(1)
+        self._decode(tokens, logits_from=0)
+        return self._logits_view(count)
+
+    def rollback(self, n_keep: int) -> None:
+        """Forget cached positions from ``n_keep`` on."""
+        if n_keep >= len(self._tokens):
+            return
+        n_keep = max(0, n_keep)
+        if not llama_cpp.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
+            raise DecodeError(f"llama.cpp could not drop cached positions from {n_keep} on")
+        del self._tokens[n_keep:]
+
+    def close(self) -> None:
+        """Free the batch, the context and the weights."""
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._context:
+            llama_cpp.llama_free(self._context)
+            self._context = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        # At interpreter shutdown llama_cpp may already be torn down.
+        with contextlib.suppress(Exception):
+            self.close()

@@ -1,0 +1,503 @@
+"""THE speculative decoding loop. Every consumer (TUI, server, generate, bench) uses it.
+
+One round: a drafter proposes up to K tokens (with their draft distributions q); the
+target evaluates ``[pending] + drafts`` in ONE forward pass; each draft token is
+accepted with probability min(1, p/q), and the first rejection is replaced by a token
+sampled from normalize(max(p - q, 0)); when all K pass, a bonus token is sampled from
+the target's last row. At temperature 0 acceptance is exact argmax equality, so the
+output is token for token what the target alone would write. The target's cache is
+rolled back to the accepted prefix at once; a draft model's cache follows lazily on
+its next proposal.
+
+K = 0 is plain autoregressive decoding through the same code. A :class:`DraftPolicy`
+chooses the drafter and K before each round; the fixed policy here is the baseline,
+an adaptive one can measure costs and acceptance and choose per round.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from backends.base import IncrementalDetokenizer, Model
+from backends.drafters import EMPTY_PROPOSAL, Drafter, DraftProposal, common_prefix_length
+from backends.errors import ContextOverflowError
+from backends.sampling import (
+    SamplingParams,
+    SparseDistribution,
+    distribution,
+    verify_draft_token,
+)
+
+# Finish reasons, as OpenAI names them where it has a name.
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class SpeculativeStats:
+    """Running totals of one generation. Frozen: each event carries a snapshot."""
+
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    rounds: int = 0
+    speculative_rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_length_histogram: tuple[int, ...] = ()
+    target_passes: int = 0
+    draft_passes: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    time_to_first_token: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens over drafted ones (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Draft tokens accepted per round that drafted anything."""
+        return self.accepted / self.speculative_rounds if self.speculative_rounds else 0.0
+
+    @property
+    def tokens_per_target_pass(self) -> float:
+        """Generated tokens per target forward pass (1.0 for plain decoding)."""
+        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Generated tokens over decode time (prefill excluded)."""
+        return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain data for JSON output, including the derived rates."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "rounds": self.rounds,
+            "speculative_rounds": self.speculative_rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "accepted_length_histogram": list(self.accepted_length_histogram),
+            "target_passes": self.target_passes,
+            "draft_passes": self.draft_passes,
+            "tokens_per_target_pass": round(self.tokens_per_target_pass, 4),
+            "prefill_seconds": round(self.prefill_seconds, 4),
+            "decode_seconds": round(self.decode_seconds, 4),
+            "decode_tokens_per_second": round(self.decode_tokens_per_second, 3),
+            "time_to_first_token": round(self.time_to_first_token, 4),
+        }
+
+
+@dataclass(frozen=True)
+class TextSegment:
+    """A run of output text and whether its tokens were accepted from the draft."""
+
+    text: str
+    from_draft: bool
+
+
+@dataclass(frozen=True)
+class GenerationEvent:
+    """What one round produced: new tokens and text, with provenance and stats.
+
+    ``segments`` concatenate to ``text``; text that might be the start of a stop
+    string is held back until it is known not to be one. The last event of a
+    generation has a ``finish_reason``.
+    """
+
+    text: str
+    segments: tuple[TextSegment, ...]
+    tokens: tuple[int, ...]
+    from_draft: tuple[bool, ...]
+    drafter: str
+    draft_length: int
+    stats: SpeculativeStats
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What a policy chose for the next round."""
+
+    drafter: Drafter | None
+    draft_length: int
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What happened in a round, for a policy to learn from."""
+
+    drafter: str
+    drafted: int
+    accepted: int
+    draft_seconds: float
+    verify_seconds: float
+    emitted: int
+
+
+class DraftPolicy(Protocol):
+    """Chooses the drafter and draft length for each round."""
+
+    def begin(self, prompt_tokens: Sequence[int]) -> None:
+        """A new generation starts."""
+        ...
+
+    def plan(self, context: Sequence[int]) -> RoundPlan:
+        """The drafter and K for the next round (K = 0: plain decoding)."""
+        ...
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        """Learn from a finished round."""
+        ...
+
+
+class FixedDraftPolicy:
+    """Always the same drafter and K (K = 0 or no drafter: plain decoding)."""
+
+    def __init__(self, drafter: Drafter | None, draft_length: int) -> None:
+        self.drafter = drafter if draft_length > 0 else None
+        self.draft_length = draft_length if drafter is not None else 0
+
+    def begin(self, prompt_tokens: Sequence[int]) -> None:
+        """Tell the drafter a new generation starts."""
+        if self.drafter is not None:
+            self.drafter.begin(prompt_tokens)
+
+    def plan(self, context: Sequence[int]) -> RoundPlan:
+        """The fixed choice."""
+        return RoundPlan(self.drafter, self.draft_length)
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        """A fixed policy learns nothing."""
+
+
+@dataclass
+class _StatsAccumulator:
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    rounds: int = 0
+    speculative_rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    histogram: list[int] = field(default_factory=list)
+    target_passes: int = 0
+    draft_passes: int = 0
+    prefill_seconds: float = 0.0
+    decode_started: float = 0.0
+    decode_seconds: float = 0.0
+    time_to_first_token: float = 0.0
+
+    def record_accepted_length(self, accepted: int) -> None:
+        while len(self.histogram) <= accepted:
+            self.histogram.append(0)
+        self.histogram[accepted] += 1
+
+    def snapshot(self) -> SpeculativeStats:
+        return SpeculativeStats(
+            prompt_tokens=self.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens,
+            generated_tokens=self.generated_tokens,
+            rounds=self.rounds,
+            speculative_rounds=self.speculative_rounds,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            accepted_length_histogram=tuple(self.histogram),
+            target_passes=self.target_passes,
+            draft_passes=self.draft_passes,
+            prefill_seconds=self.prefill_seconds,
+            decode_seconds=self.decode_seconds,
+            time_to_first_token=self.time_to_first_token,
+        )
+
+
+class StopStringFilter:
+    """Holds back text that may be the start of a stop string; cuts at a full match."""
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self.stop = [s for s in stop if s]
+        self._held: list[TextSegment] = []
+        self._longest = max((len(s) for s in self.stop), default=0)
+
+    def push(self, segments: Sequence[TextSegment]) -> tuple[list[TextSegment], bool]:
+        """Add text; return what is safe to show and whether a stop string matched."""
+        if not self.stop:
+            return list(segments), False
+        self._held.extend(s for s in segments if s.text)
+        held_text = "".join(s.text for s in self._held)
+        cut = _earliest_match(held_text, self.stop)
+        if cut is not None:
+            shown = _take_chars(self._held, cut)
+            self._held = []
+            return shown, True
+        safe = len(held_text) - _longest_stop_prefix_suffix(held_text, self.stop)
+        shown = _take_chars(self._held, safe)
+        self._held = _drop_chars(self._held, safe)
+        return shown, False
+
+    def flush(self) -> list[TextSegment]:
+        """Release held text at the end of generation (no stop string followed)."""
+        held, self._held = self._held, []
+        return held
+
+
+def _earliest_match(text: str, stops: Sequence[str]) -> int | None:
+    positions = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(positions) if positions else None
+
+
+def _longest_stop_prefix_suffix(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for stop in stops:
+        for length in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:length]):
+                best = length
+                break
+    return best
+
+
+def _take_chars(segments: Sequence[TextSegment], count: int) -> list[TextSegment]:
+    taken: list[TextSegment] = []
+    for segment in segments:
+        if count <= 0:
+            break
+        part = segment.text[:count]
+        taken.append(TextSegment(part, segment.from_draft))
+        count -= len(part)
+    return taken
+
+
+def _drop_chars(segments: Sequence[TextSegment], count: int) -> list[TextSegment]:
+    kept: list[TextSegment] = []
+    for segment in segments:
+        if count >= len(segment.text):
+            count -= len(segment.text)
+            continue
+        kept.append(TextSegment(segment.text[count:], segment.from_draft))
+        count = 0
+    return kept
+
+
+def _merge_segments(segments: Sequence[TextSegment]) -> tuple[TextSegment, ...]:
+    merged: list[TextSegment] = []
+    for segment in segments:
+        if not segment.text:
+            continue
+        if merged and merged[-1].from_draft == segment.from_draft:
+            merged[-1] = TextSegment(merged[-1].text + segment.text, segment.from_draft)
+        else:
+            merged.append(segment)
+    return tuple(merged)
+
+
+def speculative_generate(
+    target: Model,
+    prompt_tokens: Sequence[int],
+    *,
+    policy: DraftPolicy,
+    params: SamplingParams,
+    max_tokens: int,
+    stop: Sequence[str] = (),
+    cancel: threading.Event | None = None,
+) -> Iterator[GenerationEvent]:
+    """Generate from ``prompt_tokens``, yielding one event per round.
+
+    The target's cache is reused where it already holds a prefix of the prompt (a
+    chat's earlier turns). Stops at an end-of-generation token, a stop string (which
+    is not shown), ``max_tokens``, a full context, or when ``cancel`` is set (checked
+    between rounds). Raises :class:`ContextOverflowError` if the prompt does not fit.
+    """
+    if not prompt_tokens:
+        raise ValueError("the prompt is empty")
+    if len(prompt_tokens) >= target.n_ctx:
+        raise ContextOverflowError(
+            f"The prompt is {len(prompt_tokens)} tokens but the context holds "
+            f"{target.n_ctx}. Shorten the prompt or start with a larger --context."
+        )
+    rng = np.random.default_rng(params.seed)
+    stats = _StatsAccumulator(prompt_tokens=len(prompt_tokens))
+    started = time.perf_counter()
+
+    # Prefill everything but the last prompt token, without logits; that token is the
+    # first round's "pending" token, evaluated together with the first drafts.
+    cached = list(target.cached_tokens)
+    reuse = min(common_prefix_length(cached, prompt_tokens), len(prompt_tokens) - 1)
+    target.rollback(reuse)
+    if len(prompt_tokens) - 1 > reuse:
+        target.prefill(prompt_tokens[reuse:-1])
+    stats.cached_prompt_tokens = reuse
+    stats.prefill_seconds = time.perf_counter() - started
+    stats.decode_started = time.perf_counter()
+
+    policy.begin(prompt_tokens)
+    context = list(prompt_tokens)  # committed tokens; the last one is pending
+    detokenizer = IncrementalDetokenizer(target)
+    stop_filter = StopStringFilter(stop)
+    greedy = params.greedy
+
+    while True:
+        if cancel is not None and cancel.is_set():
+            yield _final_event(stats, stop_filter, detokenizer, FINISH_CANCELLED)
+            return
+        remaining = max_tokens - stats.generated_tokens
+        room = target.n_ctx - len(target.cached_tokens) - 1
+        if remaining <= 0 or room < 0:
+            yield _final_event(stats, stop_filter, detokenizer, FINISH_LENGTH)
+            return
+
+        plan = policy.plan(context)
+        draft_length = max(0, min(plan.draft_length, remaining - 1, room))
+        draft_started = time.perf_counter()
+        proposal: DraftProposal = EMPTY_PROPOSAL
+        if plan.drafter is not None and draft_length > 0:
+            proposal = plan.drafter.propose(context, draft_length, params, rng)
+        drafts = proposal.tokens[:draft_length]
+        verify_started = time.perf_counter()
+
+        base = len(target.cached_tokens)
+        logits = target.forward([context[-1], *drafts])
+        stats.target_passes += 1
+        stats.draft_passes += proposal.passes
+
+        emitted: list[int] = []
+        from_draft: list[bool] = []
+        accepted = 0
+        hit_end = False
+        if greedy:
+            choices = logits.argmax(axis=1)
+            for position, draft_token in enumerate(drafts):
+                if int(choices[position]) != draft_token:
+                    break
+                accepted += 1
+                emitted.append(draft_token)
+                from_draft.append(True)
+                if target.is_end_of_generation(draft_token):
+                    hit_end = True
+                    break
+            if not hit_end:
+                emitted.append(int(choices[accepted]))
+                from_draft.append(False)
+        else:
+            replacement: int | None = None
+            for position, draft_token in enumerate(drafts):
+                p = distribution(logits[position], params)
+                q = _draft_distribution(proposal, position, draft_token)
+                replacement = verify_draft_token(p, q, draft_token, rng)
+                if replacement is not None:
+                    break
+                accepted += 1
+                emitted.append(draft_token)
+                from_draft.append(True)
+                if target.is_end_of_generation(draft_token):
+                    hit_end = True
+                    break
+            if not hit_end:
+                if replacement is None:
+                    replacement = distribution(logits[accepted], params).sample(rng)
+                emitted.append(replacement)
+                from_draft.append(False)
+
+        # Keep the pending token and the accepted drafts; the new pending token (the
+        # correction or bonus) is evaluated at the head of the next round.
+        target.rollback(base + 1 + accepted)
+        verify_seconds = time.perf_counter() - verify_started
+
+        stats.rounds += 1
+        if drafts:
+            stats.speculative_rounds += 1
+            stats.drafted += len(drafts)
+            stats.accepted += accepted
+            stats.record_accepted_length(accepted)
+        policy.observe(
+            RoundOutcome(
+                drafter=plan.drafter.name if plan.drafter is not None and drafts else "none",
+                drafted=len(drafts),
+                accepted=accepted,
+                draft_seconds=verify_started - draft_started,
+                verify_seconds=verify_seconds,
+                emitted=len(emitted),
+            )
+        )
+
+        segments: list[TextSegment] = []
+        finish: str | None = None
+        kept_tokens: list[int] = []
+        kept_provenance: list[bool] = []
+        for token, drafted in zip(emitted, from_draft, strict=True):
+            context.append(token)
+            if target.is_end_of_generation(token):
+                finish = FINISH_STOP
+                break
+            kept_tokens.append(token)
+            kept_provenance.append(drafted)
+            stats.generated_tokens += 1
+            segments.append(TextSegment(detokenizer.push(token), drafted))
+        now = time.perf_counter()
+        if stats.time_to_first_token == 0.0 and (kept_tokens or finish):
+            stats.time_to_first_token = now - started
+        stats.decode_seconds = now - stats.decode_started
+        if finish is None and stats.generated_tokens >= max_tokens:
+            finish = FINISH_LENGTH
+        if finish is not None:
+            segments.append(TextSegment(detokenizer.flush(), False))
+
+        shown, stopped = stop_filter.push(segments)
+        if stopped:
+            finish = FINISH_STOP
+        elif finish is not None:
+            shown.extend(stop_filter.flush())
+        merged = _merge_segments(shown)
+        yield GenerationEvent(
+            text="".join(s.text for s in merged),
+            segments=merged,
+            tokens=tuple(kept_tokens),
+            from_draft=tuple(kept_provenance),
+            drafter=plan.drafter.name if plan.drafter is not None and drafts else "none",
+            draft_length=len(drafts),
+            stats=stats.snapshot(),
+            finish_reason=finish,
+        )
+        if finish is not None:
+            return
+
+
+def _final_event(
+    stats: _StatsAccumulator,
+    stop_filter: StopStringFilter,
+    detokenizer: IncrementalDetokenizer,
+    finish_reason: str,
+) -> GenerationEvent:
+    tail, stopped = stop_filter.push([TextSegment(detokenizer.flush(), False)])
+    if not stopped:
+        tail.extend(stop_filter.flush())
+    merged = _merge_segments(tail)
+    return GenerationEvent(
+        text="".join(s.text for s in merged),
+        segments=merged,
+        tokens=(),
+        from_draft=(),
+        drafter="none",
+        draft_length=0,
+        stats=stats.snapshot(),
+        finish_reason=finish_reason,
+    )
+
+
+def _draft_distribution(proposal: DraftProposal, position: int, token: int) -> SparseDistribution:
+    if proposal.distributions is not None and position < len(proposal.distributions):
+        return proposal.distributions[position]
+    return SparseDistribution.point(token)

