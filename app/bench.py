@@ -8,31 +8,30 @@ Besides end-to-end speed, bench measures the costs that decide the answer: a
 target forward of 1, 2, 4, 8 and 16 tokens and one draft step. From them it prints
 the *ceiling*: the speedup a free drafter that is always right would reach at each
 K, ``(K + 1) * cost(1) / cost(K + 1)``. On a compute-bound CPU that ceiling is low.
+"auto" is the adaptive controller the app uses by default.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
 import sys
-import time
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
-import psutil
-
 from app.errors import DraftpenError
-from backends.base import ChatMessage, Model
+from app.machine import machine_description
+from backends.base import ChatMessage
+from backends.calibration import measure_costs
+from backends.controller import CostModel
 from backends.engine import Engine, GenerationRequest
 from backends.sampling import SamplingParams
 
 FORWARD_SIZES = (1, 2, 4, 8, 16)
 COST_REPEATS = 5
-COST_CONTEXT = "Measure the cost of a forward pass at a realistic position. " * 8
+CEILING_DRAFT_LENGTHS = (1, 3, 7, 15)
 
 
 @dataclass(frozen=True)
@@ -79,21 +78,6 @@ class ModeTotals:
         return self.accepted / self.speculative_rounds if self.speculative_rounds else 0.0
 
 
-@dataclass
-class CostProfile:
-    """Measured milliseconds of a target forward of n tokens and of one draft step."""
-
-    target_forward_ms: dict[int, float] = field(default_factory=dict)
-    draft_step_ms: float | None = None
-
-    def ceiling(self, draft_tokens: int) -> float | None:
-        """Speedup of an always-right, free drafter proposing ``draft_tokens``."""
-        batch = draft_tokens + 1
-        if batch not in self.target_forward_ms or 1 not in self.target_forward_ms:
-            return None
-        return batch * self.target_forward_ms[1] / self.target_forward_ms[batch]
-
-
 def load_prompt_suite(categories: list[str] | None = None) -> list[BenchPrompt]:
     """The prompt suite shipped with draftpen, optionally only some categories."""
     text = resources.files("app").joinpath("bench_prompts.toml").read_text(encoding="utf-8")
@@ -108,68 +92,6 @@ def load_prompt_suite(categories: list[str] | None = None) -> list[BenchPrompt]:
             )
         prompts = [p for p in prompts if p.category in categories]
     return prompts
-
-
-def _time_forward(model: Model, base: int, size: int) -> float:
-    samples = []
-    tokens = [model.cached_tokens[-1]] * size
-    for _ in range(COST_REPEATS):
-        started = time.perf_counter()
-        model.forward(tokens)
-        samples.append(time.perf_counter() - started)
-        model.rollback(base)
-    return statistics.median(samples) * 1000.0
-
-
-def measure_costs(engine: Engine) -> CostProfile:
-    """Time target forwards of several sizes and one draft step, at a real position."""
-    profile = CostProfile()
-    context = engine.text_prompt(COST_CONTEXT)
-    for model in (engine.target, engine.draft):
-        if model is None:
-            continue
-        model.rollback(0)
-        model.prefill(context)
-        base = len(model.cached_tokens)
-        model.forward(context[-1:])  # warm up
-        model.rollback(base)
-        if model is engine.target:
-            for size in FORWARD_SIZES:
-                profile.target_forward_ms[size] = _time_forward(model, base, size)
-        else:
-            profile.draft_step_ms = _time_forward(model, base, 1)
-        model.rollback(0)
-    return profile
-
-
-def machine_description() -> dict[str, object]:
-    """What the numbers were measured on."""
-    description: dict[str, object] = {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": _cpu_model(),
-        "physical_cores": psutil.cpu_count(logical=False),
-        "logical_cores": psutil.cpu_count(logical=True),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "python": platform.python_version(),
-    }
-    try:
-        from backends.llamacpp import supports_gpu_offload
-
-        description["llama_cpp_gpu_offload"] = supports_gpu_offload()
-    except Exception as error:  # a description, not a requirement
-        description["llama_cpp_gpu_offload"] = f"unknown ({error})"
-    return description
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_modes(
@@ -222,22 +144,18 @@ def run_modes(
 def format_report(
     results: dict[str, dict[str, ModeTotals]],
     modes: list[BenchMode],
-    costs: CostProfile,
+    costs: CostModel,
 ) -> str:
     """The human-readable report."""
-    lines = ["", "Measured costs on this machine (median of 5):"]
-    forward = ", ".join(f"{n}: {ms:.1f} ms" for n, ms in costs.target_forward_ms.items())
+    lines = ["", f"Measured costs on this machine (median of {COST_REPEATS}):"]
+    forward = ", ".join(f"{n}: {s * 1000:.1f} ms" for n, s in costs.target_seconds.items())
     lines.append(f"  target forward of n tokens  {forward}")
-    if costs.draft_step_ms is not None:
-        lines.append(f"  draft step                  {costs.draft_step_ms:.1f} ms")
-    ceilings = []
-    for k in (1, 3, 7, 15):
-        ceiling = costs.ceiling(k)
-        if ceiling is not None:
-            ceilings.append(f"K={k}: {ceiling:.2f}x")
+    if costs.draft_step_seconds is not None:
+        lines.append(f"  draft step                  {costs.draft_step_seconds * 1000:.1f} ms")
+    ceilings = [f"K={k}: {costs.ceiling(k):.2f}x" for k in CEILING_DRAFT_LENGTHS]
     lines.append(f"  ceiling (free, always-right drafter)  {', '.join(ceilings)}")
-    if costs.draft_step_ms is not None and 1 in costs.target_forward_ms:
-        ratio = costs.draft_step_ms / costs.target_forward_ms[1]
+    if costs.draft_step_seconds is not None:
+        ratio = costs.draft_step_seconds / costs.verify(1)
         lines.append(
             f"  a draft step costs {ratio:.2f} of a target step"
             + ("  -> a draft model cannot pay here" if ratio > 0.5 else "")
@@ -286,15 +204,24 @@ def run_benchmark(args: argparse.Namespace) -> int:
     pair = args.pair or settings.default_pair
     prompts = load_prompt_suite(args.category or None)
     print(f"draftpen bench: loading {pair} ...", file=sys.stderr)
-    engine = load_engine(pair, n_ctx=args.context or settings.context_length, runtime=args.runtime)
+    engine = load_engine(
+        pair,
+        n_ctx=args.context or settings.context_length,
+        runtime=args.runtime,
+        calibrate=False,  # bench measures the costs itself, more thoroughly
+    )
     try:
         k = args.draft_tokens
         modes = [BenchMode("plain", "none", 0)]
         if engine.draft is not None:
             modes.append(BenchMode(f"draft K={k}", "model", k))
         modes.append(BenchMode(f"n-gram K={k}", "ngram", k))
+        modes.append(BenchMode("auto", "auto", k))
         print("measuring forward costs ...", file=sys.stderr)
-        costs = measure_costs(engine)
+        costs = measure_costs(
+            engine.target, engine.draft, sizes=FORWARD_SIZES, repeats=COST_REPEATS
+        )
+        engine.costs = CostModel(dict(costs.target_seconds), costs.draft_step_seconds)
         print(f"running {len(prompts)} prompts x {len(modes)} modes ...", file=sys.stderr)
         results = run_modes(
             engine, prompts, modes, max_tokens=args.max_tokens, repeats=args.repeats
@@ -307,10 +234,10 @@ def run_benchmark(args: argparse.Namespace) -> int:
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
         "costs_ms": {
-            "target_forward": costs.target_forward_ms,
-            "draft_step": costs.draft_step_ms,
+            "target_forward": {n: s * 1000 for n, s in costs.target_seconds.items()},
+            "draft_step": (costs.draft_step_seconds or 0.0) * 1000,
         },
-        "ceilings": {k: costs.ceiling(k) for k in (1, 3, 7, 15)},
+        "ceilings": {k: costs.ceiling(k) for k in CEILING_DRAFT_LENGTHS},
         "results": {
             category: {
                 label: {

@@ -36,6 +36,7 @@ def run_plain_chat(args: argparse.Namespace) -> int:
         n_ctx=args.context or settings.context_length,
         runtime=args.runtime,
         with_draft=args.drafter in ("auto", "model"),
+        calibrate=args.drafter == "auto",
         on_progress=lambda message: print(f"  {message}", file=sys.stderr),
     )
     system = args.system if args.system is not None else settings.system_prompt

@@ -45,7 +45,11 @@ def add_sampling_options(parser: argparse.ArgumentParser, *, temperature: float)
     parser.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     parser.add_argument("--max-tokens", type=int, default=512, help="most tokens to generate")
     parser.add_argument(
-        "--draft-tokens", "-k", type=int, default=4, help="draft tokens per round (K)"
+        "--draft-tokens",
+        "-k",
+        type=int,
+        default=4,
+        help="draft tokens per round (K) for a fixed drafter; auto chooses K itself",
     )
     parser.add_argument("--drafter", choices=DRAFTER_CHOICES, default="auto")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -112,6 +116,7 @@ def run_generate(args: argparse.Namespace) -> int:
         n_ctx=args.context or settings.context_length,
         runtime=args.runtime,
         with_draft=args.drafter in ("auto", "model"),
+        calibrate=args.drafter == "auto",
     )
     try:
         if args.raw:

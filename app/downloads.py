@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal, Protocol
+from typing import Literal, NoReturn, Protocol
 
 from app.catalog import Catalog, ModelEntry, PairEntry, PyPIMirror, WheelMember
 from app.errors import (
@@ -229,7 +229,7 @@ class ModelStore:
         self._write_sidecar(entry, stat)
         return path
 
-    def _discard(self, entry: ModelEntry, problem: str) -> None:
+    def _discard(self, entry: ModelEntry, problem: str) -> NoReturn:
         path = self.path_for(entry)
         path.unlink(missing_ok=True)
         self.sidecar_path_for(entry).unlink(missing_ok=True)
@@ -389,7 +389,7 @@ class PyPIMirrorSource:
                 fetched = _tree_size(pip_temp)
                 progress(entry.key, "download", min(fetched, entry.size_bytes), entry.size_bytes)
 
-    def _pip_stdout(self) -> int | IO[bytes] | None:
+    def _pip_stdout(self) -> int:
         if not self.show_pip_output:
             return subprocess.DEVNULL
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from app.calibration_store import ensure_calibrated
 from app.catalog import load_catalog
 from app.downloads import ModelStore, resolve_pair
 from app.settings import models_dir
@@ -21,9 +22,14 @@ def load_engine(
     n_ctx: int = 4096,
     runtime: str | None = None,
     with_draft: bool = True,
+    calibrate: bool = True,
     on_progress: Callable[[str], None] | None = None,
 ) -> Engine:
-    """Load a downloaded pair; raises a DraftpenError/BackendError that says what to do."""
+    """Load a downloaded pair; raises a DraftpenError/BackendError that says what to do.
+
+    With ``calibrate`` the engine gets this machine's cost model (from disk, or
+    measured in about a second), which the "auto" drafter needs.
+    """
     catalog = load_catalog()
     resolved = resolve_pair(catalog, pair_name, ModelStore(models_dir()))
     chosen_runtime = choose_runtime(runtime)
@@ -39,7 +45,10 @@ def load_engine(
             target.close()
             raise
     try:
-        return Engine(target, draft)
+        engine = Engine(target, draft)
+        if calibrate:
+            ensure_calibrated(engine, chosen_runtime, report)
+        return engine
     except BaseException:
         target.close()
         if draft is not None:

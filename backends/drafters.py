@@ -281,19 +281,21 @@ class PredictionDrafter:
             return 0
         # Fast path: since the last proposal the output kept following the prediction.
         grown = len(output) - self._anchor_output
+        followed = self._anchor_prediction  # the output has written the prediction up to here
         if grown >= 0:
             expected = self.prediction[self._anchor_prediction : self._anchor_prediction + grown]
             if len(expected) == grown and list(output[self._anchor_output :]) == expected:
                 return self._anchor_prediction + grown
+            followed += common_prefix_length(output[self._anchor_output :], expected)
         for size in self.sizes:
             if len(output) < size:
                 continue
             ends = self._positions.get(tuple(output[-size:]))
             if not ends:
                 continue
-            # Prefer the first occurrence after the last anchor: predictions are
-            # followed front to back.
-            later = [end for end in ends if end + 1 >= self._anchor_prediction]
+            # Prefer the first occurrence after what the output already followed:
+            # predictions are followed front to back.
+            later = [end for end in ends if end + 1 >= followed]
             end = later[0] if later else ends[-1]
             if end + 1 < len(self.prediction):
                 return end + 1

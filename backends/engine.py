@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from backends.base import ChatMessage, Model
+from backends.calibration import measure_costs
+from backends.controller import AcceptanceEstimate, AdaptiveDraftPolicy, CostModel
 from backends.drafters import Drafter, ModelDrafter, NgramDrafter, PredictionDrafter
 from backends.errors import BackendError
 from backends.pair_check import check_pair
@@ -50,13 +52,22 @@ class GenerationRequest:
 class Engine:
     """A target model, an optional draft model that passed the pair check, and the loop."""
 
-    def __init__(self, target: Model, draft: Model | None = None) -> None:
+    def __init__(
+        self, target: Model, draft: Model | None = None, *, costs: CostModel | None = None
+    ) -> None:
         if draft is not None:
             check_pair(target, draft).raise_if_incompatible(target.name, draft.name)
         self.target = target
         self.draft = draft
+        self.costs = costs
         self._model_drafter = ModelDrafter(draft) if draft is not None else None
         self._ngram_drafter = NgramDrafter()
+        self._acceptance: dict[str, AcceptanceEstimate] = {}
+
+    def calibrate(self) -> CostModel:
+        """Measure forward costs on this machine (about a second); used by "auto"."""
+        self.costs = measure_costs(self.target, self.draft)
+        return self.costs
 
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
         """Token ids for a conversation rendered with the target's chat template."""
@@ -82,16 +93,32 @@ class Engine:
                     "or pick a pair with a draft model."
                 )
             return self._model_drafter
-        if name == "auto":
-            return self._model_drafter or self._ngram_drafter
         raise ValueError(f"unknown drafter {name!r}")
 
     def policy_for(self, request: GenerationRequest) -> DraftPolicy:
-        """The drafter policy a request asks for."""
+        """The drafter policy a request asks for.
+
+        "auto" is the adaptive controller over every drafter available (the caller's
+        prediction, n-gram lookup, the draft model) with K up to 16; any other choice
+        is that drafter with a fixed K = ``draft_tokens``.
+        """
+        prediction = None
         if request.prediction and request.drafter != "none":
             prediction_tokens = self.target.tokenize(request.prediction, add_special=False)
-            return FixedDraftPolicy(PredictionDrafter(prediction_tokens), request.draft_tokens)
-        return FixedDraftPolicy(self.drafter_named(request.drafter), request.draft_tokens)
+            prediction = PredictionDrafter(prediction_tokens)
+        if request.drafter != "auto":
+            if prediction is not None:
+                return FixedDraftPolicy(prediction, request.draft_tokens)
+            return FixedDraftPolicy(self.drafter_named(request.drafter), request.draft_tokens)
+        costs = self.costs if self.costs is not None else self.calibrate()
+        drafters: list[Drafter] = [self._ngram_drafter]
+        if prediction is not None:
+            drafters.insert(0, prediction)
+        if self._model_drafter is not None:
+            drafters.append(self._model_drafter)
+        return AdaptiveDraftPolicy(
+            drafters, costs, params=request.params, acceptance=self._acceptance
+        )
 
     def generate(
         self, request: GenerationRequest, cancel: threading.Event | None = None

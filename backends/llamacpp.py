@@ -161,10 +161,14 @@ class LlamaCppModel:
                 f"({_last_llama_error()}). Try a smaller context length."
             )
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._context))
-        self.n_batch = n_batch
+        # llama.cpp may round the context up and clamp the batch to it; use its values.
+        self.n_batch = min(
+            int(llama_cpp.llama_n_batch(self._context)),
+            int(llama_cpp.llama_n_ubatch(self._context)),
+        )
         self.n_threads = threads
         self._memory = llama_cpp.llama_get_memory(self._context)
-        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._tokens: list[int] = []
         self._piece_cache: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}

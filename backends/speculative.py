@@ -126,6 +126,8 @@ class GenerationEvent:
     draft_length: int
     stats: SpeculativeStats
     finish_reason: str | None = None
+    estimated_speedup: float = 1.0
+    decision: str = ""
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,8 @@ class RoundPlan:
 
     drafter: Drafter | None
     draft_length: int
+    estimated_speedup: float = 1.0
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -470,6 +474,8 @@ def speculative_generate(
             draft_length=len(drafts),
             stats=stats.snapshot(),
             finish_reason=finish,
+            estimated_speedup=plan.estimated_speedup,
+            decision=plan.reason,
         )
         if finish is not None:
             return

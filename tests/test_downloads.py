@@ -408,7 +408,8 @@ def run_cli(*argv: str) -> int:
     commands = parser.add_subparsers(dest="command")
     cli_models.register(commands)
     args = parser.parse_args(list(argv))
-    return args.func(args)
+    exit_code: int = args.func(args)
+    return exit_code
 
 
 def test_models_list_shows_pairs_sizes_and_state(

@@ -1,0 +1,112 @@
+"""Cost calibrations kept on disk, one per machine, pair, runtime and settings.
+
+Measuring forward costs takes about a second at load; keeping the result means the
+next start begins calibrated. The key covers everything that changes the numbers:
+the model files, the runtime and its version, threads, GPU offload, the CPU. When
+any of them changes the key changes and calibration is simply done again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from collections.abc import Callable
+from pathlib import Path
+
+from app.machine import cpu_model
+from app.settings import cache_dir
+from backends.controller import CostModel
+from backends.engine import Engine
+
+CALIBRATION_VERSION = 1
+
+
+def calibration_key(engine: Engine, runtime: str) -> str:
+    """A stable name for this engine's cost profile on this machine."""
+    parts: dict[str, object] = {
+        "version": CALIBRATION_VERSION,
+        "runtime": runtime,
+        "runtime_version": _runtime_version(runtime),
+        "machine": platform.machine(),
+        "processor": cpu_model(),
+        "cpus": os.cpu_count(),
+    }
+    for role, model in (("target", engine.target), ("draft", engine.draft)):
+        if model is None:
+            parts[role] = None
+            continue
+        path = getattr(model, "path", None)
+        parts[role] = {
+            "name": model.name,
+            "file": Path(path).name if path else None,
+            "size": Path(path).stat().st_size if path and Path(path).exists() else None,
+            "threads": getattr(model, "n_threads", None),
+            "gpu": getattr(model, "gpu_offload", None),
+        }
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    return digest[:24]
+
+
+def calibration_path(key: str) -> Path:
+    """Where the calibration with this key lives."""
+    return cache_dir() / "calibration" / f"{key}.json"
+
+
+def load_costs(key: str) -> CostModel | None:
+    """The stored cost model, or None if there is none (or it is unreadable)."""
+    try:
+        data = json.loads(calibration_path(key).read_text(encoding="utf-8"))
+        target = {int(size): float(seconds) for size, seconds in data["target_seconds"].items()}
+        draft = data.get("draft_step_seconds")
+        return CostModel(target, float(draft) if draft is not None else None)
+    except (OSError, ValueError, KeyError, TypeError):
+        # Missing or damaged: measuring again is cheap and always right.
+        return None
+
+
+def save_costs(key: str, costs: CostModel) -> None:
+    """Store a cost model atomically (a crash never leaves half a file)."""
+    path = calibration_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    partial.write_text(
+        json.dumps(
+            {
+                "target_seconds": {str(k): v for k, v in costs.target_seconds.items()},
+                "draft_step_seconds": costs.draft_step_seconds,
+            },
+            indent=2,
+        ),
+        encoding="utf-8",
+    )
+    os.replace(partial, path)
+
+
+def ensure_calibrated(
+    engine: Engine, runtime: str, report: Callable[[str], None] = lambda message: None
+) -> CostModel:
+    """Load this engine's cost model from disk, or measure and store it."""
+    key = calibration_key(engine, runtime)
+    costs = load_costs(key)
+    if costs is None:
+        report("measuring forward costs on this machine")
+        costs = engine.calibrate()
+        try:
+            save_costs(key, costs)
+        except OSError as error:
+            report(f"could not save the calibration ({error}); it will be measured next time")
+    engine.costs = costs
+    return costs
+
+
+def _runtime_version(runtime: str) -> str | None:
+    if runtime == "llamacpp":
+        try:
+            from importlib.metadata import version
+
+            return version("llama-cpp-python")
+        except Exception:  # not installed: the key just says so
+            return None
+    return None

@@ -1,0 +1,290 @@
+"""The adaptive draft policy: which drafter and how many tokens, round by round.
+
+Speculation pays only when accepted tokens cost less than plain ones, and that
+depends on the machine. On a compute-bound CPU a verify of n tokens costs nearly n
+single steps, so short drafts cannot win and a draft model that costs 2/3 of a
+target step loses outright; on a GPU a verify of a few tokens costs about one step
+and the same draft model wins. So the controller measures instead of assuming:
+
+- a :class:`CostModel`: the time of a target forward of n tokens (measured at load
+  for a few n, interpolated, refined by every round) and of one draft-model step;
+- acceptance per drafter and per draft position (exponentially smoothed, so recent
+  text weighs more);
+
+and before each round picks the drafter and K that maximise expected tokens per
+second, ``E[tokens | K] / (verify(K + 1) + draft(K))``, with K = 0 (plain decoding)
+as the baseline it must beat. The n-gram drafter is also *shadowed* while it is not
+used: its proposal is compared with what plain decoding then wrote, which costs
+nothing, so speed comes back when the text turns repetitive.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from backends.drafters import Drafter, ModelDrafter, common_prefix_length
+from backends.sampling import SamplingParams
+from backends.speculative import RoundOutcome, RoundPlan
+
+DEFAULT_MAX_DRAFT = 16
+SMOOTHING = 0.15  # weight of the newest measured cost in the running estimate
+DECAY = 0.9  # per round, old acceptance evidence fades (recent text weighs more)
+PRIOR_WEIGHT = 1.0  # the prior counts as this many rounds of evidence
+PRIOR_ACCEPTANCE = {"model": 0.7, "ngram": 0.5, "prediction": 0.8}
+MIN_PAYING_SPEEDUP = 1.02  # choose speculation only when it is expected to pay this much
+MODEL_PROBE_INTERVAL = 64  # rounds without the draft model before trying it again
+MODEL_PROBE_LENGTH = 2
+
+
+@dataclass
+class CostModel:
+    """Seconds for a target forward of n tokens, and for one draft-model step.
+
+    ``target_seconds`` maps batch sizes to measured times; other sizes are linearly
+    interpolated (and extrapolated from the last two points).
+    """
+
+    target_seconds: dict[int, float]
+    draft_step_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if 1 not in self.target_seconds:
+            raise ValueError("the cost model needs the time of a 1-token forward")
+        self._sizes = sorted(self.target_seconds)
+
+    def verify(self, batch: int) -> float:
+        """Estimated seconds for a target forward of ``batch`` tokens."""
+        sizes, times = self._sizes, self.target_seconds
+        if batch in times:
+            return times[batch]
+        index = bisect.bisect_left(sizes, batch)
+        if index == 0:
+            return times[sizes[0]]
+        if index >= len(sizes):
+            low, high = (sizes[-2], sizes[-1]) if len(sizes) > 1 else (sizes[-1], sizes[-1])
+        else:
+            low, high = sizes[index - 1], sizes[index]
+        if high == low:
+            return times[low] * batch / low
+        slope = (times[high] - times[low]) / (high - low)
+        return max(times[low] + slope * (batch - low), times[1])
+
+    def observe_verify(self, batch: int, seconds: float) -> None:
+        """Refine the estimate for ``batch`` with a measured forward."""
+        previous = self.target_seconds.get(batch)
+        self.target_seconds[batch] = (
+            seconds if previous is None else previous + SMOOTHING * (seconds - previous)
+        )
+        if previous is None:
+            self._sizes = sorted(self.target_seconds)
+
+    def observe_draft_step(self, seconds: float) -> None:
+        """Refine the per-step cost of the draft model."""
+        previous = self.draft_step_seconds
+        self.draft_step_seconds = (
+            seconds if previous is None else previous + SMOOTHING * (seconds - previous)
+        )
+
+    def ceiling(self, draft_tokens: int) -> float:
+        """Speedup of a free drafter that is always right, at this K."""
+        return (draft_tokens + 1) * self.verify(1) / self.verify(draft_tokens + 1)
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Probability that draft position i is accepted, given positions before it were.
+
+    Kept as decayed counts per position: every observation first multiplies the old
+    counts by ``DECAY``, so recent text weighs more, and the estimate is
+    ``(accepted + w * prior) / (trials + w)``: a prior that a few rounds of evidence
+    overrule. Positions never reached borrow the estimate of the last one reached.
+    """
+
+    prior: float
+    accepted: list[float] = field(default_factory=list)
+    trials: list[float] = field(default_factory=list)
+
+    def at(self, position: int) -> float:
+        """Estimated acceptance at ``position`` (0-based)."""
+        if not self.trials:
+            return self.prior
+        index = min(position, len(self.trials) - 1)
+        return (self.accepted[index] + PRIOR_WEIGHT * self.prior) / (
+            self.trials[index] + PRIOR_WEIGHT
+        )
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """Positions 0..accepted-1 were accepted, position ``accepted`` (if drafted) not."""
+        reached = min(drafted, accepted + 1)
+        if reached == 0:
+            return
+        for index in range(len(self.trials)):
+            self.accepted[index] *= DECAY
+            self.trials[index] *= DECAY
+        while len(self.trials) < reached:
+            self.accepted.append(0.0)
+            self.trials.append(0.0)
+        for position in range(reached):
+            self.trials[position] += 1.0
+            if position < accepted:
+                self.accepted[position] += 1.0
+
+    def expected_tokens(self, draft_tokens: int) -> float:
+        """Expected tokens per round with ``draft_tokens`` drafts (bonus included)."""
+        expected, survive = 1.0, 1.0
+        for position in range(draft_tokens):
+            survive *= self.at(position)
+            expected += survive
+        return expected
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the controller chose and why, for the UI and the API."""
+
+    drafter: str
+    draft_tokens: int
+    estimated_speedup: float
+    reason: str
+
+
+class AdaptiveDraftPolicy:
+    """Chooses drafter and K per round from measured costs and running acceptance."""
+
+    def __init__(
+        self,
+        drafters: Sequence[Drafter],
+        costs: CostModel,
+        *,
+        max_draft_tokens: int = DEFAULT_MAX_DRAFT,
+        params: SamplingParams | None = None,
+        acceptance: dict[str, AcceptanceEstimate] | None = None,
+    ) -> None:
+        self.drafters = {drafter.name: drafter for drafter in drafters}
+        self.costs = costs
+        self.max_draft_tokens = max_draft_tokens
+        self.params = params or SamplingParams()
+        # Shared across generations when the caller passes its own dict: what was
+        # learned about this conversation carries over to the next reply.
+        self.acceptance = acceptance if acceptance is not None else {}
+        for name in self.drafters:
+            self.acceptance.setdefault(name, AcceptanceEstimate(PRIOR_ACCEPTANCE.get(name, 0.5)))
+        self._rounds_without_model = 0
+        self.decision = Decision("none", 0, 1.0, "not started")
+        self._shadows: list[tuple[int, list[int]]] = []
+
+    # -- DraftPolicy ---------------------------------------------------------
+
+    def begin(self, prompt_tokens: Sequence[int]) -> None:
+        """A new generation: reset drafters; keep what was learned about the text."""
+        for drafter in self.drafters.values():
+            drafter.begin(prompt_tokens)
+        self._shadows = []
+
+    def plan(self, context: Sequence[int]) -> RoundPlan:
+        """Pick the drafter and K with the best expected tokens per second."""
+        self._score_shadow(context)
+        plain_rate = 1.0 / self.costs.verify(1)
+        best = Decision("none", 0, 1.0, self._plain_reason())
+        best_rate = plain_rate * MIN_PAYING_SPEEDUP
+        for name in self.drafters:
+            draft_tokens, rate = self._best_length(name)
+            if draft_tokens > 0 and rate > best_rate:
+                best_rate = rate
+                best = Decision(
+                    name,
+                    draft_tokens,
+                    rate / plain_rate,
+                    f"{name}: {rate / plain_rate:.2f}x expected at K={draft_tokens}",
+                )
+        if best.drafter == "model":
+            self._rounds_without_model = 0
+        else:
+            self._rounds_without_model += 1
+            if self._rounds_without_model >= MODEL_PROBE_INTERVAL and self._model_can_pay():
+                # Acceptance may have changed since the model was last tried.
+                self._rounds_without_model = 0
+                best = Decision("model", MODEL_PROBE_LENGTH, 1.0, "probing the draft model")
+        self.decision = best
+        if best.drafter == "none":
+            self._start_shadow(context)
+            return RoundPlan(None, 0, 1.0, best.reason)
+        return RoundPlan(
+            self.drafters[best.drafter], best.draft_tokens, best.estimated_speedup, best.reason
+        )
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        """Learn acceptance and costs from a finished round."""
+        batch = outcome.drafted + 1
+        self.costs.observe_verify(batch, outcome.verify_seconds)
+        if outcome.drafted and outcome.drafter in self.acceptance:
+            self.acceptance[outcome.drafter].observe(outcome.drafted, outcome.accepted)
+            if outcome.drafter == "model" and outcome.draft_seconds > 0:
+                self.costs.observe_draft_step(outcome.draft_seconds / outcome.drafted)
+
+    # -- internals -------------------------------------------------------------
+
+    def _draft_cost(self, name: str, draft_tokens: int) -> float:
+        if isinstance(self.drafters[name], ModelDrafter):
+            step = self.costs.draft_step_seconds
+            return draft_tokens * (step if step is not None else self.costs.verify(1))
+        return 0.0  # n-gram lookups and predictions cost microseconds
+
+    def _best_length(self, name: str) -> tuple[int, float]:
+        estimate = self.acceptance[name]
+        best_k, best_rate = 0, 0.0
+        for draft_tokens in range(1, self.max_draft_tokens + 1):
+            seconds = self.costs.verify(draft_tokens + 1) + self._draft_cost(name, draft_tokens)
+            rate = estimate.expected_tokens(draft_tokens) / seconds
+            if rate > best_rate:
+                best_k, best_rate = draft_tokens, rate
+        return best_k, best_rate
+
+    def _model_can_pay(self) -> bool:
+        """Would the draft model pay here even if every draft token were accepted?"""
+        if "model" not in self.drafters:
+            return False
+        step = self.costs.draft_step_seconds or 0.0
+        always_right = max(
+            (k + 1) / (self.costs.verify(k + 1) + k * step)
+            for k in range(1, self.max_draft_tokens + 1)
+        )
+        return always_right * self.costs.verify(1) > MIN_PAYING_SPEEDUP
+
+    def _plain_reason(self) -> str:
+        if "model" in self.drafters and not self._model_can_pay():
+            return "speculation off: draft model too slow on this machine"
+        return "speculation off: drafts not accepted often enough to pay here"
+
+    def _start_shadow(self, context: Sequence[int]) -> None:
+        """Ask the n-gram drafter what it would propose; score it as plain decoding writes.
+
+        A new shadow starts every plain round (lookups cost microseconds), so a
+        repetitive stretch is noticed within a few tokens.
+        """
+        ngram = self.drafters.get("ngram")
+        if ngram is None:
+            return
+        proposal = ngram.propose(context, self.max_draft_tokens, self.params, _NO_RANDOMNESS)
+        if proposal.tokens:
+            self._shadows.append((len(context), list(proposal.tokens)))
+
+    def _score_shadow(self, context: Sequence[int]) -> None:
+        """Score every shadow proposal whose outcome the written tokens now decide."""
+        pending: list[tuple[int, list[int]]] = []
+        for start, proposed in self._shadows:
+            written = context[start : start + len(proposed)]
+            matched = common_prefix_length(proposed, written)
+            if matched == len(written) and len(written) < len(proposed):
+                pending.append((start, proposed))  # agrees so far; not decided yet
+                continue
+            self.acceptance["ngram"].observe(min(len(proposed), matched + 1), matched)
+        self._shadows = pending
+
+
+# The n-gram drafter ignores randomness; the controller never samples with this.
+_NO_RANDOMNESS = np.random.default_rng(0)

@@ -1,0 +1,224 @@
+# shellcheck shell=bash
+# Shared by packaging/install.sh and packaging/test.sh; sourced, never run.
+#
+# The one place that pins llama-cpp-python, finds a Python, makes virtualenvs and
+# installs llama-cpp-python from a wheel built once per machine and flavour:
+#
+#   ${XDG_CACHE_HOME:-~/.cache}/draftpen/wheels/<flavour>/llama_cpp_python-<version>-*.whl
+#
+# flavour: cuda (nvcc and nvidia-smi both found), metal (macOS on Apple Silicon),
+# cpu (anything else), or custom-<checksum> when DRAFTPEN_LLAMA_CMAKE_ARGS sets the
+# CMake flags, so a wheel built with other flags never stands in for a standard one.
+#
+# Written for bash 3.2 too (macOS's /bin/bash): no negative array indexes, no
+# associative arrays, no `${var,,}`.
+
+LLAMA_CPP_VERSION=0.3.36
+MIN_PYTHON=3.11
+PYTHON_CANDIDATES="python3.11 python3.12 python3.13 python3"
+
+say() { printf '%s\n' "$*"; }
+step() { printf '\n==> %s\n' "$*"; }
+warn() { printf 'warning: %s\n' "$*" >&2; }
+die() {
+    printf 'error: %s\n' "$*" >&2
+    exit 1
+}
+
+is_apple_silicon() {
+    [[ "$(uname -s)" == Darwin && "$(uname -m)" == arm64 ]]
+}
+
+# The extras of the draftpen package this machine should get: "mlx" on Apple Silicon.
+platform_extras() {
+    if is_apple_silicon; then
+        printf 'mlx\n'
+    fi
+}
+
+python_is_recent() {
+    "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1
+}
+
+# Print the path of a Python >= 3.11: $PYTHON if set, else the first that works of
+# python3.11, python3.12, python3.13, python3.
+find_python() {
+    local candidate
+    if [[ -n "${PYTHON:-}" ]]; then
+        python_is_recent "$PYTHON" ||
+            die "\$PYTHON is '$PYTHON', which is not a working Python $MIN_PYTHON or newer." \
+                "Point it at one, or unset it to search for python3.11 and newer."
+        command -v "$PYTHON"
+        return 0
+    fi
+    for candidate in $PYTHON_CANDIDATES; do
+        if command -v "$candidate" >/dev/null 2>&1 && python_is_recent "$candidate"; then
+            command -v "$candidate"
+            return 0
+        fi
+    done
+    die "draftpen needs Python $MIN_PYTHON or newer and found none (tried $PYTHON_CANDIDATES)." \
+        "Install one (Debian/Ubuntu: sudo apt install python3.11 python3.11-venv;" \
+        "macOS: brew install python@3.12), or set PYTHON=/path/to/python3.x."
+}
+
+# A virtualenv is reused when its python runs, is recent enough, and has pip.
+venv_is_healthy() {
+    [[ -x "$1/bin/python" ]] && python_is_recent "$1/bin/python" &&
+        "$1/bin/python" -m pip --version >/dev/null 2>&1
+}
+
+# ensure_venv VENV PYTHON: reuse VENV if healthy, else (re)create it with PYTHON.
+ensure_venv() {
+    local venv=$1 python=$2
+    if venv_is_healthy "$venv"; then
+        say "Reusing $venv ($("$venv/bin/python" -V 2>&1))"
+        return 0
+    fi
+    if [[ -e "$venv" ]]; then
+        # --clear empties the directory: only ever do that to a virtualenv or an
+        # empty directory, never to a path someone passed by mistake.
+        if [[ ! -f "$venv/pyvenv.cfg" && -n "$(ls -A "$venv" 2>/dev/null)" ]]; then
+            die "$venv exists and is not a virtualenv; choose another path or remove it."
+        fi
+        say "$venv is not a working Python $MIN_PYTHON+ virtualenv; recreating it with $python"
+    else
+        say "Creating $venv with $python ($("$python" -V 2>&1))"
+    fi
+    "$python" -m venv --clear --upgrade-deps "$venv" ||
+        die "could not create a virtualenv at $venv with $python." \
+            "On Debian/Ubuntu install the venv module (sudo apt install python3.X-venv)," \
+            "and check that PyPI is reachable (pip is upgraded in the new virtualenv)."
+}
+
+draftpen_cache_dir() {
+    printf '%s/draftpen\n' "${XDG_CACHE_HOME:-$HOME/.cache}"
+}
+
+llama_flavour() {
+    if [[ -n "${DRAFTPEN_LLAMA_CMAKE_ARGS:-}" ]]; then
+        printf 'custom-%s\n' "$(printf '%s' "$DRAFTPEN_LLAMA_CMAKE_ARGS" | cksum | cut -d' ' -f1)"
+    elif command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1; then
+        printf 'cuda\n'
+    elif is_apple_silicon; then
+        printf 'metal\n'
+    else
+        printf 'cpu\n'
+    fi
+}
+
+llama_cmake_args() {
+    case $1 in
+        custom-*) printf '%s\n' "$DRAFTPEN_LLAMA_CMAKE_ARGS" ;;
+        cuda) printf '%s\n' "-DGGML_CUDA=on" ;;
+        metal) printf '%s\n' "-DGGML_METAL=on" ;;
+        *) printf '\n' ;;
+    esac
+}
+
+# Print the cached wheel in DIR, if there is one.
+cached_llama_wheel() {
+    local dir=$1 candidate found=""
+    for candidate in "$dir"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl; do
+        if [[ -f "$candidate" ]]; then
+            found=$candidate
+        fi
+    done
+    if [[ -n "$found" ]]; then
+        printf '%s\n' "$found"
+    fi
+}
+
+# Print a line a minute until killed, so a long build does not look hung. It also
+# stops on its own once the script that started it is gone.
+_build_heartbeat() {
+    local log=$1 parent=$2 minutes=0
+    while sleep 60 >/dev/null 2>&1 && kill -0 "$parent" 2>/dev/null; do
+        minutes=$((minutes + 1))
+        say "    ... still building (${minutes} min so far; log: $log)"
+    done
+}
+
+# build_llama_wheel PYTHON FLAVOUR DIR: compile llama-cpp-python into DIR.
+build_llama_wheel() {
+    local python=$1 flavour=$2 dir=$3 cmake_args log staging heartbeat status=0 hint
+    cmake_args=$(llama_cmake_args "$flavour")
+    log="$(draftpen_cache_dir)/build-logs/llama-$flavour.log"
+    mkdir -p "$dir" "$(dirname "$log")"
+    # Build into a private directory and move the wheel in when it is complete, so an
+    # interrupted build never leaves a half-written wheel where the next run looks.
+    staging=$(mktemp -d "$dir/.build.XXXXXX")
+    say "No cached wheel for flavour '$flavour': compiling llama-cpp-python $LLAMA_CPP_VERSION" \
+        "(CMAKE_ARGS='$cmake_args')."
+    say "This takes 10-15 minutes on 2 CPU cores, once per machine; later runs reuse $dir."
+    say "Build log: $log"
+    _build_heartbeat "$log" "$$" &
+    heartbeat=$!
+    # --no-cache-dir: pip's wheel cache is keyed by the sdist, not by CMAKE_ARGS, so it
+    # could hand back a CPU build when CUDA was asked for.
+    CMAKE_ARGS="$cmake_args" "$python" -m pip wheel --verbose --no-deps --no-cache-dir \
+        "llama-cpp-python==$LLAMA_CPP_VERSION" -w "$staging" >"$log" 2>&1 || status=$?
+    kill "$heartbeat" 2>/dev/null || true
+    wait "$heartbeat" 2>/dev/null || true
+    if [[ $status -ne 0 ]]; then
+        rm -rf "$staging"
+        printf '\n--- last 40 lines of %s ---\n' "$log" >&2
+        tail -n 40 "$log" >&2
+        printf -- '---\n' >&2
+        hint="It needs a C++ compiler and cmake (Debian/Ubuntu: sudo apt install build-essential"
+        hint="$hint cmake; macOS: xcode-select --install)."
+        if [[ $flavour == cuda ]]; then
+            hint="$hint The cuda flavour also needs the CUDA toolkit (nvcc) that matches your"
+            hint="$hint driver; to build for the CPU instead, set DRAFTPEN_LLAMA_CMAKE_ARGS=-DGGML_CUDA=off."
+        fi
+        die "building llama-cpp-python failed (exit $status); the full log is $log. $hint"
+    fi
+    mv "$staging"/llama_cpp_python-*.whl "$dir"/
+    rm -rf "$staging"
+}
+
+# Exit 0 when the venv's llama-cpp-python was installed from exactly WHEEL (pip records
+# the wheel's sha256 in direct_url.json) and imports.
+_LLAMA_MATCHES_WHEEL='
+import hashlib, json, sys
+from importlib import metadata
+try:
+    dist = metadata.distribution("llama-cpp-python")
+except metadata.PackageNotFoundError:
+    sys.exit(1)
+archive = json.loads(dist.read_text("direct_url.json") or "{}").get("archive_info", {})
+recorded = archive.get("hashes", {}).get("sha256") or archive.get("hash", "").partition("=")[2]
+with open(sys.argv[1], "rb") as wheel:
+    if recorded != hashlib.file_digest(wheel, "sha256").hexdigest():
+        sys.exit(1)
+import llama_cpp
+'
+
+# install_llama VENV: install the cached (or freshly built) wheel for this machine.
+install_llama() {
+    local venv=$1 python="$1/bin/python" flavour dir wheel
+    flavour=$(llama_flavour)
+    dir="$(draftpen_cache_dir)/wheels/$flavour"
+    if [[ $flavour == cpu ]] && command -v nvidia-smi >/dev/null 2>&1; then
+        warn "nvidia-smi found but nvcc is not on PATH: building for the CPU." \
+            "Install the CUDA toolkit for GPU inference."
+    fi
+    wheel=$(cached_llama_wheel "$dir")
+    if [[ -z "$wheel" ]]; then
+        build_llama_wheel "$python" "$flavour" "$dir"
+        wheel=$(cached_llama_wheel "$dir")
+        [[ -n "$wheel" ]] || die "the llama-cpp-python build finished but left no wheel in $dir."
+    fi
+    if "$python" -c "$_LLAMA_MATCHES_WHEEL" "$wheel" >/dev/null 2>&1; then
+        say "llama-cpp-python $LLAMA_CPP_VERSION ($flavour) is installed from $wheel"
+        return 0
+    fi
+    say "Installing llama-cpp-python $LLAMA_CPP_VERSION ($flavour) from $wheel"
+    # pip keeps an installed version equal to a local wheel's, so force the wheel in,
+    # then let a plain install bring its dependencies.
+    "$python" -m pip install --quiet --force-reinstall --no-deps "$wheel"
+    "$python" -m pip install --quiet "$wheel"
+    "$python" -c "$_LLAMA_MATCHES_WHEEL" "$wheel" ||
+        die "llama-cpp-python was installed from $wheel but does not import (see above)." \
+            "Delete that wheel to have it rebuilt on the next run."
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Set up and run the tests: .venv in the clone (reused when healthy), llama-cpp-python
+# from the per-machine wheel cache, draftpen installed editable with its test extras,
+# the test models in a store outside the clone, then ruff and pytest.
+#
+# Arguments go to pytest:  bash packaging/test.sh -m "not real_model" -x
+# Exit status: pytest's; when pytest passes, ruff's.
+set -euo pipefail
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=packaging/lib.sh
+. "$REPO_ROOT/packaging/lib.sh"
+cd "$REPO_ROOT"
+
+venv="$REPO_ROOT/.venv"
+venv_python="$venv/bin/python"
+
+step "Python"
+python=$(find_python)
+say "Using $python ($("$python" -V 2>&1))"
+
+step "Virtualenv"
+ensure_venv "$venv" "$python"
+export PATH="$venv/bin:$PATH"
+
+step "llama-cpp-python"
+install_llama "$venv"
+
+step "draftpen (editable, with test extras)"
+extras="test"
+if [[ -n $(platform_extras) ]]; then
+    extras="test,$(platform_extras)"
+fi
+"$venv_python" -m pip install --quiet -e "${REPO_ROOT}[$extras]"
+say "Installed draftpen[$extras] in editable mode"
+
+step "Test models"
+# One store per machine, outside the clone: ~1.6 GB is fetched once, not on every run.
+export DRAFTPEN_MODELS_DIR="${DRAFTPEN_MODELS_DIR:-$HOME/.cache/draftpen-test-models}"
+say "Model store: $DRAFTPEN_MODELS_DIR"
+"$venv/bin/draftpen" models pull starter
+"$venv/bin/draftpen" models pull smollm2
+# Tests that need a real model fail, rather than skip, when it is missing.
+export DRAFTPEN_REQUIRE_MODELS=1
+
+step "ruff check app backends tests"
+ruff_status=0
+"$venv_python" -m ruff check app backends tests || ruff_status=$?
+
+step "pytest $*"
+pytest_status=0
+"$venv_python" -m pytest "$@" || pytest_status=$?
+
+step "Summary"
+say "ruff:   $([[ $ruff_status -eq 0 ]] && echo ok || echo "failed (exit $ruff_status)")"
+say "pytest: $([[ $pytest_status -eq 0 ]] && echo ok || echo "failed (exit $pytest_status)")"
+if [[ $pytest_status -ne 0 ]]; then
+    exit "$pytest_status"
+fi
+exit "$ruff_status"

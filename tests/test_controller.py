@@ -1,0 +1,133 @@
+"""The adaptive draft policy, driven by scripted costs and acceptance (no timing)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.controller import AcceptanceEstimate, AdaptiveDraftPolicy, CostModel
+from backends.drafters import DraftProposal, NgramDrafter
+from backends.sampling import SamplingParams
+from backends.speculative import RoundOutcome
+
+# Measured on a 2-core CPU with the starter pair: verify is nearly linear in n and the
+# draft step costs 2/3 of a target step.
+CPU_COSTS = {1: 0.034, 2: 0.063, 4: 0.115, 8: 0.240, 16: 0.364}
+CPU_DRAFT_STEP = 0.023
+# A GPU: memory-bound, a verify of a few tokens costs about one step; draft is cheap.
+GPU_COSTS = {1: 0.020, 2: 0.0205, 4: 0.021, 8: 0.023, 16: 0.028}
+GPU_DRAFT_STEP = 0.004
+
+
+class StubModelDrafter:
+    """Stands in for ModelDrafter where only its name and cost class matter."""
+
+    name = "model"
+
+    def begin(self, prompt_tokens):
+        pass
+
+    def propose(self, context, max_tokens, params, rng):
+        return DraftProposal(tokens=[1] * max_tokens, passes=max_tokens)
+
+
+@pytest.fixture(autouse=True)
+def _treat_stub_as_model_drafter(monkeypatch: pytest.MonkeyPatch):
+    # The policy charges draft-model steps to drafters that are ModelDrafters.
+    import backends.controller as controller
+
+    monkeypatch.setattr(controller, "ModelDrafter", StubModelDrafter)
+
+
+def policy_with(costs: dict[int, float], draft_step: float, acceptance: float):
+    estimates = {"model": AcceptanceEstimate(acceptance), "ngram": AcceptanceEstimate(0.0)}
+    return AdaptiveDraftPolicy(
+        [StubModelDrafter(), NgramDrafter()],
+        CostModel(dict(costs), draft_step),
+        acceptance=estimates,
+    )
+
+
+def test_draft_model_is_turned_off_when_its_cost_makes_speculation_lose():
+    policy = policy_with(CPU_COSTS, CPU_DRAFT_STEP, acceptance=0.97)
+    policy.begin([1, 2, 3])
+    plan = policy.plan([1, 2, 3])
+    assert plan.draft_length == 0 and plan.drafter is None
+    assert "draft model too slow" in plan.reason
+
+
+def test_draft_model_is_used_with_several_tokens_where_verification_is_cheap():
+    policy = policy_with(GPU_COSTS, GPU_DRAFT_STEP, acceptance=0.8)
+    policy.begin([1, 2, 3])
+    plan = policy.plan([1, 2, 3])
+    assert plan.drafter is not None and plan.drafter.name == "model"
+    assert plan.draft_length >= 3
+    assert plan.estimated_speedup > 1.5
+
+
+def test_low_acceptance_turns_the_draft_model_off_even_on_a_gpu():
+    policy = policy_with(GPU_COSTS, GPU_DRAFT_STEP, acceptance=0.05)
+    policy.begin([1, 2, 3])
+    assert policy.plan([1, 2, 3]).draft_length == 0
+
+
+def test_observed_rejections_lower_acceptance_and_then_k():
+    policy = policy_with(GPU_COSTS, GPU_DRAFT_STEP, acceptance=0.9)
+    policy.begin([1])
+    first = policy.plan([1]).draft_length
+    for _ in range(40):
+        policy.observe(RoundOutcome("model", 8, 0, 8 * GPU_DRAFT_STEP, GPU_COSTS[8], 1))
+    assert policy.acceptance["model"].at(0) < 0.1
+    assert policy.plan([1]).draft_length < first
+
+
+def test_long_verbatim_runs_pay_on_cpu_but_short_drafts_do_not():
+    costs = CostModel(dict(CPU_COSTS))
+    always_right = AcceptanceEstimate(1.0)
+    rate = {k: always_right.expected_tokens(k) / costs.verify(k + 1) for k in (1, 3, 15)}
+    plain = 1 / costs.verify(1)
+    assert rate[1] / plain < 1.1
+    assert rate[15] / plain > 1.4
+
+
+def test_shadowed_ngram_brings_speculation_back_when_text_turns_repetitive():
+    """While plain decoding runs, the n-gram drafter's proposals are scored for free."""
+    policy = policy_with(CPU_COSTS, CPU_DRAFT_STEP, acceptance=0.0)
+    policy.params = SamplingParams()
+    rng = np.random.default_rng(0)
+    novel = list(rng.integers(1000, 2000, size=60))
+    phrase = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24]
+    context = [*novel, *phrase, 99]
+    policy.begin(context)
+    chosen = []
+    # Plain decoding now writes the phrase again and again, one token per round.
+    for step in range(len(phrase) * 6):
+        plan = policy.plan(context)
+        chosen.append(plan.drafter.name if plan.drafter is not None else "none")
+        if plan.drafter is not None and plan.drafter.name == "ngram":
+            break
+        context.append(phrase[step % len(phrase)])
+    assert chosen[0] == "none"
+    assert chosen[-1] == "ngram", chosen
+    assert policy.acceptance["ngram"].at(0) > 0.5
+
+
+def test_cost_model_interpolates_and_learns_from_rounds():
+    costs = CostModel({1: 0.03, 2: 0.06, 4: 0.10, 8: 0.20})
+    assert costs.verify(3) == pytest.approx(0.08)
+    assert costs.verify(16) == pytest.approx(0.40)
+    for _ in range(60):
+        costs.observe_verify(3, 0.05)
+    assert costs.verify(3) == pytest.approx(0.05, rel=0.01)
+
+
+def test_acceptance_estimate_weights_recent_rounds_more():
+    estimate = AcceptanceEstimate(0.5)
+    for _ in range(30):
+        estimate.observe(drafted=4, accepted=4)
+    high = estimate.at(0)
+    for _ in range(10):
+        estimate.observe(drafted=4, accepted=0)
+    assert high > 0.95
+    assert estimate.at(0) < 0.4
+    assert estimate.expected_tokens(0) == 1.0
