@@ -17,9 +17,11 @@ import argparse
 import json
 import sys
 import tomllib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Protocol
 
 from app.errors import DraftpenError
 from app.machine import machine_description
@@ -28,10 +30,13 @@ from backends.calibration import measure_costs
 from backends.controller import CostModel
 from backends.engine import Engine, GenerationRequest
 from backends.sampling import SamplingParams
+from backends.speculative import SpeculativeStats
 
 FORWARD_SIZES = (1, 2, 4, 8, 16)
 COST_REPEATS = 5
 CEILING_DRAFT_LENGTHS = (1, 3, 7, 15)
+# llama-cpp-python's LlamaPromptLookupDecoding proposes 10 tokens; match it.
+NGRAM_DRAFT_TOKENS = 10
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,7 @@ def run_modes(
     *,
     max_tokens: int,
     repeats: int,
+    yardsticks: Sequence[Yardstick] = (),
     progress: bool = True,
 ) -> dict[str, dict[str, ModeTotals]]:
     """Run every mode on every prompt, alternating modes prompt by prompt."""
@@ -109,6 +115,7 @@ def run_modes(
     for repeat in range(repeats):
         for prompt in prompts:
             tokens = tuple(engine.chat_prompt([ChatMessage("user", prompt.text)]))
+            by_mode = results.setdefault(prompt.category, {})
             for mode in modes:
                 request = GenerationRequest(
                     prompt_tokens=tokens,
@@ -122,29 +129,62 @@ def run_modes(
                     last = event
                 assert last is not None
                 stats = last.stats
-                totals = results.setdefault(prompt.category, {}).setdefault(
-                    mode.label, ModeTotals()
-                )
+                totals = by_mode.setdefault(mode.label, ModeTotals())
                 totals.generated_tokens += stats.generated_tokens
                 totals.decode_seconds += stats.decode_seconds
                 totals.drafted += stats.drafted
                 totals.accepted += stats.accepted
                 totals.speculative_rounds += stats.speculative_rounds
                 totals.target_passes += stats.target_passes
-                if progress:
-                    print(
-                        f"  [{repeat + 1}/{repeats}] {prompt.category:<9} {mode.label:<14} "
-                        f"{stats.decode_tokens_per_second:6.1f} tok/s  "
-                        f"accepted {stats.accepted}/{stats.drafted}",
-                        file=sys.stderr,
-                    )
+                _progress(progress, repeat, repeats, prompt, mode.label, totals, stats)
+            for yardstick in yardsticks:
+                count, seconds = yardstick.decode_speed(tokens, max_tokens)
+                totals = by_mode.setdefault(yardstick.name, ModeTotals())
+                totals.generated_tokens += count
+                totals.decode_seconds += seconds
+                _progress(progress, repeat, repeats, prompt, yardstick.name, totals, None)
     return results
+
+
+def _progress(
+    enabled: bool,
+    repeat: int,
+    repeats: int,
+    prompt: BenchPrompt,
+    label: str,
+    totals: ModeTotals,
+    stats: SpeculativeStats | None,
+) -> None:
+    if not enabled:
+        return
+    detail = f"accepted {stats.accepted}/{stats.drafted}" if stats is not None else ""
+    print(
+        f"  [{repeat + 1}/{repeats}] {prompt.category:<9} {label:<32} "
+        f"{totals.tokens_per_second:6.1f} tok/s so far  {detail}",
+        file=sys.stderr,
+    )
+
+
+def projected_speedup(totals: ModeTotals, draft_size_ratio: float, drafter: str) -> float | None:
+    """Speedup on a memory-bound machine (GPU, Apple Silicon) from acceptance measured here.
+
+    There a verify of K + 1 tokens costs about one target step and a draft-model step
+    about (draft bytes / target bytes) of one; n-gram drafts cost nothing. Greedy
+    acceptance does not depend on the hardware, so tokens per target pass carry over.
+    """
+    if not totals.target_passes or drafter in ("yardstick",):
+        return None
+    tokens_per_pass = totals.generated_tokens / totals.target_passes
+    drafted_per_pass = totals.drafted / totals.target_passes
+    draft_cost = draft_size_ratio if drafter in ("model", "auto") else 0.0
+    return tokens_per_pass / (1.0 + drafted_per_pass * draft_cost)
 
 
 def format_report(
     results: dict[str, dict[str, ModeTotals]],
-    modes: list[BenchMode],
+    labels: list[str],
     costs: CostModel,
+    projections: dict[str, dict[str, float | None]],
 ) -> str:
     """The human-readable report."""
     lines = ["", f"Measured costs on this machine (median of {COST_REPEATS}):"]
@@ -160,38 +200,46 @@ def format_report(
             f"  a draft step costs {ratio:.2f} of a target step"
             + ("  -> a draft model cannot pay here" if ratio > 0.5 else "")
         )
-    lines.append("")
-    plain = modes[0].label
-    header = f"{'category':<10} {plain + ' tok/s':>12}"
-    for mode in modes[1:]:
-        header += f" | {mode.label:>14} tok/s  ratio  accept  mean len"
-    lines.append(header)
     overall: dict[str, ModeTotals] = {}
     for category, by_mode in results.items():
-        base = by_mode[plain].tokens_per_second
-        row = f"{category:<10} {base:>12.1f}"
-        for mode in modes[1:]:
-            totals = by_mode[mode.label]
+        base = by_mode["plain"].tokens_per_second
+        lines += [
+            "",
+            f"{category}",
+            f"  {'mode':<32} {'tok/s':>7} {'vs plain':>9} {'accepted':>9} {'mean len':>9}"
+            f" {'projected*':>11}",
+        ]
+        for label in labels:
+            totals = by_mode.get(label)
+            if totals is None:
+                continue
             ratio = totals.tokens_per_second / base if base else 0.0
-            row += (
-                f" | {totals.tokens_per_second:>20.1f} {ratio:5.2f}x"
-                f" {totals.acceptance_rate:6.0%} {totals.mean_accepted_length:9.2f}"
+            accepted = f"{totals.acceptance_rate:.0%}" if totals.drafted else "-"
+            mean = f"{totals.mean_accepted_length:.2f}" if totals.drafted else "-"
+            projection = projections.get(category, {}).get(label)
+            projected = f"{projection:.2f}x" if projection is not None else "-"
+            lines.append(
+                f"  {label:<32} {totals.tokens_per_second:7.1f} {ratio:8.2f}x {accepted:>9}"
+                f" {mean:>9} {projected:>11}"
             )
-        lines.append(row)
-        for label, totals in by_mode.items():
             merged = overall.setdefault(label, ModeTotals())
-            for name in ("generated_tokens", "decode_seconds", "drafted", "accepted"):
-                setattr(merged, name, getattr(merged, name) + getattr(totals, name))
-            merged.speculative_rounds += totals.speculative_rounds
-    lines.append("")
-    base = overall[plain].tokens_per_second
-    for mode in modes[1:]:
-        ratio = overall[mode.label].tokens_per_second / base if base else 0.0
+            merged.generated_tokens += totals.generated_tokens
+            merged.decode_seconds += totals.decode_seconds
+    lines += [
+        "",
+        "* projected: the speedup on a memory-bound machine (GPU, Apple Silicon), from the",
+        "  acceptance measured here and a cost model in which a verify of K+1 tokens costs",
+        "  one target step and a draft step costs (draft bytes / target bytes) of one.",
+        "  A projection, not a measurement.",
+        "",
+    ]
+    base = overall["plain"].tokens_per_second
+    for label in labels[1:]:
+        if label not in overall:
+            continue
+        ratio = overall[label].tokens_per_second / base if base else 0.0
         verdict = "pays" if ratio >= 1.05 else ("breaks even" if ratio >= 0.97 else "does not pay")
-        lines.append(
-            f"{mode.label}: {ratio:.2f}x plain decoding over all categories: "
-            f"speculation {verdict} on this machine."
-        )
+        lines.append(f"{label}: {ratio:.2f}x plain over all categories ({verdict} here).")
     return "\n".join(lines)
 
 
@@ -204,30 +252,48 @@ def run_benchmark(args: argparse.Namespace) -> int:
     pair = args.pair or settings.default_pair
     prompts = load_prompt_suite(args.category or None)
     print(f"draftpen bench: loading {pair} ...", file=sys.stderr)
-    engine = load_engine(
-        pair,
-        n_ctx=args.context or settings.context_length,
-        runtime=args.runtime,
-        calibrate=False,  # bench measures the costs itself, more thoroughly
-    )
+    n_ctx = args.context or settings.context_length
+    engine = load_engine(pair, n_ctx=n_ctx, runtime=args.runtime, calibrate=False)
+    yardsticks: list[Yardstick] = []
     try:
-        k = args.draft_tokens
         modes = [BenchMode("plain", "none", 0)]
         if engine.draft is not None:
-            modes.append(BenchMode(f"draft K={k}", "model", k))
-        modes.append(BenchMode(f"n-gram K={k}", "ngram", k))
-        modes.append(BenchMode("auto", "auto", k))
+            modes += [BenchMode(f"draft model K={k}", "model", k) for k in (2, 4)]
+        modes.append(BenchMode(f"n-gram K={NGRAM_DRAFT_TOKENS}", "ngram", NGRAM_DRAFT_TOKENS))
+        modes.append(BenchMode("auto", "auto", 0))
+        if not args.no_yardsticks:
+            yardsticks = _load_yardsticks(engine, n_ctx)
         print("measuring forward costs ...", file=sys.stderr)
         costs = measure_costs(
             engine.target, engine.draft, sizes=FORWARD_SIZES, repeats=COST_REPEATS
         )
         engine.costs = CostModel(dict(costs.target_seconds), costs.draft_step_seconds)
-        print(f"running {len(prompts)} prompts x {len(modes)} modes ...", file=sys.stderr)
-        results = run_modes(
-            engine, prompts, modes, max_tokens=args.max_tokens, repeats=args.repeats
+        print(
+            f"running {len(prompts)} prompts x {len(modes) + len(yardsticks)} modes ...",
+            file=sys.stderr,
         )
+        results = run_modes(
+            engine,
+            prompts,
+            modes,
+            max_tokens=args.max_tokens,
+            repeats=args.repeats,
+            yardsticks=yardsticks,
+        )
+        size_ratio = _draft_size_ratio(engine)
     finally:
+        for yardstick in yardsticks:
+            yardstick.close()
         engine.close()
+    labels = [mode.label for mode in modes] + [y.name for y in yardsticks]
+    drafter_of = {mode.label: mode.drafter for mode in modes}
+    projections = {
+        category: {
+            label: projected_speedup(totals, size_ratio, drafter_of.get(label, "yardstick"))
+            for label, totals in by_mode.items()
+        }
+        for category, by_mode in results.items()
+    }
     report = {
         "pair": pair,
         "machine": machine_description(),
@@ -238,6 +304,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
             "draft_step": (costs.draft_step_seconds or 0.0) * 1000,
         },
         "ceilings": {k: costs.ceiling(k) for k in CEILING_DRAFT_LENGTHS},
+        "draft_size_ratio": size_ratio,
         "results": {
             category: {
                 label: {
@@ -246,18 +313,57 @@ def run_benchmark(args: argparse.Namespace) -> int:
                     "ratio_to_plain": totals.tokens_per_second / by_mode["plain"].tokens_per_second,
                     "acceptance_rate": totals.acceptance_rate,
                     "mean_accepted_length": totals.mean_accepted_length,
+                    "projected_memory_bound_speedup": projections[category][label],
                 }
                 for label, totals in by_mode.items()
             }
             for category, by_mode in results.items()
         },
     }
+    text = format_report(results, labels, costs, projections)
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        output = Path(args.output)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        output.with_suffix(".txt").write_text(text + "\n", encoding="utf-8")
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(format_report(results, modes, costs))
+        print(text)
     return 0
+
+
+class Yardstick(Protocol):
+    """An outside implementation bench compares against."""
+
+    name: str
+
+    def decode_speed(self, prompt_tokens: Sequence[int], max_tokens: int) -> tuple[int, float]:
+        """Greedy-decode; return (tokens, seconds) measured after the first token."""
+        ...
+
+    def close(self) -> None:
+        """Free it."""
+        ...
+
+
+def _load_yardsticks(engine: Engine, n_ctx: int) -> list[Yardstick]:
+    path = getattr(engine.target, "path", None)
+    if path is None:
+        return []
+    try:
+        from backends.llamacpp import LlamaCppReference
+    except ImportError:
+        return []
+    print("loading llama-cpp-python's own decoders as yardsticks ...", file=sys.stderr)
+    return [
+        LlamaCppReference(path, n_ctx=min(n_ctx, 2048)),
+        LlamaCppReference(path, n_ctx=min(n_ctx, 2048), prompt_lookup=True),
+    ]
+
+
+def _draft_size_ratio(engine: Engine) -> float:
+    target_size = getattr(engine.target, "size_bytes", 0)
+    draft_size = getattr(engine.draft, "size_bytes", 0) if engine.draft is not None else 0
+    return draft_size / target_size if target_size else 0.0

@@ -138,12 +138,14 @@ def run_generate(args: argparse.Namespace) -> int:
         _interrupt_sets(cancel)
         pieces: list[str] = []
         last = None
+        decision = ""
         for event in engine.generate(request, cancel):
             pieces.append(event.text)
             if not args.json:
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
             last = event
+            decision = event.decision or decision
     finally:
         engine.close()
     assert last is not None
@@ -153,6 +155,7 @@ def run_generate(args: argparse.Namespace) -> int:
                 "text": "".join(pieces),
                 "finish_reason": last.finish_reason,
                 "stats": last.stats.as_dict(),
+                "decision": decision,
             },
             sys.stdout,
         )
@@ -160,6 +163,8 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write("\n")
         print(format_stats(last.stats), file=sys.stderr)
+        if decision:
+            print(f"drafter choice (auto): {decision}", file=sys.stderr)
     return EXIT_INTERRUPTED if last.finish_reason == FINISH_CANCELLED else 0
 
 
@@ -210,7 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="measure whether speculation pays on this machine")
     add_model_options(bench)
-    bench.add_argument("--draft-tokens", "-k", type=int, default=4, help="K for the SD runs")
+    bench.add_argument(
+        "--no-yardsticks",
+        action="store_true",
+        help="skip llama-cpp-python's own decoders (saves memory and time)",
+    )
     bench.add_argument("--max-tokens", type=int, default=128, help="tokens per generation")
     bench.add_argument("--repeats", type=int, default=1, help="alternating repeats per prompt")
     bench.add_argument("--category", action="append", default=[], help="only these categories")

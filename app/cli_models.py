@@ -60,7 +60,7 @@ def _guarded(handler: Handler) -> Handler:
         try:
             return handler(args)
         except DraftpenError as error:
-            print(f"error: {error}", file=sys.stderr)
+            print(f"draftpen: {error}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             # The download cleaned up after itself on the way out.

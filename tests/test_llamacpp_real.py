@@ -176,7 +176,7 @@ def test_non_gguf_file_is_refused(tmp_path):
 
 @pytest.mark.parametrize("prompt_text", GREEDY_PROMPTS)
 def test_greedy_speculative_output_equals_plain_decoding(engine: Engine, prompt_text: str):
-    """SD == AR token for token, for K in {1, 4, 8} with the model and n-gram drafters.
+    """SD == AR token for token: K in {1, 4, 8} with the model and n-gram drafters, and auto.
 
     Where the two diverge, the plain run's logits at that position must show a near
     tie between the two tokens (and the report says so); anything else fails.
@@ -185,24 +185,22 @@ def test_greedy_speculative_output_equals_plain_decoding(engine: Engine, prompt_
     plain, _ = _generate(engine, prompt, "none", 0, GREEDY_TOKENS)
     assert len(plain) >= 16
     ties: list[str] = []
-    for drafter in ("model", "ngram"):
-        for k in (1, 4, 8):
-            speculative, events = _generate(engine, prompt, drafter, k, GREEDY_TOKENS)
-            stats = events[-1].stats
-            assert stats.target_passes == stats.rounds
-            if drafter == "model":
-                assert stats.drafted > 0
-            if speculative == plain:
-                continue
-            index = next(
-                i for i, (a, b) in enumerate(zip(plain, speculative, strict=False)) if a != b
-            )
-            row = _plain_logits_at(engine.target, prompt + plain[:index])
-            gap = float(row[plain[index]] - row[speculative[index]])
-            ties.append(f"{drafter} K={k}: token {index} flipped, plain logit gap {gap:.3f}")
-            assert abs(gap) < NEAR_TIE_LOGIT_GAP, (
-                f"{drafter} K={k} diverged at token {index} where plain decoding was not "
-                f"near a tie (gap {gap:.3f})"
-            )
+    configurations = [(d, k) for d in ("model", "ngram") for k in (1, 4, 8)] + [("auto", 0)]
+    for drafter, k in configurations:
+        speculative, events = _generate(engine, prompt, drafter, k, GREEDY_TOKENS)
+        stats = events[-1].stats
+        assert stats.target_passes == stats.rounds
+        if drafter == "model":
+            assert stats.drafted > 0
+        if speculative == plain:
+            continue
+        index = next(i for i, (a, b) in enumerate(zip(plain, speculative, strict=False)) if a != b)
+        row = _plain_logits_at(engine.target, prompt + plain[:index])
+        gap = float(row[plain[index]] - row[speculative[index]])
+        ties.append(f"{drafter} K={k}: token {index} flipped, plain logit gap {gap:.3f}")
+        assert abs(gap) < NEAR_TIE_LOGIT_GAP, (
+            f"{drafter} K={k} diverged at token {index} where plain decoding was not "
+            f"near a tie (gap {gap:.3f})"
+        )
     if ties:
         print("near-tie flips (batched vs single-token kernels):", *ties, sep="\n  ")

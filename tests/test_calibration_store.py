@@ -1,0 +1,66 @@
+"""Calibrations survive a restart and are redone when the pair or the runtime changes."""
+
+from __future__ import annotations
+
+from app.calibration_store import (
+    calibration_key,
+    calibration_path,
+    ensure_calibrated,
+    load_costs,
+    save_costs,
+)
+from backends.controller import CostModel
+from backends.engine import Engine
+from tests.fakes import HashModel, draft_model_for
+
+
+class CountingEngine(Engine):
+    """An engine over fake models that counts how often it measures."""
+
+    calibrations = 0
+
+    def calibrate(self) -> CostModel:
+        CountingEngine.calibrations += 1
+        self.costs = CostModel({1: 0.03, 2: 0.05, 4: 0.09, 8: 0.2}, 0.02)
+        return self.costs
+
+
+def test_calibration_is_loaded_from_disk_after_a_restart():
+    CountingEngine.calibrations = 0
+    target = HashModel()
+    first = CountingEngine(target, draft_model_for(target))
+    measured = ensure_calibrated(first, "llamacpp")
+    assert CountingEngine.calibrations == 1
+
+    restarted = CountingEngine(target, draft_model_for(target))
+    loaded = ensure_calibrated(restarted, "llamacpp")
+    assert CountingEngine.calibrations == 1
+    assert loaded.target_seconds == measured.target_seconds
+    assert loaded.draft_step_seconds == measured.draft_step_seconds
+    assert restarted.costs is loaded
+
+
+def test_calibration_is_redone_when_the_runtime_or_the_pair_changes():
+    CountingEngine.calibrations = 0
+    target = HashModel()
+    with_draft = CountingEngine(target, draft_model_for(target))
+    ensure_calibrated(with_draft, "llamacpp")
+    ensure_calibrated(with_draft, "mlx")
+    assert CountingEngine.calibrations == 2
+    without_draft = CountingEngine(target)
+    assert calibration_key(without_draft, "llamacpp") != calibration_key(with_draft, "llamacpp")
+    ensure_calibrated(without_draft, "llamacpp")
+    assert CountingEngine.calibrations == 3
+
+
+def test_damaged_calibration_file_is_measured_again():
+    target = HashModel()
+    engine = CountingEngine(target)
+    key = calibration_key(engine, "llamacpp")
+    save_costs(key, CostModel({1: 0.1}))
+    calibration_path(key).write_text("{not json")
+    assert load_costs(key) is None
+    CountingEngine.calibrations = 0
+    ensure_calibrated(engine, "llamacpp")
+    assert CountingEngine.calibrations == 1
+    assert load_costs(key) is not None
