@@ -37,6 +37,7 @@ COST_REPEATS = 5
 CEILING_DRAFT_LENGTHS = (1, 3, 7, 15)
 # llama-cpp-python's LlamaPromptLookupDecoding proposes 10 tokens; match it.
 NGRAM_DRAFT_TOKENS = 10
+WARM_UP_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ def run_modes(
     """Run every mode on every prompt, alternating modes prompt by prompt."""
     results: dict[str, dict[str, ModeTotals]] = {}
     params = SamplingParams(temperature=0.0)
+    _warm_up(engine, prompts[0], modes, yardsticks, params)
     for repeat in range(repeats):
         for prompt in prompts:
             tokens = tuple(engine.chat_prompt([ChatMessage("user", prompt.text)]))
@@ -146,6 +148,29 @@ def run_modes(
     return results
 
 
+def _warm_up(
+    engine: Engine,
+    prompt: BenchPrompt,
+    modes: list[BenchMode],
+    yardsticks: Sequence[Yardstick],
+    params: SamplingParams,
+) -> None:
+    """One short, untimed run of every mode: pages the weights in, warms caches."""
+    tokens = tuple(engine.chat_prompt([ChatMessage("user", prompt.text)]))
+    for mode in modes:
+        request = GenerationRequest(
+            prompt_tokens=tokens,
+            params=params,
+            max_tokens=WARM_UP_TOKENS,
+            drafter=mode.drafter,
+            draft_tokens=mode.draft_tokens,
+        )
+        for _event in engine.generate(request):
+            pass
+    for yardstick in yardsticks:
+        yardstick.decode_speed(tokens, WARM_UP_TOKENS)
+
+
 def _progress(
     enabled: bool,
     repeat: int,
@@ -172,7 +197,7 @@ def projected_speedup(totals: ModeTotals, draft_size_ratio: float, drafter: str)
     about (draft bytes / target bytes) of one; n-gram drafts cost nothing. Greedy
     acceptance does not depend on the hardware, so tokens per target pass carry over.
     """
-    if not totals.target_passes or drafter in ("yardstick",):
+    if not totals.target_passes or drafter in ("none", "yardstick"):
         return None
     tokens_per_pass = totals.generated_tokens / totals.target_passes
     drafted_per_pass = totals.drafted / totals.target_passes

@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from app import cli_models
+from app import cli_models, cli_serve
 from app.errors import DraftpenError
 from backends.base import ChatMessage
 from backends.engine import DRAFTER_CHOICES, GenerationRequest
@@ -228,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=run_bench)
 
     cli_models.register(commands)
+    cli_serve.register(commands)
     return parser
 
 

@@ -71,3 +71,18 @@ class ChecksumMismatchError(DraftpenError):
     def for_pair(self, pair_name: str) -> ChecksumMismatchError:
         """The same error, with the exact pull command for ``pair_name``."""
         return ChecksumMismatchError(self.problem, pair_name)
+
+
+class ServeError(DraftpenError):
+    """``draftpen serve`` cannot listen where it was asked to."""
+
+
+class ServerAlreadyRunningError(ServeError):
+    """Another ``draftpen serve`` answers on the socket path."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"draftpen serve is already running on {path}. Stop it first "
+            "(systemctl --user stop draftpen, or end its process), or pass another --socket."
+        )

@@ -4,8 +4,8 @@ Paths come from here and nowhere else. They follow the platform's conventions
 (XDG on Linux, ~/Library on macOS) through ``platformdirs``; two environment variables
 override them, so tests and CI never touch a real home directory:
 
-- ``DRAFTPEN_HOME``: config, data and cache all live under it
-  (``$DRAFTPEN_HOME/config``, ``/data``, ``/cache``).
+- ``DRAFTPEN_HOME``: config, data, cache and the server's socket all live under it
+  (``$DRAFTPEN_HOME/config``, ``/data``, ``/cache``, ``/run``).
 - ``DRAFTPEN_MODELS_DIR``: the model store, default ``<data dir>/models``. CI points it
   at a persistent directory so the large model files are fetched once per machine.
 - ``DRAFTPEN_CATALOG``: a models.toml to use instead of the packaged one (tests, and
@@ -66,6 +66,21 @@ def cache_dir() -> Path:
     if home is not None:
         return home / "cache"
     return platformdirs.user_cache_path(APP_NAME, appauthor=False)
+
+
+def runtime_dir() -> Path:
+    """Where ``draftpen serve`` puts its socket; the server makes it private (0700).
+
+    ``$DRAFTPEN_HOME/run`` when that is set, else ``$XDG_RUNTIME_DIR/draftpen`` (a
+    per-user tmpfs on Linux), else ``<cache dir>/run`` (macOS, or no login session).
+    """
+    home = _env_path(HOME_ENV)
+    if home is not None:
+        return home / "run"
+    runtime = _env_path("XDG_RUNTIME_DIR")
+    if runtime is not None:
+        return runtime / APP_NAME
+    return cache_dir() / "run"
 
 
 def models_dir() -> Path:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from backends.drafters import Drafter, ModelDrafter, common_prefix_length
+from backends.drafters import Drafter, ModelDrafter, NgramDrafter, common_prefix_length
 from backends.sampling import SamplingParams
 from backends.speculative import RoundOutcome, RoundPlan
 
@@ -34,10 +34,20 @@ DEFAULT_MAX_DRAFT = 16
 SMOOTHING = 0.15  # weight of the newest measured cost in the running estimate
 DECAY = 0.9  # per round, old acceptance evidence fades (recent text weighs more)
 PRIOR_WEIGHT = 1.0  # the prior counts as this many rounds of evidence
-PRIOR_ACCEPTANCE = {"model": 0.7, "ngram": 0.5, "prediction": 0.8}
+# Priors, overruled by a few rounds of evidence. N-gram matches are tracked per match
+# length: a 2-token match is often chance, a 4-token one usually a real repeat.
+PRIOR_ACCEPTANCE = {
+    "model": 0.7,
+    "prediction": 0.8,
+    "ngram:2": 0.3,
+    "ngram:3": 0.5,
+    "ngram:4": 0.6,
+}
+NGRAM_LONGEST_BUCKET = 4
 MIN_PAYING_SPEEDUP = 1.02  # choose speculation only when it is expected to pay this much
 MODEL_PROBE_INTERVAL = 64  # rounds without the draft model before trying it again
 MODEL_PROBE_LENGTH = 2
+MODEL_PROBE_MAX_CATCH_UP = 8  # a probe may cost at most this many plain steps of catch-up
 
 
 @dataclass
@@ -171,11 +181,10 @@ class AdaptiveDraftPolicy:
         # Shared across generations when the caller passes its own dict: what was
         # learned about this conversation carries over to the next reply.
         self.acceptance = acceptance if acceptance is not None else {}
-        for name in self.drafters:
-            self.acceptance.setdefault(name, AcceptanceEstimate(PRIOR_ACCEPTANCE.get(name, 0.5)))
         self._rounds_without_model = 0
         self.decision = Decision("none", 0, 1.0, "not started")
-        self._shadows: list[tuple[int, list[int]]] = []
+        self._round_key = ""  # the acceptance estimate the current round draws on
+        self._shadows: list[tuple[int, list[int], str]] = []
 
     # -- DraftPolicy ---------------------------------------------------------
 
@@ -188,13 +197,18 @@ class AdaptiveDraftPolicy:
     def plan(self, context: Sequence[int]) -> RoundPlan:
         """Pick the drafter and K with the best expected tokens per second."""
         self._score_shadow(context)
-        plain_rate = 1.0 / self.costs.verify(1)
+        plain_seconds = self.costs.verify(1)
+        plain_rate = 1.0 / plain_seconds
         best = Decision("none", 0, 1.0, self._plain_reason())
         best_rate = plain_rate * MIN_PAYING_SPEEDUP
+        best_key = ""
         for name in self.drafters:
-            draft_tokens, rate = self._best_length(name)
+            key = self._estimate_key(name, context)
+            if key is None:
+                continue
+            draft_tokens, rate = self._best_length(name, key)
             if draft_tokens > 0 and rate > best_rate:
-                best_rate = rate
+                best_rate, best_key = rate, key
                 best = Decision(
                     name,
                     draft_tokens,
@@ -205,11 +219,17 @@ class AdaptiveDraftPolicy:
             self._rounds_without_model = 0
         else:
             self._rounds_without_model += 1
-            if self._rounds_without_model >= MODEL_PROBE_INTERVAL and self._model_can_pay():
+            if (
+                self._rounds_without_model >= MODEL_PROBE_INTERVAL
+                and self._model_can_pay()
+                and self._catch_up_seconds(context) < MODEL_PROBE_MAX_CATCH_UP * plain_seconds
+            ):
                 # Acceptance may have changed since the model was last tried.
                 self._rounds_without_model = 0
                 best = Decision("model", MODEL_PROBE_LENGTH, 1.0, "probing the draft model")
+                best_key = "model"
         self.decision = best
+        self._round_key = best_key
         if best.drafter == "none":
             self._start_shadow(context)
             return RoundPlan(None, 0, 1.0, best.reason)
@@ -221,8 +241,8 @@ class AdaptiveDraftPolicy:
         """Learn acceptance and costs from a finished round."""
         batch = outcome.drafted + 1
         self.costs.observe_verify(batch, outcome.verify_seconds)
-        if outcome.drafted and outcome.drafter in self.acceptance:
-            self.acceptance[outcome.drafter].observe(outcome.drafted, outcome.accepted)
+        if outcome.drafted and outcome.drafter == self.decision.drafter and self._round_key:
+            self._estimate(self._round_key).observe(outcome.drafted, outcome.accepted)
             if outcome.drafter == "model" and outcome.draft_seconds > 0:
                 self.costs.observe_draft_step(outcome.draft_seconds / outcome.drafted)
 
@@ -234,8 +254,23 @@ class AdaptiveDraftPolicy:
             return draft_tokens * (step if step is not None else self.costs.verify(1))
         return 0.0  # n-gram lookups and predictions cost microseconds
 
-    def _best_length(self, name: str) -> tuple[int, float]:
-        estimate = self.acceptance[name]
+    def _estimate(self, key: str) -> AcceptanceEstimate:
+        if key not in self.acceptance:
+            self.acceptance[key] = AcceptanceEstimate(PRIOR_ACCEPTANCE.get(key, 0.5))
+        return self.acceptance[key]
+
+    def _estimate_key(self, name: str, context: Sequence[int]) -> str | None:
+        """Which acceptance estimate applies to this drafter now (None: it has nothing)."""
+        drafter = self.drafters[name]
+        if isinstance(drafter, NgramDrafter):
+            _, size = drafter.lookup(context, 1)
+            if size < drafter.min_match:
+                return None
+            return f"ngram:{min(size, NGRAM_LONGEST_BUCKET)}"
+        return name
+
+    def _best_length(self, name: str, key: str) -> tuple[int, float]:
+        estimate = self._estimate(key)
         best_k, best_rate = 0, 0.0
         expected, survive = 1.0, 1.0  # expected tokens per round, built up K by K
         for draft_tokens in range(1, self.max_draft_tokens + 1):
@@ -246,6 +281,21 @@ class AdaptiveDraftPolicy:
             if rate > best_rate:
                 best_k, best_rate = draft_tokens, rate
         return best_k, best_rate
+
+    def _catch_up_seconds(self, context: Sequence[int]) -> float:
+        """Estimated time for the idle draft model to evaluate what it has not seen.
+
+        While the draft model sits out, its cache falls behind; a probe first pays for
+        evaluating the missing tokens (in batches, so at the target's batch efficiency).
+        """
+        drafter = self.drafters.get("model")
+        model = getattr(drafter, "model", None)
+        if model is None:
+            return 0.0
+        missing = len(context) - common_prefix_length(model.cached_tokens, context)
+        batch_efficiency = self.costs.verify(16) / (16 * self.costs.verify(1))
+        step = self.costs.draft_step_seconds or self.costs.verify(1)
+        return missing * step * batch_efficiency
 
     def _model_can_pay(self) -> bool:
         """Would the draft model pay here even if every draft token were accepted?"""
@@ -270,22 +320,23 @@ class AdaptiveDraftPolicy:
         repetitive stretch is noticed within a few tokens.
         """
         ngram = self.drafters.get("ngram")
-        if ngram is None:
+        if not isinstance(ngram, NgramDrafter):
             return
-        proposal = ngram.propose(context, self.max_draft_tokens, self.params, _NO_RANDOMNESS)
-        if proposal.tokens:
-            self._shadows.append((len(context), list(proposal.tokens)))
+        tokens, size = ngram.lookup(context, self.max_draft_tokens)
+        if tokens and size >= ngram.min_match:
+            key = f"ngram:{min(size, NGRAM_LONGEST_BUCKET)}"
+            self._shadows.append((len(context), list(tokens), key))
 
     def _score_shadow(self, context: Sequence[int]) -> None:
         """Score every shadow proposal whose outcome the written tokens now decide."""
-        pending: list[tuple[int, list[int]]] = []
-        for start, proposed in self._shadows:
+        pending: list[tuple[int, list[int], str]] = []
+        for start, proposed, key in self._shadows:
             written = context[start : start + len(proposed)]
             matched = common_prefix_length(proposed, written)
             if matched == len(written) and len(written) < len(proposed):
-                pending.append((start, proposed))  # agrees so far; not decided yet
+                pending.append((start, proposed, key))  # agrees so far; not decided yet
                 continue
-            self.acceptance["ngram"].observe(min(len(proposed), matched + 1), matched)
+            self._estimate(key).observe(min(len(proposed), matched + 1), matched)
         self._shadows = pending
 
 

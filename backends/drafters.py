@@ -222,12 +222,17 @@ class NgramDrafter:
         """Propose the continuation of the longest earlier match of the suffix."""
         if max_tokens <= 0:
             return EMPTY_PROPOSAL
-        self.index.sync(context)
-        tokens, size = self.index.continuation(max_tokens)
-        self.last_match_size = size
+        tokens, size = self.lookup(context, max_tokens)
         if size < self.min_match:
             return EMPTY_PROPOSAL
         return DraftProposal(tokens=tokens)
+
+    def lookup(self, context: Sequence[int], max_tokens: int) -> tuple[list[int], int]:
+        """The continuation of the longest earlier match and that match's n (0: none)."""
+        self.index.sync(context)
+        tokens, size = self.index.continuation(max_tokens)
+        self.last_match_size = size
+        return tokens, size
 
 
 class PredictionDrafter:

@@ -40,7 +40,8 @@ def _treat_stub_as_model_drafter(monkeypatch: pytest.MonkeyPatch):
 
 
 def policy_with(costs: dict[int, float], draft_step: float, acceptance: float):
-    estimates = {"model": AcceptanceEstimate(acceptance), "ngram": AcceptanceEstimate(0.0)}
+    estimates = {"model": AcceptanceEstimate(acceptance)}
+    estimates.update({f"ngram:{n}": AcceptanceEstimate(0.0) for n in (2, 3, 4)})
     return AdaptiveDraftPolicy(
         [StubModelDrafter(), NgramDrafter()],
         CostModel(dict(costs), draft_step),
@@ -109,7 +110,7 @@ def test_shadowed_ngram_brings_speculation_back_when_text_turns_repetitive():
         context.append(phrase[step % len(phrase)])
     assert chosen[0] == "none"
     assert chosen[-1] == "ngram", chosen
-    assert policy.acceptance["ngram"].at(0) > 0.5
+    assert policy.acceptance["ngram:4"].at(0) > 0.5
 
 
 def test_cost_model_interpolates_and_learns_from_rounds():

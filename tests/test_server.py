@@ -1,0 +1,564 @@
+"""``draftpen serve`` end to end: the real server on a Unix socket, real clients, SmolLM2.
+
+The real-model tests start ``draftpen serve`` as a subprocess, wait for its one line
+on stdout, and talk to it with the official ``openai`` SDK, httpx and curl over the
+socket. The tests without a model check the socket's safety rules directly, with an
+in-process server over a fake model where a server is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from app.errors import ServerAlreadyRunningError
+from app.server import AgentServer
+from app.server_socket import (
+    bind_unix_socket,
+    default_socket_path,
+    peer_uid,
+    prepare_socket_dir,
+)
+from app.settings import Settings
+from backends.engine import Engine
+from tests.fakes import HashModel
+from tests.model_files import SMOLLM2_KEY, models_dir, require_model
+from tests.test_cli_generate import REPO, assert_clean_error, run_draftpen
+
+PAIR = "smollm2"
+LISTENING = "draftpen serve: listening on unix:"
+# A raw-text prompt SmolLM2 continues for a long time: a request that holds the engine.
+COUNTING = {"model": PAIR, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "temperature": 0}
+
+
+@dataclass
+class RunningServer:
+    """A ``draftpen serve`` subprocess and the ways to reach it."""
+
+    process: subprocess.Popen[str]
+    socket_path: Path
+    log_path: Path
+
+    def client(self, timeout: float = 60.0) -> httpx.Client:
+        """An httpx client bound to the socket."""
+        transport = httpx.HTTPTransport(uds=str(self.socket_path))
+        return httpx.Client(transport=transport, base_url="http://draftpen", timeout=timeout)
+
+    def openai(self) -> openai.OpenAI:
+        """The official SDK, unchanged, over the socket."""
+        transport = httpx.HTTPTransport(uds=str(self.socket_path))
+        return openai.OpenAI(
+            api_key="unused",
+            base_url="http://draftpen/v1",
+            http_client=httpx.Client(transport=transport, timeout=60.0),
+            max_retries=0,
+        )
+
+    def health(self) -> dict[str, Any]:
+        with self.client(timeout=10.0) as client:
+            return client.get("/health").json()
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+
+
+def start_server(home: Path, socket_path: Path, *options: str) -> RunningServer:
+    """Start ``draftpen serve --pair smollm2`` and wait until it listens."""
+    require_model(SMOLLM2_KEY)
+    log_path = home / f"serve-{socket_path.stem}.log"
+    with log_path.open("w") as log:
+        command = [sys.executable, "-m", "app.cli", "serve", "--pair", PAIR]
+        process = subprocess.Popen(
+            [*command, "--socket", str(socket_path), *options],
+            cwd=REPO,
+            env={
+                **os.environ,
+                "DRAFTPEN_HOME": str(home),
+                "DRAFTPEN_MODELS_DIR": str(models_dir()),
+            },
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], 120)
+    line = process.stdout.readline() if ready else ""
+    if not line.startswith(LISTENING):
+        process.kill()
+        pytest.fail(f"draftpen serve did not start: {line!r}\n{log_path.read_text()}")
+    assert line.strip() == f"{LISTENING}{socket_path}"
+    return RunningServer(process, socket_path, log_path)
+
+
+@pytest.fixture(scope="module")
+def server_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One DRAFTPEN_HOME for the module's servers, so the cost calibration is measured once."""
+    return tmp_path_factory.mktemp("serve-home")
+
+
+@pytest.fixture(scope="module")
+def server(server_home: Path) -> Iterator[RunningServer]:
+    """The shared server, for tests that leave it as they found it."""
+    running = start_server(server_home, server_home / "s.sock")
+    yield running
+    running.stop()
+
+
+def chat(text: str, **fields: Any) -> dict[str, Any]:
+    """A greedy one-turn chat request."""
+    return {
+        "model": PAIR,
+        "messages": [{"role": "user", "content": text}],
+        "temperature": 0,
+        **fields,
+    }
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any] | str]:
+    """The payloads of server-sent events: parsed JSON, or the final "[DONE]"."""
+    for line in lines:
+        if line.startswith("data: "):
+            payload = line.removeprefix("data: ")
+            yield payload if payload == "[DONE]" else json.loads(payload)
+
+
+# -- the real server, real clients ------------------------------------------------------
+
+
+@pytest.mark.real_model
+def test_models_and_health_answer_over_the_socket(server: RunningServer):
+    with server.client() as client:
+        models = client.get("/v1/models").json()
+        health = client.get("/health").json()
+    assert [model["id"] for model in models["data"]] == [PAIR]
+    assert health["status"] == "ok" and health["model"] == PAIR
+    assert health["running"] is None and health["waiting"] == 0
+
+
+@pytest.mark.real_model
+def test_socket_file_is_0600(server: RunningServer):
+    info = server.socket_path.stat()
+    assert stat.S_ISSOCK(info.st_mode)
+    assert stat.S_IMODE(info.st_mode) == 0o600
+
+
+@pytest.mark.real_model
+def test_greedy_answer_over_the_socket_equals_draftpen_generate(server: RunningServer):
+    prompt = "Write one sentence about the sea."
+    generated = run_draftpen(
+        "generate",
+        "--pair",
+        PAIR,
+        "--drafter",
+        "none",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "40",
+        "--json",
+        "--prompt",
+        prompt,
+        env={"DRAFTPEN_MODELS_DIR": str(models_dir())},
+    )
+    assert generated.returncode == 0, generated.stderr
+    expected = json.loads(generated.stdout)["text"]
+    assert expected
+
+    # Default drafting ("auto") over the socket must not change a single token.
+    answer = server.openai().chat.completions.create(
+        model=PAIR, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=40
+    )
+    assert answer.choices[0].message.content == expected
+    assert answer.usage is not None
+    assert (
+        answer.usage.completion_tokens == json.loads(generated.stdout)["stats"]["generated_tokens"]
+    )
+
+
+@pytest.mark.real_model
+def test_openai_sdk_streams_the_same_answer_with_stats_in_every_chunk(server: RunningServer):
+    client = server.openai()
+    request = chat("Name three fruits.", max_tokens=32)
+    whole = client.chat.completions.create(**request)
+    chunks = list(
+        client.chat.completions.create(
+            **request, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == whole.choices[0].finish_reason and set(finishes[:-1]) == {None}
+    # Every chunk carries the running statistics; the last carries usage.
+    generated = [c.model_extra["draftpen"]["generated_tokens"] for c in chunks]
+    assert generated == sorted(generated)
+    assert all("acceptance_rate" in c.model_extra["draftpen"] for c in chunks)
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == generated[-1]
+
+
+@pytest.mark.real_model
+def test_prediction_drafts_the_answer_and_usage_counts_it(server: RunningServer):
+    client = server.openai()
+    request = chat("List the days of the week.", max_tokens=40)
+    plain = client.chat.completions.create(**request).choices[0].message.content
+    assert plain
+    # With a fixed drafter, a prediction is the draft source (Engine.policy_for).
+    steer = {"speculative": {"drafter": "ngram", "k": 8}}
+    right = client.chat.completions.create(
+        **request, prediction={"type": "content", "content": plain}, extra_body=steer
+    )
+    assert right.choices[0].message.content == plain
+    details = right.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0
+    assert (
+        details.accepted_prediction_tokens + details.rejected_prediction_tokens
+        == (right.model_extra["draftpen"]["drafted"])
+    )
+    assert right.model_extra["draftpen"]["target_passes"] < right.usage.completion_tokens
+
+    wrong = "Zebras eat grass in the savanna every single afternoon, as they always do."
+    streamed = list(
+        client.chat.completions.create(
+            **request,
+            prediction={"type": "content", "content": wrong},
+            extra_body=steer,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text == plain  # a wrong prediction costs time, never correctness
+    assert streamed[-1].usage.completion_tokens_details.rejected_prediction_tokens > 0
+
+
+@pytest.mark.real_model
+def test_httpx_completions_and_curl_work_over_the_socket(server: RunningServer):
+    with server.client() as client:
+        response = client.post("/v1/completions", json={**COUNTING, "max_tokens": 6})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 6
+
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not installed")
+    socket_option = ["--unix-socket", str(server.socket_path)]
+    models = subprocess.run(
+        [curl, "-sS", *socket_option, "http://draftpen/v1/models"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert json.loads(models.stdout)["data"][0]["id"] == PAIR
+    body = json.dumps(chat("Say hello.", max_tokens=8, stream=True))
+    url = "http://draftpen/v1/chat/completions"
+    streamed = subprocess.run(
+        [
+            curl,
+            "-sS",
+            "-N",
+            *socket_option,
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    events = list(sse_events(iter(streamed.stdout.splitlines())))
+    assert events[-1] == "[DONE]"
+    assert events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.real_model
+def test_eight_concurrent_clients_get_complete_uncrossed_answers(server: RunningServer):
+    topics = ["cats", "rain", "bread", "trains", "music", "mountains", "coffee", "stars"]
+    requests = [chat(f"Write one short sentence about {topic}.", max_tokens=24) for topic in topics]
+    with server.client() as client:
+        sequential = [
+            client.post("/v1/chat/completions", json=request).json()["choices"][0]["message"][
+                "content"
+            ]
+            for request in requests
+        ]
+    assert len(set(sequential)) == len(topics)
+
+    sdk = server.openai()
+
+    def ask(request: dict[str, Any]) -> str:
+        chunks = sdk.chat.completions.create(**request, stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        concurrent = list(pool.map(ask, requests))
+    assert concurrent == sequential
+
+
+@pytest.mark.real_model
+def test_client_disconnecting_mid_stream_frees_the_engine(server: RunningServer):
+    before = server.health()["cancelled"]
+    with server.client() as client:
+        request = {**COUNTING, "max_tokens": 3000, "stream": True}
+        request["speculative"] = {"drafter": "none"}
+        with client.stream("POST", "/v1/completions", json=request) as response:
+            events = sse_events(response.iter_lines())
+            for _ in range(3):
+                assert isinstance(next(events), dict)
+        # Leaving both blocks closes the connection mid-stream.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        health = server.health()
+        if health["cancelled"] > before and health["running"] is None:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the abandoned generation was not cancelled: {server.health()}")
+
+    with server.client() as client:
+        after = client.post("/v1/completions", json={**COUNTING, "max_tokens": 4})
+    assert after.status_code == 200
+    assert after.json()["usage"]["completion_tokens"] == 4
+    assert "cancelled after" in server.log() and "client disconnected" in server.log()
+
+
+BAD_REQUESTS = [
+    pytest.param(b'{"model": "smollm2", "messages": [', 400, "invalid_json", None, id="bad-json"),
+    pytest.param(b"[1, 2]", 400, "invalid_type", None, id="not-an-object"),
+    pytest.param(chat("hi", temperature="hot"), 400, "invalid_type", "temperature", id="type"),
+    pytest.param(chat("hi", max_tokens=2.5), 400, "invalid_type", "max_tokens", id="float-int"),
+    pytest.param(chat("hi", top_p=3), 400, "invalid_value", "top_p", id="range"),
+    pytest.param(chat("hi", tools=[]), 400, "unknown_parameter", "tools", id="unknown-field"),
+    pytest.param({"model": PAIR}, 400, "missing_required_parameter", "messages", id="missing"),
+    pytest.param({**chat("hi"), "model": "gpt-4o"}, 404, "model_not_found", "model", id="model"),
+    pytest.param(
+        chat("hi", max_tokens=100_000), 400, "context_length_exceeded", "max_tokens", id="max"
+    ),
+    pytest.param(
+        chat("word " * 5000), 400, "context_length_exceeded", "messages", id="long-prompt"
+    ),
+    pytest.param(b"x" * (2 << 20), 413, "request_too_large", None, id="oversize"),
+    pytest.param(
+        chat("hi", speculative={"drafter": "model"}),
+        400,
+        "invalid_value",
+        "speculative.drafter",
+        id="no-draft-model",
+    ),
+    pytest.param(
+        chat("hi", messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+        400,
+        "invalid_value",
+        "messages[0].content",
+        id="image",
+    ),
+]
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(("body", "status", "code", "param"), BAD_REQUESTS)
+def test_bad_request_gets_its_4xx_and_an_openai_error_object(
+    server: RunningServer, body: bytes | dict[str, Any], status: int, code: str, param: str | None
+):
+    with server.client() as client:
+        if isinstance(body, bytes):
+            response = client.post("/v1/chat/completions", content=body)
+        else:
+            response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code and error["param"] == param
+    assert error["type"] == "invalid_request_error" and len(error["message"]) > 20
+
+
+@pytest.mark.real_model
+def test_unknown_paths_and_methods_get_error_objects(server: RunningServer):
+    with server.client() as client:
+        missing = client.get("/v2/nothing")
+        wrong_method = client.get("/v1/chat/completions")
+    assert missing.status_code == 404
+    assert "/v1/chat/completions" in missing.json()["error"]["message"]
+    assert wrong_method.status_code == 405
+    assert wrong_method.json()["error"]["message"]
+
+
+@pytest.mark.real_model
+def test_openai_sdk_raises_the_servers_error(server: RunningServer):
+    with pytest.raises(openai.BadRequestError, match="context"):
+        server.openai().chat.completions.create(**chat("hi", max_tokens=100_000))
+
+
+@pytest.mark.real_model
+def test_second_server_on_the_same_socket_is_refused(server: RunningServer):
+    started = time.monotonic()
+    result = run_draftpen("serve", "--pair", PAIR, "--socket", str(server.socket_path))
+    assert_clean_error(result, f"already running on {server.socket_path}")
+    assert time.monotonic() - started < 30  # refused before loading the model
+    assert server.health()["status"] == "ok"
+    assert stat.S_ISSOCK(server.socket_path.stat().st_mode)
+
+
+@pytest.mark.real_model
+def test_queue_over_its_bound_gets_503_with_retry_after(server_home: Path):
+    running = start_server(server_home, server_home / "q.sock", "--queue", "1")
+    try:
+        holder = running.client()
+        waiter_result: dict[str, httpx.Response] = {}
+
+        def wait_in_queue() -> None:
+            with running.client() as client:
+                waiter_result["response"] = client.post(
+                    "/v1/completions", json={**COUNTING, "max_tokens": 4}
+                )
+
+        request = {**COUNTING, "max_tokens": 3000, "stream": True}
+        with holder.stream("POST", "/v1/completions", json=request) as held:
+            assert isinstance(next(sse_events(held.iter_lines())), dict)  # generating now
+            waiter = threading.Thread(target=wait_in_queue)
+            waiter.start()
+            deadline = time.monotonic() + 10
+            while running.health()["waiting"] < 1:
+                assert time.monotonic() < deadline, running.health()
+                time.sleep(0.02)
+            with running.client() as client:
+                refused = client.post("/v1/completions", json={**COUNTING, "max_tokens": 4})
+        holder.close()  # the held stream is abandoned: the waiting request runs next
+        waiter.join(timeout=60)
+        assert refused.status_code == 503
+        assert refused.headers["Retry-After"].isdigit()
+        assert refused.json()["error"]["code"] == "queue_full"
+        assert waiter_result["response"].status_code == 200
+    finally:
+        running.stop()
+
+
+@pytest.mark.real_model
+def test_sigterm_cancels_in_flight_work_removes_the_socket_and_exits_0(server_home: Path):
+    running = start_server(server_home, server_home / "t.sock")
+    with running.client() as client:
+        request = {**COUNTING, "max_tokens": 3000, "stream": True}
+        with client.stream("POST", "/v1/completions", json=request) as response:
+            events = sse_events(response.iter_lines())
+            assert isinstance(next(events), dict)
+            running.process.send_signal(signal.SIGTERM)
+            rest = list(events)
+    assert rest[-1] == "[DONE]"
+    assert rest[-2]["choices"][0]["finish_reason"] == "cancelled"
+    assert running.process.wait(timeout=30) == 0, running.log()
+    assert not running.socket_path.exists()
+    assert "server shutting down" in running.log()
+
+
+# -- the socket's rules, no model needed --------------------------------------------------
+
+
+def test_peer_uid_is_read_from_the_socket():
+    if not hasattr(socket, "SO_PEERCRED"):
+        pytest.skip("SO_PEERCRED is Linux only")
+    left, right = socket.socketpair(socket.AF_UNIX)
+    with left, right:
+        assert peer_uid(left) == os.getuid()
+
+
+def test_connection_from_another_uid_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    if not hasattr(socket, "SO_PEERCRED"):
+        pytest.skip("SO_PEERCRED is Linux only")
+    engine = Engine(HashModel())
+    path = tmp_path / "peer.sock"
+    server = AgentServer(
+        engine,
+        model_id="fake",
+        socket_path=path,
+        settings=Settings(drafter="none"),
+        allowed_uid=os.getuid() + 1,
+        configure_logging=False,
+    )
+    listening = threading.Event()
+    thread = threading.Thread(target=server.run, kwargs={"announce": lambda _: listening.set()})
+    thread.start()
+    try:
+        assert listening.wait(10)
+        transport = httpx.HTTPTransport(uds=str(path))
+        with httpx.Client(transport=transport) as client, pytest.raises(httpx.TransportError):
+            client.get("http://draftpen/health")
+    finally:
+        server.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert f"refused a connection from uid {os.getuid()}" in caplog.text
+    assert not path.exists()
+
+
+def test_stale_socket_is_replaced_and_a_live_one_is_not(tmp_path: Path):
+    path = tmp_path / "s.sock"
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(path))
+    dead.close()  # the file stays, nobody listens: what a crashed server leaves
+    live = bind_unix_socket(path)
+    try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        with pytest.raises(ServerAlreadyRunningError, match=f"already running on {path}"):
+            bind_unix_socket(path)
+    finally:
+        live.close()
+
+
+def test_default_socket_lives_in_a_private_runtime_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.delenv("DRAFTPEN_HOME")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    path = default_socket_path()
+    assert path == tmp_path / "draftpen" / "draftpen.sock"
+    (tmp_path / "draftpen").mkdir(mode=0o755)
+    prepare_socket_dir(path, private=True)
+    assert stat.S_IMODE((tmp_path / "draftpen").stat().st_mode) == 0o700
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    if sys.platform == "linux":
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        fallback = default_socket_path()
+        assert fallback == tmp_path / "cache" / "draftpen" / "run" / "draftpen.sock"
+        prepare_socket_dir(fallback, private=True)
+        assert stat.S_IMODE(fallback.parent.stat().st_mode) == 0o700
+
+
+def test_bad_tcp_address_is_one_line():
+    result = run_draftpen("serve", "--pair", PAIR, "--tcp", "localhost")
+    assert_clean_error(result, "--tcp wants HOST:PORT")
