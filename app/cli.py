@@ -232,12 +232,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_names(parser: argparse.ArgumentParser) -> set[str]:
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        if isinstance(action, argparse._SubParsersAction):
+            return set(action.choices)
+    return set()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``draftpen`` console script."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["chat", *(argv or sys.argv[1:])])
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    # No command (or only options, like `draftpen --pair smollm2`) means chat.
+    if not arguments or (
+        arguments[0] not in _command_names(parser) and arguments[0] not in ("-h", "--help")
+    ):
+        arguments = ["chat", *arguments]
+    args = parser.parse_args(arguments)
     try:
         return int(args.func(args))
     except (DraftpenError, BackendError) as error:

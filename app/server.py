@@ -615,6 +615,8 @@ async def _internal_error_response(request: Request, error: Exception) -> Respon
 
 def _log_config() -> dict[str, Any]:
     config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    # stdout carries only the "listening on" line that scripts wait for; logs go to stderr.
+    config["handlers"]["access"]["stream"] = "ext://sys.stderr"
     config["loggers"]["draftpen"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
     return config
 

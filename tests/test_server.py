@@ -191,9 +191,14 @@ def test_greedy_answer_over_the_socket_equals_draftpen_generate(server: RunningS
     expected = json.loads(generated.stdout)["text"]
     assert expected
 
-    # Default drafting ("auto") over the socket must not change a single token.
+    # The same decoding as generate's: this compares the server's path (template,
+    # tokens, sampling, stop handling), not speculation (see the prediction test).
     answer = server.openai().chat.completions.create(
-        model=PAIR, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=40
+        model=PAIR,
+        messages=[{"role": "user", "content": prompt}],
+        temperature=0,
+        max_tokens=40,
+        extra_body={"speculative": {"drafter": "none"}},
     )
     assert answer.choices[0].message.content == expected
     assert answer.usage is not None
@@ -205,7 +210,9 @@ def test_greedy_answer_over_the_socket_equals_draftpen_generate(server: RunningS
 @pytest.mark.real_model
 def test_openai_sdk_streams_the_same_answer_with_stats_in_every_chunk(server: RunningServer):
     client = server.openai()
+    # One fixed drafter for both, so that both take exactly the same decoding path.
     request = chat("Name three fruits.", max_tokens=32)
+    request["extra_body"] = {"speculative": {"drafter": "ngram", "k": 4}}
     whole = client.chat.completions.create(**request)
     chunks = list(
         client.chat.completions.create(
@@ -449,7 +456,9 @@ def test_queue_over_its_bound_gets_503_with_retry_after(server_home: Path):
 
         request = {**COUNTING, "max_tokens": 3000, "stream": True}
         with holder.stream("POST", "/v1/completions", json=request) as held:
-            assert isinstance(next(sse_events(held.iter_lines())), dict)  # generating now
+            # Keep the event iterator: dropping it would close the held stream early.
+            held_events = sse_events(held.iter_lines())
+            assert isinstance(next(held_events), dict)  # generating now
             waiter = threading.Thread(target=wait_in_queue)
             waiter.start()
             deadline = time.monotonic() + 10
@@ -482,6 +491,8 @@ def test_sigterm_cancels_in_flight_work_removes_the_socket_and_exits_0(server_ho
     assert rest[-2]["choices"][0]["finish_reason"] == "cancelled"
     assert running.process.wait(timeout=30) == 0, running.log()
     assert not running.socket_path.exists()
+    assert running.process.stdout is not None
+    assert running.process.stdout.read() == ""  # stdout: the one "listening" line only
     assert "server shutting down" in running.log()
 
 
