@@ -119,18 +119,7 @@ def run_modes(
             tokens = tuple(engine.chat_prompt([ChatMessage("user", prompt.text)]))
             by_mode = results.setdefault(prompt.category, {})
             for mode in modes:
-                request = GenerationRequest(
-                    prompt_tokens=tokens,
-                    params=params,
-                    max_tokens=max_tokens,
-                    drafter=mode.drafter,
-                    draft_tokens=mode.draft_tokens,
-                )
-                last = None
-                for event in engine.generate(request):
-                    last = event
-                assert last is not None
-                stats = last.stats
+                stats = _run_mode(engine, mode, tokens, params, max_tokens)
                 totals = by_mode.setdefault(mode.label, ModeTotals())
                 totals.generated_tokens += stats.generated_tokens
                 totals.decode_seconds += stats.decode_seconds
@@ -148,6 +137,28 @@ def run_modes(
     return results
 
 
+def _run_mode(
+    engine: Engine,
+    mode: BenchMode,
+    tokens: tuple[int, ...],
+    params: SamplingParams,
+    max_tokens: int,
+) -> SpeculativeStats:
+    """One generation in ``mode``; its final statistics."""
+    request = GenerationRequest(
+        prompt_tokens=tokens,
+        params=params,
+        max_tokens=max_tokens,
+        drafter=mode.drafter,
+        draft_tokens=mode.draft_tokens,
+    )
+    last = None
+    for event in engine.generate(request):
+        last = event
+    assert last is not None
+    return last.stats
+
+
 def _warm_up(
     engine: Engine,
     prompt: BenchPrompt,
@@ -158,15 +169,7 @@ def _warm_up(
     """One short, untimed run of every mode: pages the weights in, warms caches."""
     tokens = tuple(engine.chat_prompt([ChatMessage("user", prompt.text)]))
     for mode in modes:
-        request = GenerationRequest(
-            prompt_tokens=tokens,
-            params=params,
-            max_tokens=WARM_UP_TOKENS,
-            drafter=mode.drafter,
-            draft_tokens=mode.draft_tokens,
-        )
-        for _event in engine.generate(request):
-            pass
+        _run_mode(engine, mode, tokens, params, WARM_UP_TOKENS)
     for yardstick in yardsticks:
         yardstick.decode_speed(tokens, WARM_UP_TOKENS)
 
