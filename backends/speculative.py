@@ -420,6 +420,7 @@ def speculative_generate(
         target.rollback(base + 1 + accepted)
         verify_seconds = time.perf_counter() - verify_started
 
+        round_drafter = plan.drafter.name if plan.drafter is not None and drafts else "none"
         stats.rounds += 1
         if drafts:
             stats.speculative_rounds += 1
@@ -428,7 +429,7 @@ def speculative_generate(
             stats.record_accepted_length(accepted)
         policy.observe(
             RoundOutcome(
-                drafter=plan.drafter.name if plan.drafter is not None and drafts else "none",
+                drafter=round_drafter,
                 drafted=len(drafts),
                 accepted=accepted,
                 draft_seconds=verify_started - draft_started,
@@ -470,7 +471,7 @@ def speculative_generate(
             segments=merged,
             tokens=tuple(kept_tokens),
             from_draft=tuple(kept_provenance),
-            drafter=plan.drafter.name if plan.drafter is not None and drafts else "none",
+            drafter=round_drafter,
             draft_length=len(drafts),
             stats=stats.snapshot(),
             finish_reason=finish,
