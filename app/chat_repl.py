@@ -1,4 +1,4 @@
-"""A plain line-by-line terminal chat: the default ``draftpen`` command for now.
+"""A plain line-by-line terminal chat: ``draftpen chat --plain`` (no full-screen UI).
 
 Reads a message, streams the reply through the shared loop, prints the statistics
 line, keeps the conversation (the loop reuses the cached prefix of earlier turns).
@@ -13,33 +13,42 @@ import sys
 import threading
 
 from app.errors import DraftpenError
+from app.settings import Settings
 from backends.base import ChatMessage
 from backends.engine import Engine, GenerationRequest
 from backends.errors import BackendError
+from backends.sampling import SamplingParams
 from backends.speculative import SpeculativeStats
 
 HELP = "Type a message and press Enter. /new starts over, /exit (or Ctrl+D) leaves."
 
 
-def run_plain_chat(args: argparse.Namespace) -> int:
-    """Chat until the user leaves."""
-    from app.cli import format_stats, sampling_params
+def run_plain_chat(args: argparse.Namespace, settings: Settings) -> int:
+    """Chat until the user leaves; ``settings`` already carry this run's flags."""
+    from app.cli import format_stats
     from app.loading import load_engine
-    from app.settings import load_settings
 
-    settings = load_settings()
     pair = args.pair or settings.default_pair
-    params = sampling_params(args)
+    try:
+        params = SamplingParams(
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+            min_p=settings.min_p,
+            seed=args.seed,
+        )
+    except ValueError as error:
+        raise DraftpenError(f"invalid sampling option: {error}") from error
     print(f"draftpen: loading {pair} ...", file=sys.stderr)
     engine = load_engine(
         pair,
-        n_ctx=args.context or settings.context_length,
+        n_ctx=settings.context_length,
         runtime=args.runtime,
-        with_draft=args.drafter in ("auto", "model"),
-        calibrate=args.drafter == "auto",
+        with_draft=settings.drafter in ("auto", "model"),
+        calibrate=settings.drafter == "auto",
         on_progress=lambda message: print(f"  {message}", file=sys.stderr),
     )
-    system = args.system if args.system is not None else settings.system_prompt
+    system = settings.system_prompt
     messages: list[ChatMessage] = [ChatMessage("system", system)] if system else []
     print(HELP, file=sys.stderr)
     try:
@@ -63,9 +72,9 @@ def run_plain_chat(args: argparse.Namespace) -> int:
                 request = GenerationRequest(
                     prompt_tokens=tuple(engine.chat_prompt(messages)),
                     params=params,
-                    max_tokens=args.max_tokens,
-                    drafter=args.drafter,
-                    draft_tokens=args.draft_tokens,
+                    max_tokens=settings.max_tokens,
+                    drafter=settings.drafter,
+                    draft_tokens=settings.draft_tokens,
                     stop=tuple(args.stop),
                 )
                 reply, stats = _stream_reply(engine, request)

@@ -7,6 +7,7 @@ exits non-zero; tracebacks are for bugs, not for missing models or bad input.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import sys
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 
 from app import cli_models, cli_serve
 from app.errors import DraftpenError
+from app.settings import Settings, load_settings
 from backends.base import ChatMessage
 from backends.engine import DRAFTER_CHOICES, GenerationRequest
 from backends.errors import BackendError
@@ -36,23 +38,62 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_sampling_options(parser: argparse.ArgumentParser, *, temperature: float) -> None:
-    """Sampling and drafting options shared by generate and chat."""
+def add_sampling_options(parser: argparse.ArgumentParser, *, temperature: float | None) -> None:
+    """Sampling and drafting options shared by generate and chat.
+
+    ``temperature=None`` makes every default None: the chat fills them from the
+    user's settings, so a flag overrides a setting for this run only.
+    """
+    from_settings = temperature is None
+
+    def default(value: object) -> object:
+        return None if from_settings else value
+
     parser.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: off)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep")
-    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x best")
+    parser.add_argument(
+        "--top-k", type=int, default=default(0), help="keep the k likeliest tokens (0: off)"
+    )
+    parser.add_argument("--top-p", type=float, default=default(1.0), help="nucleus mass to keep")
+    parser.add_argument(
+        "--min-p", type=float, default=default(0.0), help="drop tokens below min-p x best"
+    )
     parser.add_argument("--seed", type=int, default=None, help="random seed for sampling")
-    parser.add_argument("--max-tokens", type=int, default=512, help="most tokens to generate")
+    parser.add_argument(
+        "--max-tokens", type=int, default=default(512), help="most tokens to generate"
+    )
     parser.add_argument(
         "--draft-tokens",
         "-k",
         type=int,
-        default=4,
+        default=default(4),
         help="draft tokens per round (K) for a fixed drafter; auto chooses K itself",
     )
-    parser.add_argument("--drafter", choices=DRAFTER_CHOICES, default="auto")
+    parser.add_argument("--drafter", choices=DRAFTER_CHOICES, default=default("auto"))
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+# Chat flags that override the settings field of the same name for one run.
+CHAT_SETTING_FLAGS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "max_tokens",
+    "draft_tokens",
+    "drafter",
+)
+
+
+def chat_settings(args: argparse.Namespace) -> Settings:
+    """The user's settings with this run's chat flags applied (never saved)."""
+    settings = load_settings()
+    overrides = {name: getattr(args, name) for name in CHAT_SETTING_FLAGS}
+    overrides = {name: value for name, value in overrides.items() if value is not None}
+    if getattr(args, "system", None) is not None:
+        overrides["system_prompt"] = args.system
+    if getattr(args, "context", None) is not None:
+        overrides["context_length"] = args.context
+    return dataclasses.replace(settings, **overrides)
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
@@ -176,10 +217,15 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    """``draftpen chat``: the interactive chat."""
-    from app.chat_repl import run_plain_chat
+    """``draftpen chat``: the chat app, or with ``--plain`` the line-by-line chat."""
+    settings = chat_settings(args)
+    if args.plain:
+        from app.chat_repl import run_plain_chat
 
-    return run_plain_chat(args)
+        return run_plain_chat(args, settings)
+    from app.tui.launch import run_tui
+
+    return run_tui(args, settings)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,10 +236,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    chat = commands.add_parser("chat", help="chat in the terminal (the default)")
+    chat = commands.add_parser(
+        "chat",
+        help="the chat app (the default command)",
+        description="Chat with a model pair. Sampling flags override your settings for this run.",
+    )
     add_model_options(chat)
-    add_sampling_options(chat, temperature=0.7)
-    chat.add_argument("--system", default=None, help="system prompt")
+    add_sampling_options(chat, temperature=None)
+    chat.add_argument("--system", default=None, help="system prompt (default: from settings)")
+    chat.add_argument(
+        "--plain", action="store_true", help="a line-by-line chat instead of the full-screen app"
+    )
     chat.set_defaults(func=run_chat)
 
     generate = commands.add_parser("generate", help="answer one prompt, streamed to stdout")

@@ -17,6 +17,10 @@ class SettingsError(DraftpenError):
     """The settings file cannot be read or holds an invalid value."""
 
 
+class HistoryError(DraftpenError):
+    """The chat history database cannot be opened or written."""
+
+
 class CatalogError(DraftpenError):
     """The model catalog (models.toml) is malformed."""
 

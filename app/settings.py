@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
+import tomli_w
 
 from app.errors import SettingsError
 
@@ -192,3 +193,24 @@ def load_settings(path: Path | None = None) -> Settings:
         raise SettingsError(
             f"Invalid settings file {path}: {error}. Fix it or delete it to use defaults."
         ) from error
+
+
+def save_settings(settings: Settings, path: Path | None = None) -> Path:
+    """Write ``settings`` to ``path`` (default :func:`settings_path`), atomically.
+
+    The file is written beside the old one and renamed over it, so a full disk or a
+    crash leaves the previous settings intact. Raises :class:`SettingsError`.
+    """
+    path = path if path is not None else settings_path()
+    scratch = path.with_name(f".{path.name}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch.write_text(tomli_w.dumps(dataclasses.asdict(settings)), encoding="utf-8")
+        os.replace(scratch, path)
+    except OSError as error:
+        scratch.unlink(missing_ok=True)
+        raise SettingsError(
+            f"Cannot save settings to {path}: {error.strerror or error}. "
+            "Your previous settings are unchanged."
+        ) from error
+    return path

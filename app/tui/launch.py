@@ -1,0 +1,56 @@
+"""Start the chat app with the real engine loader and catalog (``draftpen`` / ``draftpen chat``)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from app.catalog import load_catalog
+from app.downloads import ModelStore, pair_state
+from app.history import History
+from app.loading import load_engine
+from app.settings import Settings, models_dir
+from app.tui.app import DraftpenApp
+from app.tui.screens.pairs import PairChoice
+from backends.engine import Engine
+
+
+def catalog_pair_choices() -> list[PairChoice]:
+    """Every pair in the catalog with its download state."""
+    catalog = load_catalog()
+    store = ModelStore(models_dir())
+    pairs = [catalog.pair(name) for name in catalog.pair_names()]
+    return [
+        PairChoice(pair.key, pair.description, pair_state(catalog, pair, store)) for pair in pairs
+    ]
+
+
+def engine_loader_for(runtime: str | None) -> Callable[..., Engine]:
+    """Loads a pair with its draft model and this machine's measured costs."""
+
+    def load(pair_name: str, settings: Settings, progress: Callable[[str], None]) -> Engine:
+        return load_engine(
+            pair_name,
+            n_ctx=settings.context_length,
+            runtime=runtime,
+            on_progress=progress,
+        )
+
+    return load
+
+
+def run_tui(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the chat app until the user quits; errors before it starts are raised.
+
+    ``settings`` carry this run's command-line overrides; the settings screen saves
+    what the user edits there.
+    """
+    app = DraftpenApp(
+        engine_loader=engine_loader_for(args.runtime),
+        pair_lister=catalog_pair_choices,
+        history=History(),
+        settings=settings,
+        pair_name=args.pair,
+    )
+    app.run()
+    return 0

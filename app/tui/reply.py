@@ -1,0 +1,115 @@
+"""What the chat screen tracks about a reply while it is written (no UI, no decoding).
+
+:class:`RollingRate` turns the loop's cumulative token counts into a tokens/sec figure
+over the last second or so, so the stats bar shows a steady rate rather than per-round
+spikes. :class:`ReplyFigures` is the one summary of a reply that the stats bar and the
+message footer show and that the history stores, taken from the loop's own statistics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from backends.speculative import GenerationEvent, TextSegment
+
+
+class RollingRate:
+    """Tokens per second over a sliding window of (time, cumulative tokens) samples."""
+
+    def __init__(
+        self, window_seconds: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.window_seconds = window_seconds
+        self._clock = clock
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def reset(self) -> None:
+        """Forget all samples (a new reply starts)."""
+        self._samples.clear()
+
+    def add(self, total_tokens: int) -> None:
+        """Record the cumulative token count now."""
+        now = self._clock()
+        self._samples.append((now, total_tokens))
+        # Keep one sample older than the window, so the rate spans a whole window.
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_seconds:
+            self._samples.popleft()
+
+    def rate(self) -> float:
+        """Tokens/sec over the window, measured up to now (so it decays when tokens stop)."""
+        if len(self._samples) < 2:
+            return 0.0
+        first_time, first_tokens = self._samples[0]
+        _, last_tokens = self._samples[-1]
+        elapsed = self._clock() - first_time
+        return (last_tokens - first_tokens) / elapsed if elapsed > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ReplyFigures:
+    """A reply's speculation figures, straight from the loop's statistics."""
+
+    generated_tokens: int
+    decode_tokens_per_second: float
+    acceptance_rate: float
+    mean_accepted_length: float
+    drafted: int
+    accepted: int
+    drafter: str
+    draft_length: int
+    estimated_speedup: float
+    finish_reason: str | None = None
+
+    @classmethod
+    def from_event(cls, event: GenerationEvent) -> ReplyFigures:
+        """The figures as of ``event`` (the loop's snapshot, not recomputed)."""
+        stats = event.stats
+        return cls(
+            generated_tokens=stats.generated_tokens,
+            decode_tokens_per_second=stats.decode_tokens_per_second,
+            acceptance_rate=stats.acceptance_rate,
+            mean_accepted_length=stats.mean_accepted_length,
+            drafted=stats.drafted,
+            accepted=stats.accepted,
+            drafter=event.drafter or "none",
+            draft_length=event.draft_length,
+            estimated_speedup=event.estimated_speedup,
+            finish_reason=event.finish_reason,
+        )
+
+    @classmethod
+    def from_dict(cls, values: dict[str, object]) -> ReplyFigures | None:
+        """Figures saved by :meth:`as_dict`; None when the record is unusable."""
+        try:
+            return cls(**{name: values[name] for name in cls.__dataclass_fields__})  # type: ignore[arg-type]
+        except (KeyError, TypeError):
+            return None
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain data for the history database."""
+        return asdict(self)
+
+    def summary(self) -> str:
+        """The final figures, as shown under a finished reply and in the stats bar."""
+        return (
+            f"{self.generated_tokens} tokens · {self.decode_tokens_per_second:.1f} tok/s · "
+            f"accepted {self.accepted}/{self.drafted} ({self.acceptance_rate:.0%}) · "
+            f"mean run {self.mean_accepted_length:.2f}"
+        )
+
+
+def merge_segments(
+    segments: list[tuple[str, bool]], new: tuple[TextSegment, ...]
+) -> list[tuple[str, bool]]:
+    """Append ``new`` to ``segments``, joining neighbours of the same provenance."""
+    for segment in new:
+        if not segment.text:
+            continue
+        if segments and segments[-1][1] == segment.from_draft:
+            segments[-1] = (segments[-1][0] + segment.text, segment.from_draft)
+        else:
+            segments.append((segment.text, segment.from_draft))
+    return segments

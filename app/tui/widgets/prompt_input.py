@@ -1,0 +1,40 @@
+"""The multi-line prompt: Enter sends, Shift+Enter or Ctrl+J starts a new line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from textual.binding import Binding, BindingType
+from textual.message import Message
+from textual.widgets import TextArea
+
+
+class PromptInput(TextArea):
+    """A text area that sends its text on Enter."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        # Priority: TextArea would otherwise take Enter as a new line.
+        Binding("enter", "submit", "Send", priority=True),
+        Binding("shift+enter,ctrl+j", "newline", "New line", priority=True, show=False),
+    ]
+
+    @dataclass
+    class Submitted(Message):
+        """The user sent ``text`` (never blank)."""
+
+        text: str
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(soft_wrap=True, show_line_numbers=False, **kwargs)  # type: ignore[arg-type]
+
+    def action_submit(self) -> None:
+        """Send the text (unless it is blank) and clear the box."""
+        if not self.text.strip():
+            return
+        self.post_message(self.Submitted(self.text))
+        self.clear()
+
+    def action_newline(self) -> None:
+        """Insert a line break at the cursor."""
+        self.insert("\n")

@@ -1,0 +1,30 @@
+"""The live statistics line under the conversation."""
+
+from __future__ import annotations
+
+from textual.widgets import Static
+
+from app.tui.reply import ReplyFigures
+
+
+class StatsBar(Static):
+    """Shows what the engine is doing: loading, writing (live figures), or the last reply."""
+
+    def show_status(self, text: str) -> None:
+        """A plain status line (loading, ready, an error)."""
+        self.update(text)
+
+    def show_live(self, figures: ReplyFigures, rolling_tokens_per_second: float) -> None:
+        """Figures while a reply is written; the rate is the rolling one, not per round."""
+        drafter = figures.drafter if figures.draft_length > 0 else "none"
+        self.update(
+            f"writing · {rolling_tokens_per_second:.1f} tok/s · "
+            f"accepted {figures.acceptance_rate:.0%} · "
+            f"mean run {figures.mean_accepted_length:.2f} · "
+            f"K={figures.draft_length} {drafter} · "
+            f"est. speedup {figures.estimated_speedup:.2f}x"
+        )
+
+    def show_final(self, figures: ReplyFigures) -> None:
+        """The finished reply's figures (whole-reply decode rate)."""
+        self.update(f"last reply: {figures.summary()}")

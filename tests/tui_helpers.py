@@ -1,0 +1,70 @@
+"""Building the real chat app around fake or real engines, for pilot-driven tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from app.history import History
+from app.settings import Settings
+from app.tui.app import DraftpenApp
+from app.tui.screens.pairs import PairChoice
+from backends.engine import Engine, GenerationRequest
+from backends.speculative import GenerationEvent
+from tests.byte_model import ScriptedByteModel
+
+
+class RecordingEngine(Engine):
+    """An Engine that keeps every event it produced, to compare with what the UI shows."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.events: list[GenerationEvent] = []
+        self.requests: list[GenerationRequest] = []
+
+    def generate(self, request: GenerationRequest, cancel: Any = None):  # type: ignore[override]
+        """The shared loop's events, recorded as they pass."""
+        self.requests.append(request)
+        for event in super().generate(request, cancel):
+            self.events.append(event)
+            yield event
+
+
+def scripted_engine(replies: Sequence[str], **model_options: Any) -> RecordingEngine:
+    """An engine over :class:`ScriptedByteModel` (no draft model: n-gram drafts)."""
+    return RecordingEngine(ScriptedByteModel(replies, **model_options))
+
+
+FAKE_PAIRS = [
+    PairChoice("fake", "A scripted model for tests", "downloaded"),
+    PairChoice("other", "Another scripted model", "downloaded"),
+    PairChoice("missing", "Not downloaded", "absent"),
+]
+
+
+def make_app(
+    engines: dict[str, Engine] | Callable[[str], Engine],
+    *,
+    settings: Settings | None = None,
+    pair_name: str = "fake",
+    history: History | None = None,
+) -> DraftpenApp:
+    """The real app with engines served from ``engines`` instead of the model store."""
+
+    def load(name: str, settings: Settings, progress: Callable[[str], None]) -> Engine:
+        progress("loading target")
+        return engines(name) if callable(engines) else engines[name]
+
+    return DraftpenApp(
+        engine_loader=load,
+        pair_lister=lambda: list(FAKE_PAIRS),
+        history=history,
+        settings=settings or Settings(default_pair=pair_name, drafter="ngram", temperature=0.0),
+        pair_name=pair_name,
+    )
+
+
+def run(coroutine_function: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run an async test body (the suite has no asyncio plugin)."""
+    asyncio.run(coroutine_function())
