@@ -68,3 +68,21 @@ def make_app(
 def run(coroutine_function: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run an async test body (the suite has no asyncio plugin)."""
     asyncio.run(coroutine_function())
+
+
+async def settle(app: DraftpenApp, pilot: Any, *, attempts: int = 200) -> None:
+    """Wait until no reply is being written and every posted message was handled."""
+    for _ in range(attempts):
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        if app.chat_screen.reply is None and app.engine is not None:
+            return
+    raise AssertionError(f"the app did not settle: {app.chat_screen.reply!r}")
+
+
+async def send(pilot: Any, text: str) -> None:
+    """Type ``text`` into the prompt and press Enter."""
+    prompt = pilot.app.chat_screen.query_one("#prompt")
+    prompt.focus()
+    prompt.insert(text)
+    await pilot.press("enter")

@@ -167,7 +167,7 @@ class DraftpenApp(App[None]):
         yield from super().get_system_commands(screen)
         chat = self.chat_screen
         yield SystemCommand("New chat", "Start a new conversation", chat.action_new_chat)
-        yield SystemCommand("Rename chat", "Rename the open chat", chat.rename_current_chat)
+        yield SystemCommand("Rename chat", "Rename the open chat", chat.action_rename_chat)
         yield SystemCommand("Delete chat", "Delete the open chat", chat.delete_current_chat)
         yield SystemCommand("Export chat", "Write the chat to a Markdown file", chat.action_export)
         yield SystemCommand("Copy last reply", "Copy it to the clipboard", chat.action_copy_reply)

@@ -97,7 +97,7 @@ class ReplyFigures:
         return (
             f"{self.generated_tokens} tokens · {self.decode_tokens_per_second:.1f} tok/s · "
             f"accepted {self.accepted}/{self.drafted} ({self.acceptance_rate:.0%}) · "
-            f"mean run {self.mean_accepted_length:.2f}"
+            f"mean accepted length {self.mean_accepted_length:.2f}"
         )
 
 

@@ -66,9 +66,10 @@ class ChatScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "stop", "Stop writing"),
         Binding("ctrl+n", "new_chat", "New chat"),
-        Binding("ctrl+e", "export", "Export to Markdown"),
-        Binding("ctrl+y", "copy_reply", "Copy last reply"),
+        Binding("ctrl+g", "export", "Export to Markdown"),
+        Binding("ctrl+r", "copy_reply", "Copy last reply", show=False),
         Binding("ctrl+b", "copy_code", "Copy last code block"),
+        Binding("f2", "rename_chat", "Rename chat", show=False),
         Binding("ctrl+l", "focus_chats", "Chat list", show=False),
     ]
     AUTO_FOCUS = "#prompt"
@@ -186,7 +187,7 @@ class ChatScreen(Screen[None]):
         """Move the focus to the chat list."""
         self.query_one(ChatList).focus()
 
-    def rename_current_chat(self) -> None:
+    def action_rename_chat(self) -> None:
         """Rename the open chat (from the command palette)."""
         if self.chat_id is not None:
             self.post_message(ChatList.RenameRequested(self.draftpen.history.chat(self.chat_id)))
@@ -273,7 +274,10 @@ class ChatScreen(Screen[None]):
         event = message.event
         merge_segments(reply.segments, event.segments)
         reply.content += event.text
+        first_event = reply.last_event is None
         reply.last_event = event
+        if first_event:  # replace "Ready" at once; the timer keeps it fresh from here
+            self._refresh_live_stats()
         self.rolling_rate.add(event.stats.generated_tokens)
         if reply.view.is_attached:
             conversation = self.query_one("#conversation", VerticalScroll)

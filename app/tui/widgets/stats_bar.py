@@ -18,9 +18,9 @@ class StatsBar(Static):
         """Figures while a reply is written; the rate is the rolling one, not per round."""
         drafter = figures.drafter if figures.draft_length > 0 else "none"
         self.update(
-            f"writing · {rolling_tokens_per_second:.1f} tok/s · "
+            f"{rolling_tokens_per_second:.1f} tok/s · "
             f"accepted {figures.acceptance_rate:.0%} · "
-            f"mean run {figures.mean_accepted_length:.2f} · "
+            f"mean accepted length {figures.mean_accepted_length:.2f} · "
             f"K={figures.draft_length} {drafter} · "
             f"est. speedup {figures.estimated_speedup:.2f}x"
         )

@@ -1,0 +1,390 @@
+"""The chat app, driven through Textual's pilot against scripted (fake) engines."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from textual.color import Color
+from textual.widgets import Input, Markdown, Static
+
+from app.errors import ModelNotDownloadedError
+from app.history import STOPPED, History, history_path
+from app.settings import Settings, settings_path
+from app.tui.screens.help import HelpScreen
+from app.tui.screens.pairs import PairPickerScreen
+from app.tui.screens.settings import SettingsScreen
+from app.tui.widgets.chat_list import ChatList, ChatListItem
+from app.tui.widgets.message_view import DRAFT_STYLE, MessageView
+from app.tui.widgets.stats_bar import StatsBar
+from tests.tui_helpers import make_app, run, scripted_engine, send, settle
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts"
+CODE_REPLY = (
+    "Here is the function:\n\n```python\ndef double(x):\n    return x * 2\n```\n\n"
+    "And the same again:\n\n```python\ndef double(x):\n    return x * 2\n```\n"
+)
+
+
+async def wait_until_ready(app, pilot) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(200):
+        await pilot.pause()
+        if app.engine is not None:
+            return
+    raise AssertionError(f"engine never loaded: {app.engine_status}")
+
+
+def stats_text(app) -> str:  # type: ignore[no-untyped-def]
+    return str(app.chat_screen.query_one(StatsBar).render())
+
+
+def reply_views(app) -> list[MessageView]:  # type: ignore[no-untyped-def]
+    return [view for view in app.chat_screen.query(MessageView) if view.role == "assistant"]
+
+
+def test_reply_streams_in_and_stats_bar_shows_the_loops_statistics() -> None:
+    engine = scripted_engine([CODE_REPLY])
+    app = make_app({"fake": engine})
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            await send(pilot, "Write double() twice")
+            await settle(app, pilot)
+            [view] = reply_views(app)
+            assert view.content == CODE_REPLY
+            assert view.query_one(Markdown).source == CODE_REPLY
+            final = engine.events[-1]
+            assert final.finish_reason == "stop"
+            stats = final.stats
+            shown = stats_text(app)
+            assert f"{stats.generated_tokens} tokens" in shown
+            assert f"{stats.decode_tokens_per_second:.1f} tok/s" in shown
+            assert f"accepted {stats.accepted}/{stats.drafted} ({stats.acceptance_rate:.0%})" in shown
+            assert f"mean accepted length {stats.mean_accepted_length:.2f}" in shown
+            # The same figures stay attached to the message, and are stored with it.
+            assert view.footer_text in shown
+            stored = app.history.messages(app.chat_screen.chat_id)[-1]
+            assert stored.content == CODE_REPLY and stored.state == "complete"
+            assert stored.stats is not None
+            assert stored.stats["loop"]["generated_tokens"] == stats.generated_tokens  # type: ignore[index]
+
+    run(body)
+
+
+def test_escape_stops_the_reply_at_once_and_keeps_what_was_written() -> None:
+    # Held inside the second code block, where the n-gram drafter is being accepted.
+    engine = scripted_engine([CODE_REPLY], hold_after=100)
+    app = make_app({"fake": engine})
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            await send(pilot, "Write double()")
+            assert engine.target.holding.wait(10)
+            await pilot.press("ctrl+t")  # draft colours on, as the screenshot should show
+            await pilot.pause()
+            assert "tok/s" in stats_text(app) and "K=" in stats_text(app)
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            app.save_screenshot(str(ARTIFACTS / "chat-mid-generation.svg"))
+            await pilot.press("escape")
+            engine.target.release.set()
+            await settle(app, pilot)
+            [view] = reply_views(app)
+            written = engine.events[-1]
+            assert written.finish_reason == "cancelled"
+            # Stopped within the round that was running: far short of the whole reply.
+            assert 100 <= written.stats.generated_tokens < len(CODE_REPLY)
+            assert view.content == CODE_REPLY[: written.stats.generated_tokens]
+            stored = app.history.messages(app.chat_screen.chat_id)[-1]
+            assert (stored.state, stored.content) == (STOPPED, view.content)
+            assert "stopped" in str(view.query_one(".heading").render())
+
+    run(body)
+
+
+def test_a_reply_is_on_disk_while_it_is_written_so_a_crash_keeps_it() -> None:
+    engine = scripted_engine([CODE_REPLY], hold_after=20)
+    app = make_app({"fake": engine})
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            await send(pilot, "Write double()")
+            assert engine.target.holding.wait(10)
+            for _ in range(100):
+                await pilot.pause()
+                # What another process (or this one after a crash) would read now.
+                reader = History(history_path())
+                partial = reader.messages(app.chat_screen.chat_id)[-1]
+                reader.close()
+                if partial.content:
+                    break
+            assert partial.state == "interrupted"
+            assert partial.content and CODE_REPLY.startswith(partial.content)
+            engine.target.release.set()
+            await settle(app, pilot)
+
+    run(body)
+
+
+def test_provenance_colours_mark_draft_tokens_and_toggle_with_a_key() -> None:
+    engine = scripted_engine([CODE_REPLY])
+    app = make_app({"fake": engine})
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            await send(pilot, "Write double() twice")
+            await settle(app, pilot)
+            [view] = reply_views(app)
+            assert not view.query_one(".provenance").display
+            await pilot.press("ctrl+t")
+            assert view.query_one(".provenance").display
+            assert not view.query_one(Markdown).display
+            content = view.query_one(".provenance", Static).render()
+            tint = Color.parse(DRAFT_STYLE.split(" on ")[1])
+            tinted = "".join(
+                content.plain[span.start : span.end]
+                for span in content.spans
+                if getattr(span.style, "background", None) == tint
+            )
+            from_draft = "".join(
+                segment.text
+                for event in engine.events
+                for segment in event.segments
+                if segment.from_draft
+            )
+            assert tinted == from_draft and from_draft  # the n-gram drafter did help
+            await pilot.press("ctrl+t")
+            assert view.query_one(Markdown).display
+
+    run(body)
+
+
+def test_chats_switch_and_survive_a_restart() -> None:
+    engine = scripted_engine(["First answer.", "Second answer."])
+
+    async def first_session() -> None:
+        app = make_app({"fake": engine})
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            await send(pilot, "alpha question")
+            await settle(app, pilot)
+            await pilot.press("ctrl+n")
+            await send(pilot, "beta question")
+            await settle(app, pilot)
+            chat_list = app.chat_screen.query_one(ChatList)
+            titles = [item.chat.title for item in chat_list.query(ChatListItem)]
+            assert titles == ["beta question", "alpha question"]
+            chat_list.focus()
+            chat_list.index = 1
+            await pilot.press("enter")
+            await pilot.pause()
+            shown = [view.content for view in app.chat_screen.query(MessageView)]
+            assert shown == ["alpha question", "First answer."]
+
+    async def second_session() -> None:
+        app = make_app({"fake": scripted_engine(["unused"])})
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            chats = app.history.chats()
+            assert [chat.title for chat in chats] == ["beta question", "alpha question"]
+            # The most recent chat opens; its messages are back.
+            shown = [view.content for view in app.chat_screen.query(MessageView)]
+            assert shown == ["beta question", "First answer."]
+
+    run(first_session)
+    run(second_session)
+
+
+def test_rename_and_delete_a_chat_from_the_list() -> None:
+    app = make_app({"fake": scripted_engine(["Fine."])})
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            await send(pilot, "hello")
+            await settle(app, pilot)
+            app.chat_screen.query_one(ChatList).focus()
+            await pilot.press("r")
+            await pilot.pause()
+            title_input = app.screen.query_one("#title", Input)
+            title_input.value = "Greetings"
+            await pilot.press("enter")
+            await pilot.pause()
+            assert [chat.title for chat in app.history.chats()] == ["Greetings"]
+            app.chat_screen.query_one(ChatList).focus()
+            await pilot.press("delete")
+            await pilot.pause()
+            await pilot.press("y")
+            await pilot.pause()
+            assert app.history.chats() == []
+            assert not list(app.chat_screen.query(MessageView))
+
+    run(body)
+
+
+def test_export_writes_the_chat_as_markdown() -> None:
+    app = make_app({"fake": scripted_engine(["Use `ls -la`."])})
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            await send(pilot, "How do I list files?")
+            await settle(app, pilot)
+            await pilot.press("ctrl+g")
+            await pilot.pause()
+            path = app.chat_screen.last_export
+            assert path is not None
+            text = path.read_text(encoding="utf-8")
+            lines = text.splitlines()
+            assert lines[0] == "# How do I list files?"
+            assert lines[4:] == [
+                "## You",
+                "",
+                "How do I list files?",
+                "",
+                "## Assistant",
+                "",
+                "Use `ls -la`.",
+            ]
+
+    run(body)
+
+
+def test_copy_the_last_reply_and_its_last_code_block() -> None:
+    app = make_app({"fake": scripted_engine([CODE_REPLY])})
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            await send(pilot, "code please")
+            await settle(app, pilot)
+            await pilot.press("ctrl+b")
+            assert app.clipboard == "def double(x):\n    return x * 2\n"
+            await pilot.press("ctrl+r")
+            assert app.clipboard == CODE_REPLY
+
+    run(body)
+
+
+def test_settings_screen_validates_and_saves_to_the_config_file() -> None:
+    app = make_app({"fake": scripted_engine(["ok"])})
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 45)) as pilot:
+            await wait_until_ready(app, pilot)
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, SettingsScreen)
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            app.save_screenshot(str(ARTIFACTS / "settings.svg"))
+            screen.query_one("#temperature", Input).value = "abc"
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            assert app.screen is screen  # still open, saying what is wrong
+            assert "Temperature must be a number" in str(screen.query_one("#settings-error").render())
+            screen.query_one("#temperature", Input).value = "0.3"
+            screen.query_one("#max_tokens", Input).value = "64"
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            assert not isinstance(app.screen, SettingsScreen)
+            saved = tomllib.loads(settings_path().read_text(encoding="utf-8"))
+            assert saved["temperature"] == 0.3 and saved["max_tokens"] == 64
+            assert app.settings.max_tokens == 64
+            # The next reply uses them.
+            await send(pilot, "hi")
+            await settle(app, pilot)
+            request = app.engine.requests[-1]  # type: ignore[union-attr]
+            assert request.max_tokens == 64 and request.params.temperature == 0.3
+
+    run(body)
+
+
+def test_a_missing_pair_names_the_command_that_downloads_it() -> None:
+    def engines(name: str):  # type: ignore[no-untyped-def]
+        raise ModelNotDownloadedError(name)
+
+    app = make_app(engines, pair_name="missing")
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            for _ in range(100):
+                await pilot.pause()
+                if "Cannot load" in stats_text(app):
+                    break
+            assert "draftpen models pull missing" in stats_text(app)
+            await send(pilot, "hello?")
+            await pilot.pause()
+            assert app.history.chats() == []  # nothing was sent to a model that is not there
+
+    run(body)
+
+
+def test_pair_picker_loads_the_chosen_pair() -> None:
+    engines = {"fake": scripted_engine(["from fake"]), "other": scripted_engine(["from other"])}
+    app = make_app(engines)
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            await pilot.press("ctrl+o")
+            await pilot.pause()
+            assert isinstance(app.screen, PairPickerScreen)
+            await pilot.press("down", "enter")
+            await wait_until_ready(app, pilot)
+            for _ in range(100):
+                await pilot.pause()
+                if app.engine is engines["other"]:
+                    break
+            assert app.engine is engines["other"]
+            assert engines["fake"].target.closed  # the old pair's memory is freed
+            await send(pilot, "hi")
+            await settle(app, pilot)
+            assert reply_views(app)[-1].content == "from other"
+
+    run(body)
+
+
+def test_help_lists_every_key_binding_and_the_palette_lists_the_actions() -> None:
+    app = make_app({"fake": scripted_engine(["ok"])})
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_until_ready(app, pilot)
+            await pilot.press("f1")
+            await pilot.pause()
+            assert isinstance(app.screen, HelpScreen)
+            help_text = str(app.screen.query_one("#help-text").render())
+            for key in ("escape", "ctrl+n", "ctrl+g", "ctrl+r", "ctrl+b", "ctrl+t", "ctrl+s", "f2"):
+                assert key in help_text
+            for words in ("Stop writing", "Export to Markdown", "Copy last code block"):
+                assert words in help_text
+            await pilot.press("escape")
+            commands = {command.title for command in app.get_system_commands(app.screen)}
+            assert {"New chat", "Export chat", "Settings", "Copy last code block"} <= commands
+
+    run(body)
+
+
+@pytest.mark.parametrize("hold", [None])
+def test_send_while_writing_is_refused_without_losing_the_text(hold: None) -> None:
+    engine = scripted_engine([CODE_REPLY], hold_after=5)
+    app = make_app({"fake": engine}, settings=Settings(drafter="none", temperature=0.0))
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            await send(pilot, "first")
+            assert engine.target.holding.wait(10)
+            await send(pilot, "second")
+            await pilot.pause()
+            engine.target.release.set()
+            await settle(app, pilot)
+            contents = [view.content for view in app.chat_screen.query(MessageView)]
+            assert contents == ["first", CODE_REPLY]
+
+    run(body)
