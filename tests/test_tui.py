@@ -61,7 +61,9 @@ def test_reply_streams_in_and_stats_bar_shows_the_loops_statistics() -> None:
             shown = stats_text(app)
             assert f"{stats.generated_tokens} tokens" in shown
             assert f"{stats.decode_tokens_per_second:.1f} tok/s" in shown
-            assert f"accepted {stats.accepted}/{stats.drafted} ({stats.acceptance_rate:.0%})" in shown
+            assert (
+                f"accepted {stats.accepted}/{stats.drafted} ({stats.acceptance_rate:.0%})" in shown
+            )
             assert f"mean accepted length {stats.mean_accepted_length:.2f}" in shown
             # The same figures stay attached to the message, and are stored with it.
             assert view.footer_text in shown
@@ -286,7 +288,9 @@ def test_settings_screen_validates_and_saves_to_the_config_file() -> None:
             await pilot.press("ctrl+s")
             await pilot.pause()
             assert app.screen is screen  # still open, saying what is wrong
-            assert "Temperature must be a number" in str(screen.query_one("#settings-error").render())
+            assert "Temperature must be a number" in str(
+                screen.query_one("#settings-error").render()
+            )
             screen.query_one("#temperature", Input).value = "0.3"
             screen.query_one("#max_tokens", Input).value = "64"
             await pilot.press("ctrl+s")
