@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 NEW_CHAT_TITLE = "New chat"
 SAVE_INTERVAL_SECONDS = 0.5
 STATS_REFRESH_SECONDS = 0.25
+VIEW_REFRESH_SECONDS = 0.1
 
 
 @dataclass
@@ -117,6 +118,7 @@ class ChatScreen(Screen[None]):
         else:
             self.refresh_chat_list()
         self.set_interval(STATS_REFRESH_SECONDS, self._refresh_live_stats)
+        self.set_interval(VIEW_REFRESH_SECONDS, self._show_reply_text)
         # The UI is up; now load the models behind it.
         self.draftpen.load_pair(self.draftpen.pair_name)
 
@@ -279,19 +281,29 @@ class ChatScreen(Screen[None]):
         if first_event:  # replace "Ready" at once; the timer keeps it fresh from here
             self._refresh_live_stats()
         self.rolling_rate.add(event.stats.generated_tokens)
-        if reply.view.is_attached:
-            conversation = self.query_one("#conversation", VerticalScroll)
-            following = conversation.is_vertical_scroll_end
-            await reply.view.append(reply.segments, reply.content)
-            if following:
-                conversation.scroll_end(animate=False)
         if event.finish_reason is not None:
+            await self._show_reply_text()
             self._finish_reply(reply, event)
         elif time.monotonic() - reply.last_saved >= SAVE_INTERVAL_SECONDS:
             self.draftpen.history.update_message(
                 reply.message_id, content=reply.content, segments=reply.segments
             )
             reply.last_saved = time.monotonic()
+
+    async def _show_reply_text(self) -> None:
+        """Bring the reply's view up to date with the text received so far.
+
+        Called on a timer, not per event: rendering takes the GIL and the CPU that the
+        decoding thread needs, so the view is redrawn at most VIEW_REFRESH_SECONDS apart.
+        """
+        reply = self.reply
+        if reply is None or not reply.view.is_attached or reply.view.content == reply.content:
+            return
+        conversation = self.query_one("#conversation", VerticalScroll)
+        following = conversation.is_vertical_scroll_end
+        await reply.view.append(reply.segments, reply.content)
+        if following:
+            conversation.scroll_end(animate=False)
 
     def _finish_reply(self, reply: ReplyInProgress, event: GenerationEvent) -> None:
         figures = ReplyFigures.from_event(event)
