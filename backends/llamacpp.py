@@ -262,6 +262,9 @@ class LlamaCppModel:
 
     def _decode(self, tokens: Sequence[int], logits_from: int) -> None:
         """One ``llama_decode`` of ``tokens``; logits for positions >= ``logits_from``."""
+        if not self._context:
+            # Decoding with a freed context would crash the process, not raise.
+            raise DecodeError(f"{self.name} was closed; load the model again to use it")
         count = len(tokens)
         if count > self.n_batch:
             raise ValueError(f"{count} tokens exceed the batch size {self.n_batch}")
