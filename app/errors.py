@@ -61,6 +61,10 @@ class DownloadError(DraftpenError):
     """Fetching a model from a source failed (network, index, missing package)."""
 
 
+class DownloadCancelledError(DraftpenError):
+    """The person cancelled a download; what was fetched so far is kept for a resume."""
+
+
 class DiskSpaceError(DraftpenError):
     """Not enough free disk space to download a model."""
 
