@@ -118,6 +118,8 @@ class ModelEntry:
     size_bytes: int
     sha256: str | None
     sources: ModelSources
+    kv_bytes_per_token: int | None = None
+    """KV-cache bytes one token of context costs (f16 K and V over all layers), if known."""
 
     @property
     def filename(self) -> str:
@@ -338,13 +340,15 @@ def _model_entry(reader: _TableReader, key: str, table: dict[str, Any]) -> Model
             "size_bytes": int,
             "sources": dict,
         },
-        optional={"sha256": str},
+        optional={"sha256": str, "kv_bytes_per_token": int},
     )
     model_format = fields["format"]
     if model_format not in SUPPORTED_FORMATS:
         reader.fail(where, f"format must be one of {', '.join(SUPPORTED_FORMATS)}")
     if fields["size_bytes"] <= 0:
         reader.fail(where, "size_bytes must be positive")
+    if fields.get("kv_bytes_per_token", 1) <= 0:
+        reader.fail(where, "kv_bytes_per_token must be positive")
     sha256 = fields.get("sha256")
     if sha256 is not None and not _SHA256_PATTERN.fullmatch(sha256):
         reader.fail(where, "sha256 must be 64 lowercase hex digits")
@@ -366,6 +370,7 @@ def _model_entry(reader: _TableReader, key: str, table: dict[str, Any]) -> Model
         size_bytes=fields["size_bytes"],
         sha256=sha256,
         sources=sources,
+        kv_bytes_per_token=fields.get("kv_bytes_per_token"),
     )
 
 

@@ -18,10 +18,13 @@ from app.downloads import (
     format_bytes,
     pair_state,
     pair_variant,
-    pull_pair,
 )
 from app.errors import ChecksumMismatchError, DraftpenError
+from app.fit import DEFAULT_CONTEXT, MachineMemory, machine_memory, pair_fit
+from app.pair_download import PullEvent, download_pair
 from app.settings import models_dir
+from backends.errors import BackendError
+from backends.select import choose_runtime
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -71,12 +74,17 @@ def _guarded(handler: Handler) -> Handler:
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
-        except DraftpenError as error:
+        except (DraftpenError, BackendError) as error:
             print(f"draftpen: {error}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
-            # The download cleaned up after itself on the way out.
-            print("\ninterrupted; nothing partial was kept.", file=sys.stderr)
+            # Hub downloads keep their partial blob (never under a final name); the PyPI
+            # mirror's temporary files were removed on the way out.
+            print(
+                "\ninterrupted. Nothing unfinished can be loaded; run the same pull again to "
+                "continue (hub downloads resume where they stopped).",
+                file=sys.stderr,
+            )
             return 130
 
     return run
@@ -87,26 +95,48 @@ def _store() -> ModelStore:
 
 
 def list_pairs(args: argparse.Namespace) -> int:
-    """Print every pair with its models, sizes and download state."""
+    """Print every pair: runtime variants, sizes, fit on this machine, download state."""
     catalog = load_catalog()
     store = _store()
+    machine = machine_memory()
     out = sys.stdout
-    print(f"Model store: {store.root}", file=out)
+    print(f"Model store: {store.root}   Hugging Face cache: {store.hub_cache.root}", file=out)
+    print(
+        f"This machine: {_describe_machine(machine)}; fit at {DEFAULT_CONTEXT} tokens of context",
+        file=out,
+    )
+    this_runtime = choose_runtime(None)
     for pair in catalog.pairs:
         print(file=out)
         print(f"{pair.key:<10} {pair.description}", file=out)
         for variant in pair.variants:
-            _print_variant(catalog, pair, variant, store, out)
+            _print_variant(catalog, pair, variant, store, machine, this_runtime, out)
     return 0
 
 
+def _describe_machine(machine: MachineMemory) -> str:
+    gpu = "no GPU"
+    if machine.gpu_name and machine.vram_bytes:
+        memory = "unified memory" if machine.unified else "VRAM"
+        gpu = f"{machine.gpu_name}, {format_bytes(machine.vram_bytes)} {memory} for the GPU"
+    return f"RAM {format_bytes(machine.ram_bytes)}, {gpu}"
+
+
 def _print_variant(
-    catalog: Catalog, pair: PairEntry, variant: PairVariant, store: ModelStore, out: TextIO
+    catalog: Catalog,
+    pair: PairEntry,
+    variant: PairVariant,
+    store: ModelStore,
+    machine: MachineMemory,
+    this_runtime: str,
+    out: TextIO,
 ) -> None:
     entries = catalog.models_of(variant)
     total = sum(entry.size_bytes for entry in entries)
     state = pair_state(catalog, pair, store, variant.runtime)
-    print(f"  {variant.runtime:<10} {state:<11} {format_bytes(total):>9}", file=out)
+    fit = pair_fit(entries, machine).summary
+    mark = "  (this machine's runtime)" if variant.runtime == this_runtime else ""
+    print(f"  {variant.runtime:<10} {state:<11} {format_bytes(total):>9}  {fit}{mark}", file=out)
     for role, entry in zip(("target", "draft"), entries, strict=False):
         print(
             f"    {role:<8} {entry.name:<40} {format_bytes(entry.size_bytes):>9}  "
@@ -130,12 +160,12 @@ def pull_pair_command(args: argparse.Namespace) -> int:
         f"{format_bytes(total)}) into {store.root}",
         file=sys.stderr,
     )
-    progress = ProgressLines(sys.stderr)
-    try:
-        pull_pair(catalog, pair.key, store, progress=progress, runtime=variant.runtime)
-    finally:
-        progress.finish()
-    print(f"Pair {pair.key!r} is downloaded and verified.", file=sys.stderr)
+    with PullProgressBars(sys.stderr) as bars:
+        download_pair(catalog, pair.key, store, runtime=variant.runtime, on_event=bars)
+    print(
+        f"Pair {pair.key!r} is downloaded and verified. Runtime: {variant.runtime}.",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -239,3 +269,69 @@ class ProgressLines:
             self.stream.write("\n")
             self._line_open = False
         self._current = None
+
+
+class PullProgressBars:
+    """Progress bars for ``draftpen models pull``, drawn by rich: one per model, one overall.
+
+    Bytes, speed and time left come from rich's own columns. On a stream that is not a
+    terminal, nothing is drawn while pulling (logs stay clean).
+    """
+
+    _STAGES: ClassVar[dict[ProgressStage, str]] = {
+        "verify": "checking",
+        "download": "downloading",
+        "assemble": "assembling",
+        "discard": "damaged, fetching again",
+        "convert": "converting to MLX",
+        "done": "ready",
+    }
+
+    def __init__(self, stream: TextIO) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=Console(file=stream),
+            transient=False,
+        )
+        self._tasks: dict[str, int] = {}
+        self._overall: int | None = None
+
+    def __enter__(self) -> PullProgressBars:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def __call__(self, event: PullEvent) -> None:
+        """Move the bars to where ``event`` says the download is."""
+        label = f"{event.role} {event.model_key}: {self._STAGES[event.stage]}"
+        task = self._tasks.get(event.model_key)
+        if task is None:
+            task = self._progress.add_task(label, total=event.model_total or None)
+            self._tasks[event.model_key] = task
+        self._progress.update(
+            task, description=label, completed=event.model_done, total=event.model_total or None
+        )
+        if self._overall is None:
+            self._overall = self._progress.add_task("pair", total=event.overall_total or None)
+        self._progress.update(
+            self._overall,
+            description=f"pair {event.pair} ({event.runtime})",
+            completed=event.overall_done,
+            total=event.overall_total or None,
+        )
