@@ -11,16 +11,20 @@ import sys
 from collections.abc import Callable
 from typing import ClassVar, TextIO
 
-from app.catalog import Catalog, load_catalog
+from app.catalog import Catalog, PairEntry, PairVariant, load_catalog
 from app.downloads import (
     ModelStore,
     ProgressStage,
     format_bytes,
     pair_state,
-    pull_pair,
+    pair_variant,
 )
 from app.errors import ChecksumMismatchError, DraftpenError
+from app.fit import DEFAULT_CONTEXT, MachineMemory, machine_memory, pair_fit
+from app.pair_download import PullEvent, download_pair
 from app.settings import models_dir
+from backends.errors import BackendError
+from backends.select import choose_runtime
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -36,15 +40,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     pull = commands.add_parser("pull", help="download a pair's models and verify them")
     pull.add_argument("name", metavar="NAME", help="pair name, as `draftpen models list` shows")
+    _add_runtime_option(pull)
     pull.set_defaults(func=_guarded(pull_pair_command))
 
     remove = commands.add_parser("rm", help="delete a pair's model files")
     remove.add_argument("name", metavar="NAME", help="pair name")
+    _add_runtime_option(remove)
     remove.set_defaults(func=_guarded(remove_pair))
 
     check = commands.add_parser("check", help="re-verify the sha256 of a pair's files")
     check.add_argument("name", metavar="NAME", help="pair name")
+    _add_runtime_option(check)
     check.set_defaults(func=_guarded(check_pair))
+
+
+def _add_runtime_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--runtime",
+        default=None,
+        help="which variant of the pair: llamacpp or mlx (default: best for this machine)",
+    )
 
 
 def _handle_models_help(parser: argparse.ArgumentParser) -> Handler:
@@ -59,12 +74,17 @@ def _guarded(handler: Handler) -> Handler:
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
-        except DraftpenError as error:
+        except (DraftpenError, BackendError) as error:
             print(f"draftpen: {error}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
-            # The download cleaned up after itself on the way out.
-            print("\ninterrupted; nothing partial was kept.", file=sys.stderr)
+            # Hub downloads keep their partial blob (never under a final name); the PyPI
+            # mirror's temporary files were removed on the way out.
+            print(
+                "\ninterrupted. Nothing unfinished can be loaded; run the same pull again to "
+                "continue (hub downloads resume where they stopped).",
+                file=sys.stderr,
+            )
             return 130
 
     return run
@@ -75,49 +95,77 @@ def _store() -> ModelStore:
 
 
 def list_pairs(args: argparse.Namespace) -> int:
-    """Print every pair with its models, sizes and download state."""
+    """Print every pair: runtime variants, sizes, fit on this machine, download state."""
     catalog = load_catalog()
     store = _store()
+    machine = machine_memory()
     out = sys.stdout
-    print(f"Model store: {store.root}", file=out)
+    print(f"Model store: {store.root}   Hugging Face cache: {store.hub_cache.root}", file=out)
+    print(
+        f"This machine: {_describe_machine(machine)}; fit at {DEFAULT_CONTEXT} tokens of context",
+        file=out,
+    )
+    this_runtime = choose_runtime(None)
     for pair in catalog.pairs:
-        entries = catalog.models_of(pair)
-        total = sum(entry.size_bytes for entry in entries)
         print(file=out)
+        print(f"{pair.key:<10} {pair.description}", file=out)
+        for variant in pair.variants:
+            _print_variant(catalog, pair, variant, store, machine, this_runtime, out)
+    return 0
+
+
+def _describe_machine(machine: MachineMemory) -> str:
+    gpu = "no GPU"
+    if machine.gpu_name and machine.vram_bytes:
+        memory = "unified memory" if machine.unified else "VRAM"
+        gpu = f"{machine.gpu_name}, {format_bytes(machine.vram_bytes)} {memory} for the GPU"
+    return f"RAM {format_bytes(machine.ram_bytes)}, {gpu}"
+
+
+def _print_variant(
+    catalog: Catalog,
+    pair: PairEntry,
+    variant: PairVariant,
+    store: ModelStore,
+    machine: MachineMemory,
+    this_runtime: str,
+    out: TextIO,
+) -> None:
+    entries = catalog.models_of(variant)
+    total = sum(entry.size_bytes for entry in entries)
+    state = pair_state(catalog, pair, store, variant.runtime)
+    fit = pair_fit(entries, machine).summary
+    mark = "  (this machine's runtime)" if variant.runtime == this_runtime else ""
+    print(f"  {variant.runtime:<10} {state:<11} {format_bytes(total):>9}  {fit}{mark}", file=out)
+    for role, entry in zip(("target", "draft"), entries, strict=False):
         print(
-            f"{pair.key:<10} {pair_state(catalog, pair, store):<11} {format_bytes(total):>9}  "
-            f"{pair.description}",
+            f"    {role:<8} {entry.name:<40} {format_bytes(entry.size_bytes):>9}  "
+            f"{store.state(entry)}",
             file=out,
         )
-        for role, entry in zip(("target", "draft"), entries, strict=False):
-            print(
-                f"  {role:<8} {entry.name:<40} {format_bytes(entry.size_bytes):>9}  "
-                f"{store.state(entry)}",
-                file=out,
-            )
-        if pair.draft is None:
-            print(f"  {'draft':<8} none: n-gram drafting only", file=out)
-    return 0
+    if variant.draft is None:
+        print(f"    {'draft':<8} none: n-gram drafting only", file=out)
 
 
 def pull_pair_command(args: argparse.Namespace) -> int:
     """Download a pair's models (skipping verified ones) and verify them."""
     catalog = load_catalog()
     pair = catalog.pair(args.name)
+    variant = pair_variant(pair, args.runtime)
     store = _store()
-    entries = catalog.models_of(pair)
+    entries = catalog.models_of(variant)
     total = sum(entry.size_bytes for entry in entries)
     print(
-        f"Pulling pair {pair.key!r} ({len(entries)} model(s), {format_bytes(total)}) "
-        f"into {store.root}",
+        f"Pulling pair {pair.key!r} for {variant.runtime} ({len(entries)} model(s), "
+        f"{format_bytes(total)}) into {store.root}",
         file=sys.stderr,
     )
-    progress = ProgressLines(sys.stderr)
-    try:
-        pull_pair(catalog, pair.key, store, progress=progress)
-    finally:
-        progress.finish()
-    print(f"Pair {pair.key!r} is downloaded and verified.", file=sys.stderr)
+    with PullProgressBars(sys.stderr) as bars:
+        download_pair(catalog, pair.key, store, runtime=variant.runtime, on_event=bars)
+    print(
+        f"Pair {pair.key!r} is downloaded and verified. Runtime: {variant.runtime}.",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -125,17 +173,19 @@ def remove_pair(args: argparse.Namespace) -> int:
     """Delete a pair's model files and say how much space that freed."""
     catalog = load_catalog()
     pair = catalog.pair(args.name)
+    variant = pair_variant(pair, args.runtime)
     store = _store()
-    freed = sum(store.remove(entry) for entry in catalog.models_of(pair))
-    print(f"Removed pair {pair.key!r}: freed {format_bytes(freed)}.")
-    _mention_shared_models(catalog, pair.key, sys.stdout)
+    freed = sum(store.remove(entry) for entry in catalog.models_of(variant))
+    print(f"Removed pair {pair.key!r} ({variant.runtime}): freed {format_bytes(freed)}.")
+    _mention_shared_models(catalog, pair.key, variant, sys.stdout)
     return 0
 
 
-def _mention_shared_models(catalog: Catalog, pair_name: str, out: TextIO) -> None:
+def _mention_shared_models(
+    catalog: Catalog, pair_name: str, variant: PairVariant, out: TextIO
+) -> None:
     # Pairs can share a model file; removing one pair then affects the other.
-    pair = catalog.pair(pair_name)
-    for key in pair.model_keys:
+    for key in variant.model_keys:
         for other in catalog.pairs_using(key):
             if other.key != pair_name:
                 print(
@@ -149,10 +199,11 @@ def check_pair(args: argparse.Namespace) -> int:
     """Hash a pair's downloaded files again; exit 1 if any is missing or damaged."""
     catalog = load_catalog()
     pair = catalog.pair(args.name)
+    variant = pair_variant(pair, args.runtime)
     store = _store()
     healthy = True
     progress = ProgressLines(sys.stderr)
-    for entry in catalog.models_of(pair):
+    for entry in catalog.models_of(variant):
         try:
             path = store.verify(entry, progress=progress)
         except ChecksumMismatchError as error:
@@ -165,7 +216,8 @@ def check_pair(args: argparse.Namespace) -> int:
             print(f"missing  {entry.key}: run: draftpen models pull {pair.key}")
             healthy = False
         else:
-            print(f"ok       {entry.key}  sha256 {entry.sha256}")
+            checksum = f"sha256 {entry.sha256}" if entry.sha256 else "files complete"
+            print(f"ok       {entry.key}  {checksum}")
     return 0 if healthy else 1
 
 
@@ -177,6 +229,7 @@ class ProgressLines:
         "download": "downloading",
         "assemble": "assembling and hashing",
         "discard": "the stored file failed its checksum and was deleted; downloading again",
+        "convert": "converting from GGUF to MLX",
         "done": "ready",
     }
     # pip draws its own progress while downloading, so only these stages get percentages.
@@ -216,3 +269,69 @@ class ProgressLines:
             self.stream.write("\n")
             self._line_open = False
         self._current = None
+
+
+class PullProgressBars:
+    """Progress bars for ``draftpen models pull``, drawn by rich: one per model, one overall.
+
+    Bytes, speed and time left come from rich's own columns. On a stream that is not a
+    terminal, nothing is drawn while pulling (logs stay clean).
+    """
+
+    _STAGES: ClassVar[dict[ProgressStage, str]] = {
+        "verify": "checking",
+        "download": "downloading",
+        "assemble": "assembling",
+        "discard": "damaged, fetching again",
+        "convert": "converting to MLX",
+        "done": "ready",
+    }
+
+    def __init__(self, stream: TextIO) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=Console(file=stream),
+            transient=False,
+        )
+        self._tasks: dict[str, int] = {}
+        self._overall: int | None = None
+
+    def __enter__(self) -> PullProgressBars:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def __call__(self, event: PullEvent) -> None:
+        """Move the bars to where ``event`` says the download is."""
+        label = f"{event.role} {event.model_key}: {self._STAGES[event.stage]}"
+        task = self._tasks.get(event.model_key)
+        if task is None:
+            task = self._progress.add_task(label, total=event.model_total or None)
+            self._tasks[event.model_key] = task
+        self._progress.update(
+            task, description=label, completed=event.model_done, total=event.model_total or None
+        )
+        if self._overall is None:
+            self._overall = self._progress.add_task("pair", total=event.overall_total or None)
+        self._progress.update(
+            self._overall,
+            description=f"pair {event.pair} ({event.runtime})",
+            completed=event.overall_done,
+            total=event.overall_total or None,
+        )

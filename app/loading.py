@@ -31,8 +31,8 @@ def load_engine(
     measured in about a second), which the "auto" drafter needs.
     """
     catalog = load_catalog()
-    resolved = resolve_pair(catalog, pair_name, ModelStore(models_dir()))
     chosen_runtime = choose_runtime(runtime)
+    resolved = resolve_pair(catalog, pair_name, ModelStore(models_dir()), chosen_runtime)
     report = on_progress or (lambda message: None)
     report(f"loading target {resolved.target_path.name}")
     target = load_model(resolved.target_path, runtime=chosen_runtime, n_ctx=n_ctx)

@@ -346,6 +346,57 @@ class LlamaCppModel:
             self.close()
 
 
+class LlamaCppVocabulary:
+    """A GGUF file's tokenizer alone: llama.cpp's vocab-only load, no weights, no context.
+
+    Enough for the pair check right after a download, in a fraction of a second even for
+    a large model.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        check_gguf_file(self.path)
+        _ensure_backend()
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        _recent_errors.clear()
+        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+        if not self._model:
+            raise ModelLoadError(
+                f"llama.cpp could not read the tokenizer of {self.path} ({_last_llama_error()}). "
+                "The file may be truncated or corrupt: delete it and download it again."
+            )
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's stored text for a token."""
+        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def vocab_info(self) -> VocabInfo:
+        """Tokenizer facts for the pair check."""
+        vocab = self._vocab
+        return VocabInfo(
+            vocab_type=VOCAB_TYPES.get(int(llama_cpp.llama_vocab_type(vocab)), "unknown"),
+            n_vocab=self.n_vocab,
+            bos_id=int(llama_cpp.llama_vocab_bos(vocab)),
+            eos_id=int(llama_cpp.llama_vocab_eos(vocab)),
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
+        )
+
+    def close(self) -> None:
+        """Free the vocabulary."""
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
 class LlamaCppReference:
     """llama-cpp-python's own high-level decoding, as an outside yardstick for bench.
 

@@ -10,12 +10,25 @@ rule and name the first thing that differs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from backends.base import Model
+from backends.base import VocabInfo
 from backends.errors import IncompatiblePairError
 
 MAX_VOCAB_SIZE_DIFFERENCE = 128
 FIRST_CHECKED_TOKEN = 5
+
+
+class Vocabulary(Protocol):
+    """What the check reads: a loaded Model, or a tokenizer loaded on its own."""
+
+    def vocab_info(self) -> VocabInfo:
+        """Vocabulary type, size, BOS/EOS ids and their add-flags."""
+        ...
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's stored text for a token."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -35,7 +48,7 @@ class PairCheck:
             )
 
 
-def check_pair(target: Model, draft: Model) -> PairCheck:
+def check_pair(target: Vocabulary, draft: Vocabulary) -> PairCheck:
     """Compare the two tokenizers by llama.cpp's rule."""
     t, d = target.vocab_info(), draft.vocab_info()
     if t.vocab_type != d.vocab_type:

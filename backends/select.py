@@ -11,6 +11,7 @@ from pathlib import Path
 
 from backends.base import Model
 from backends.errors import RuntimeUnavailableError
+from backends.pair_check import Vocabulary
 
 RUNTIMES = ("llamacpp",)
 
@@ -24,6 +25,18 @@ def choose_runtime(requested: str | None = None) -> str:
             f"Unknown runtime {requested!r}; choose one of: {', '.join(RUNTIMES)}."
         )
     return requested
+
+
+def load_vocabulary(path: Path, *, runtime: str) -> Vocabulary | None:
+    """A model's tokenizer alone, for the pair check; ``None`` where the runtime has no such load.
+
+    The caller closes it (``close()``) when done.
+    """
+    if runtime == "llamacpp":
+        from backends.llamacpp import LlamaCppVocabulary
+
+        return LlamaCppVocabulary(path)
+    return None
 
 
 def load_model(path: Path, *, runtime: str, n_ctx: int, name: str | None = None) -> Model:
