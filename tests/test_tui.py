@@ -13,7 +13,7 @@ from app.errors import ModelNotDownloadedError
 from app.history import STOPPED, History, history_path
 from app.settings import Settings, settings_path
 from app.tui.screens.help import HelpScreen
-from app.tui.screens.pairs import PairPickerScreen
+from app.tui.screens.models import ModelsScreen
 from app.tui.screens.settings import SettingsScreen
 from app.tui.widgets.chat_list import ChatList, ChatListItem
 from app.tui.widgets.message_view import DRAFT_STYLE, MessageView
@@ -308,7 +308,7 @@ def test_settings_screen_validates_and_saves_to_the_config_file() -> None:
     run(body)
 
 
-def test_a_missing_pair_names_the_command_that_downloads_it() -> None:
+def test_a_missing_pair_opens_the_models_screen_on_that_pair() -> None:
     def engines(name: str):  # type: ignore[no-untyped-def]
         raise ModelNotDownloadedError(name)
 
@@ -318,8 +318,13 @@ def test_a_missing_pair_names_the_command_that_downloads_it() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
             for _ in range(100):
                 await pilot.pause()
-                if "Cannot load" in stats_text(app):
+                if isinstance(app.screen, ModelsScreen):
                     break
+            assert isinstance(app.screen, ModelsScreen)
+            await pilot.pause()
+            table = app.screen.query_one("#pairs")
+            assert app.screen.rows[table.cursor_row].name == "missing"
+            await pilot.press("escape")
             assert "draftpen models pull missing" in stats_text(app)
             await send(pilot, "hello?")
             await pilot.pause()
@@ -337,7 +342,7 @@ def test_pair_picker_loads_the_chosen_pair() -> None:
             await wait_until_ready(app, pilot)
             await pilot.press("ctrl+o")
             await pilot.pause()
-            assert isinstance(app.screen, PairPickerScreen)
+            assert isinstance(app.screen, ModelsScreen)
             await pilot.press("down", "enter")
             await wait_until_ready(app, pilot)
             for _ in range(100):

@@ -9,7 +9,7 @@ from typing import Any
 from app.history import History
 from app.settings import Settings
 from app.tui.app import DraftpenApp
-from app.tui.screens.pairs import PairChoice
+from app.tui.models_service import PairRow
 from backends.engine import Engine, GenerationRequest
 from backends.speculative import GenerationEvent
 from tests.byte_model import ScriptedByteModel
@@ -36,11 +36,23 @@ def scripted_engine(replies: Sequence[str], **model_options: Any) -> RecordingEn
     return RecordingEngine(ScriptedByteModel(replies, **model_options))
 
 
-FAKE_PAIRS = [
-    PairChoice("fake", "A scripted model for tests", "downloaded"),
-    PairChoice("other", "Another scripted model", "downloaded"),
-    PairChoice("missing", "Not downloaded", "absent"),
-]
+class FakeModelsService:
+    """Pairs served by scripted engines: two downloaded, one not (no downloads here)."""
+
+    runtime = "llamacpp"
+
+    def __init__(self) -> None:
+        self.store = type("Store", (), {"root": "(test store)"})()
+
+    def rows(self) -> list[PairRow]:
+        """Three pairs: ``fake`` and ``other`` downloaded, ``missing`` absent."""
+        return [
+            PairRow(
+                "fake", "A scripted model", "llamacpp", 1000, None, "fits RAM", True, "downloaded"
+            ),
+            PairRow("other", "Another one", "llamacpp", 1000, 500, "fits RAM", True, "downloaded"),
+            PairRow("missing", "Not here", "llamacpp", 1000, 500, "fits RAM", True, "absent"),
+        ]
 
 
 def make_app(
@@ -49,6 +61,7 @@ def make_app(
     settings: Settings | None = None,
     pair_name: str = "fake",
     history: History | None = None,
+    models_service: Callable[[], Any] | None = None,
 ) -> DraftpenApp:
     """The real app with engines served from ``engines`` instead of the model store."""
 
@@ -58,7 +71,7 @@ def make_app(
 
     return DraftpenApp(
         engine_loader=load,
-        pair_lister=lambda: list(FAKE_PAIRS),
+        models_service=models_service or FakeModelsService,
         history=history,
         settings=settings or Settings(default_pair=pair_name, drafter="ngram", temperature=0.0),
         pair_name=pair_name,

@@ -15,12 +15,13 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 
-from app.errors import DraftpenError
+from app.errors import DraftpenError, ModelNotDownloadedError
 from app.history import History
 from app.settings import Settings, load_settings, save_settings
+from app.tui.models_service import ModelsService
 from app.tui.screens.chat import ChatScreen
 from app.tui.screens.help import HelpScreen
-from app.tui.screens.pairs import PairChoice, PairPickerScreen
+from app.tui.screens.models import ModelsScreen
 from app.tui.screens.settings import SettingsScreen
 from app.tui.widgets.chat_list import ChatList
 from app.tui.widgets.message_view import MessageView
@@ -31,7 +32,7 @@ from backends.errors import BackendError
 
 # (pair name, settings, progress callback) -> a loaded engine; raises with a user message.
 EngineLoader = Callable[[str, Settings, Callable[[str], None]], Engine]
-PairLister = Callable[[], list[PairChoice]]
+ModelsServiceFactory = Callable[[], ModelsService]
 
 
 class DraftpenApp(App[None]):
@@ -43,7 +44,7 @@ class DraftpenApp(App[None]):
         Binding("ctrl+q", "quit", "Quit", priority=True),
         Binding("f1", "help", "Help"),
         Binding("ctrl+s", "settings", "Settings"),
-        Binding("ctrl+o", "pick_pair", "Model pair"),
+        Binding("ctrl+o", "models", "Models"),
         Binding("ctrl+t", "toggle_provenance", "Draft colours"),
     ]
 
@@ -51,7 +52,7 @@ class DraftpenApp(App[None]):
         self,
         *,
         engine_loader: EngineLoader,
-        pair_lister: PairLister,
+        models_service: ModelsServiceFactory = ModelsService,
         history: History | None = None,
         settings: Settings | None = None,
         pair_name: str | None = None,
@@ -63,7 +64,7 @@ class DraftpenApp(App[None]):
         self.engine: Engine | None = None
         self.engine_status = f"Loading {self.pair_name}…"
         self._engine_loader = engine_loader
-        self._pair_lister = pair_lister
+        self._models_service = models_service
         # The main screen; it starts the first load once it is on screen.
         self.chat_screen = ChatScreen()
 
@@ -89,6 +90,9 @@ class DraftpenApp(App[None]):
 
         try:
             engine = self._engine_loader(pair_name, settings, progress)
+        except ModelNotDownloadedError as error:
+            self.call_from_thread(self._engine_failed, str(error), missing=True)
+            return
         except (DraftpenError, BackendError) as error:
             self.call_from_thread(self._engine_failed, str(error))
             return
@@ -110,8 +114,11 @@ class DraftpenApp(App[None]):
         draft = engine.draft.name if engine.draft is not None else "n-gram drafts only"
         self._set_engine_status(f"Ready: {pair_name} ({engine.target.name} + {draft})")
 
-    def _engine_failed(self, message: str) -> None:
+    def _engine_failed(self, message: str, *, missing: bool = False) -> None:
         self._set_engine_status(f"Cannot load {self.pair_name}: {message}")
+        if missing:  # send the person where they can download it
+            self.action_models()
+            return
         self.notify(message, title=f"Cannot load {self.pair_name}", severity="error", timeout=15)
 
     # -- actions -----------------------------------------------------------------------
@@ -125,6 +132,7 @@ class DraftpenApp(App[None]):
             ("Chat list (Ctrl+L)", list(ChatList.BINDINGS)),
             ("A message (Tab to it)", list(MessageView.BINDINGS)),
             ("Settings", list(SettingsScreen.BINDINGS)),
+            ("Models (Ctrl+O)", list(ModelsScreen.BINDINGS)),
         ]
         self.push_screen(HelpScreen(sections))
 
@@ -144,8 +152,8 @@ class DraftpenApp(App[None]):
 
         self.push_screen(SettingsScreen(self.settings), saved)
 
-    def action_pick_pair(self) -> None:
-        """Choose which model pair to chat with."""
+    def action_models(self) -> None:
+        """The models screen: choose, download or delete pairs."""
 
         def picked(pair_name: str | None) -> None:
             if pair_name and self.chat_screen.reply is not None:
@@ -154,7 +162,14 @@ class DraftpenApp(App[None]):
             elif pair_name and (pair_name != self.pair_name or self.engine is None):
                 self.load_pair(pair_name)
 
-        self.push_screen(PairPickerScreen(self._pair_lister(), self.pair_name), picked)
+        try:
+            service = self._models_service()
+        except DraftpenError as error:
+            self.notify(str(error), title="Cannot read the catalog", severity="error")
+            return
+        screen = ModelsScreen(service, self.pair_name)
+        self.push_screen(screen, picked)
+        screen.call_after_refresh(screen.select_pair, self.pair_name)
 
     def action_toggle_provenance(self) -> None:
         """Switch between draft-tinted text and rendered Markdown."""
@@ -175,7 +190,7 @@ class DraftpenApp(App[None]):
             "Copy last code block", "Copy the last reply's last code block", chat.action_copy_code
         )
         yield SystemCommand("Settings", "Sampling, drafting, system prompt", self.action_settings)
-        yield SystemCommand("Model pair", "Choose the target+draft pair", self.action_pick_pair)
+        yield SystemCommand("Models", "Choose, download or delete pairs", self.action_models)
         yield SystemCommand(
             "Toggle draft colours",
             "Tint tokens accepted from the draft",

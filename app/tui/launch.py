@@ -5,24 +5,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from app.catalog import load_catalog
-from app.downloads import ModelStore, pair_state
 from app.history import History
 from app.loading import load_engine
-from app.settings import Settings, models_dir
+from app.settings import Settings
 from app.tui.app import DraftpenApp
-from app.tui.screens.pairs import PairChoice
 from backends.engine import Engine
-
-
-def catalog_pair_choices() -> list[PairChoice]:
-    """Every pair in the catalog with its download state."""
-    catalog = load_catalog()
-    store = ModelStore(models_dir())
-    pairs = [catalog.pair(name) for name in catalog.pair_names()]
-    return [
-        PairChoice(pair.key, pair.description, pair_state(catalog, pair, store)) for pair in pairs
-    ]
 
 
 def engine_loader_for(runtime: str | None) -> Callable[..., Engine]:
@@ -47,7 +34,6 @@ def run_tui(args: argparse.Namespace, settings: Settings) -> int:
     """
     app = DraftpenApp(
         engine_loader=engine_loader_for(args.runtime),
-        pair_lister=catalog_pair_choices,
         history=History(),
         settings=settings,
         pair_name=args.pair,

@@ -1,0 +1,120 @@
+"""What the models screen needs from the catalog, the store and the downloader.
+
+One small object, so the screen holds no download logic and tests can hand the real one
+a catalog and a store of their own (pointed at a local hub).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from app.catalog import Catalog, PairVariant, load_catalog
+from app.downloads import ModelStore, format_bytes, pair_state
+from app.fit import MachineMemory, machine_memory, pair_fit
+from app.pair_download import PullEventCallback, download_pair
+from app.settings import models_dir
+from backends.select import choose_runtime
+
+
+@dataclass(frozen=True)
+class PairRow:
+    """One pair as the models screen lists it, for this machine's runtime."""
+
+    name: str
+    description: str
+    runtime: str
+    target_bytes: int
+    draft_bytes: int | None
+    fit: str
+    fits: bool
+    state: str  # downloaded, partial, absent, or "no <runtime> models"
+
+    @property
+    def available(self) -> bool:
+        """Whether the pair has models for this runtime at all."""
+        return self.state in ("downloaded", "partial", "absent")
+
+    @property
+    def sizes(self) -> str:
+        """Target and draft sizes, e.g. ``1.1 GB + 491 MB``."""
+        if self.draft_bytes is None:
+            return f"{format_bytes(self.target_bytes)} (no draft)"
+        return f"{format_bytes(self.target_bytes)} + {format_bytes(self.draft_bytes)}"
+
+
+class ModelsService:
+    """Lists, downloads and removes pairs for one runtime (default: this machine's)."""
+
+    def __init__(
+        self,
+        catalog: Catalog | None = None,
+        store: ModelStore | None = None,
+        runtime: str | None = None,
+        machine: MachineMemory | None = None,
+        *,
+        check_tokenizers: bool = True,
+    ) -> None:
+        self.catalog = catalog if catalog is not None else load_catalog()
+        self.store = store if store is not None else ModelStore(models_dir())
+        self.runtime = runtime if runtime is not None else choose_runtime(None)
+        self.machine = machine if machine is not None else machine_memory()
+        self.check_tokenizers = check_tokenizers
+
+    def rows(self) -> list[PairRow]:
+        """Every pair in the catalog with sizes, fit verdict and download state."""
+        rows = []
+        for pair in self.catalog.pairs:
+            if not pair.has_variant(self.runtime):
+                rows.append(
+                    PairRow(
+                        pair.key,
+                        pair.description,
+                        self.runtime,
+                        0,
+                        None,
+                        "",
+                        False,
+                        f"no {self.runtime} models",
+                    )
+                )
+                continue
+            variant = pair.variant(self.runtime)
+            entries = self.catalog.models_of(variant)
+            verdict = pair_fit(entries, self.machine)
+            rows.append(
+                PairRow(
+                    name=pair.key,
+                    description=pair.description,
+                    runtime=self.runtime,
+                    target_bytes=entries[0].size_bytes,
+                    draft_bytes=entries[1].size_bytes if len(entries) > 1 else None,
+                    fit=verdict.summary,
+                    fits=verdict.fits,
+                    state=pair_state(self.catalog, pair, self.store, self.runtime),
+                )
+            )
+        return rows
+
+    def variant(self, pair_name: str) -> PairVariant:
+        """The pair's models for this runtime."""
+        return self.catalog.pair(pair_name).variant(self.runtime)
+
+    def download(
+        self, pair_name: str, on_event: PullEventCallback, cancel: threading.Event
+    ) -> None:
+        """Download and check a pair (blocking: run it in a worker thread)."""
+        download_pair(
+            self.catalog,
+            pair_name,
+            self.store,
+            runtime=self.runtime,
+            on_event=on_event,
+            cancel=cancel,
+            check_tokenizers=self.check_tokenizers,
+        )
+
+    def remove(self, pair_name: str) -> int:
+        """Delete the pair's files (partial downloads too); returns the bytes freed."""
+        entries = self.catalog.models_of(self.variant(pair_name))
+        return sum(self.store.remove(entry) for entry in entries)

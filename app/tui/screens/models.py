@@ -1,0 +1,268 @@
+"""The models screen: every pair with sizes, fit and state; download, cancel, delete, use.
+
+Downloads run in a thread worker; its progress events come back as messages and move
+one bar per model and one for the whole pair (bytes, speed, time left). Cancelling keeps
+what was fetched, and the next download of the pair resumes from there.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Label, ProgressBar
+
+from app.downloads import format_bytes
+from app.errors import DownloadCancelledError, DraftpenError
+from app.pair_download import PullEvent
+from app.tui.models_service import ModelsService, PairRow
+from app.tui.screens.dialogs import ConfirmDialog
+from backends.errors import BackendError
+
+COLUMNS = ("Pair", "Good for", "Target + draft", "Fits this machine", "State")
+
+
+def describe_progress(done: int, total: int, speed: float | None, eta: float | None) -> str:
+    """``412 MB of 1.1 GB · 23.4 MB/s · 0:31 left``, leaving out what is not known yet."""
+    parts = [f"{format_bytes(done)} of {format_bytes(total)}"]
+    if speed:
+        parts.append(f"{format_bytes(int(speed))}/s")
+    if eta is not None and speed:
+        minutes, seconds = divmod(int(eta + 0.5), 60)
+        parts.append(f"{minutes}:{seconds:02d} left")
+    return " · ".join(parts)
+
+
+class ModelsScreen(Screen[str | None]):
+    """Pick, download or delete pairs; dismisses with a pair name to load, or None."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "use_or_download", "Use / download", priority=True),
+        Binding("d", "download", "Download"),
+        Binding("delete,x", "delete", "Delete files"),
+        Binding("escape", "cancel_or_close", "Cancel download / back"),
+    ]
+
+    @dataclass
+    class Progress(Message):
+        """A download made progress."""
+
+        event: PullEvent
+
+    @dataclass
+    class Finished(Message):
+        """A download ended: ``error`` is None on success, else the message to show."""
+
+        pair: str
+        error: str | None
+        cancelled: bool = False
+
+    def __init__(self, service: ModelsService, current_pair: str | None) -> None:
+        super().__init__()
+        self.service = service
+        self.current_pair = current_pair
+        self.rows: list[PairRow] = []
+        self.downloading: str | None = None
+        self.cancel = threading.Event()
+        self.last_outcome = ""
+        self._bar_for: dict[str, str] = {}
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Label("", id="machine-runtime")
+        yield DataTable(id="pairs", cursor_type="row", zebra_stripes=True)
+        with Vertical(id="download"):
+            yield Label("", id="download-title")
+            yield Label("", id="target-label")
+            yield ProgressBar(id="target-bar", show_eta=False)
+            yield Label("", id="draft-label")
+            yield ProgressBar(id="draft-bar", show_eta=False)
+            yield Label("", id="overall-label")
+            yield ProgressBar(id="overall-bar", show_eta=False)
+        yield Label("", id="models-outcome")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = "draftpen: models"
+        self.query_one("#machine-runtime", Label).update(
+            f"Runtime on this machine: {self.service.runtime}. Models go to "
+            f"{self.service.store.root} (Hugging Face downloads: the HF cache)."
+        )
+        self.query_one("#pairs", DataTable).add_columns(*COLUMNS)
+        self.query_one("#download").display = False
+        self.refresh_rows()
+
+    def on_unmount(self) -> None:
+        # Quitting mid-download: stop the worker thread (the partial file is kept).
+        self.cancel.set()
+
+    def select_pair(self, pair_name: str) -> None:
+        """Move the cursor to ``pair_name``'s row."""
+        names = [row.name for row in self.rows]
+        if pair_name in names:
+            self.query_one("#pairs", DataTable).move_cursor(row=names.index(pair_name))
+
+    def refresh_rows(self) -> None:
+        """Read every pair's state again."""
+        table = self.query_one("#pairs", DataTable)
+        cursor = table.cursor_row
+        table.clear()
+        self.rows = self.service.rows()
+        for row in self.rows:
+            marker = "● " if row.name == self.current_pair else "  "
+            sizes = row.sizes if row.available else ""
+            table.add_row(
+                marker + row.name, row.description, sizes, row.fit, row.state, key=row.name
+            )
+        if self.rows:
+            table.move_cursor(row=min(cursor, len(self.rows) - 1))
+
+    def _selected(self) -> PairRow | None:
+        table = self.query_one("#pairs", DataTable)
+        if not self.rows or table.cursor_row < 0:
+            return None
+        return self.rows[table.cursor_row]
+
+    def _say(self, text: str) -> None:
+        self.last_outcome = text
+        self.query_one("#models-outcome", Label).update(text)
+
+    # -- actions ------------------------------------------------------------------------
+
+    def action_use_or_download(self) -> None:
+        """Load a downloaded pair in the chat, or download one that is not."""
+        row = self._selected()
+        if row is None:
+            return
+        if row.state == "downloaded":
+            self.dismiss(row.name)
+        else:
+            self.action_download()
+
+    def action_download(self) -> None:
+        """Download the selected pair (both files, as one unit)."""
+        row = self._selected()
+        if row is None:
+            return
+        if self.downloading is not None:
+            self._say(f"Already downloading {self.downloading}; Esc cancels it.")
+            return
+        if not row.available:
+            self._say(f"{row.name} has no models for {row.runtime}.")
+            return
+        if row.state == "downloaded":
+            self._say(f"{row.name} is already downloaded; Enter uses it.")
+            return
+        self.downloading = row.name
+        self.cancel = threading.Event()
+        self._show_bars(row)
+        self._say(f"Downloading {row.name}… (Esc cancels; a later download resumes)")
+        self._download(row.name, self.cancel)
+
+    def action_cancel_or_close(self) -> None:
+        """Cancel the running download, or go back to the chat."""
+        if self.downloading is not None:
+            self.cancel.set()
+            self._say(f"Cancelling {self.downloading}…")
+        else:
+            self.dismiss(None)
+
+    def action_delete(self) -> None:
+        """Delete the selected pair's files, after confirmation, and say what was freed."""
+        row = self._selected()
+        if row is None or not row.available or row.state == "absent":
+            return
+        if row.name == self.downloading:
+            self._say("Cancel the download (Esc) before deleting it.")
+            return
+        if row.name == self.current_pair:
+            self._say(f"{row.name} is loaded in the chat; pick another pair first.")
+            return
+
+        def delete(confirmed: bool | None) -> None:
+            if not confirmed:
+                return
+            try:
+                freed = self.service.remove(row.name)
+            except (OSError, DraftpenError) as error:
+                self._say(f"Could not delete {row.name}: {error}")
+                return
+            self._say(f"Deleted {row.name}: freed {format_bytes(freed)}.")
+            self.refresh_rows()
+
+        self.app.push_screen(
+            ConfirmDialog(f"Delete the files of {row.name} ({row.sizes})?"), delete
+        )
+
+    # -- the download worker -----------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="download", exit_on_error=False)
+    def _download(self, pair_name: str, cancel: threading.Event) -> None:
+        """Run the download (in a thread) and report how it ended."""
+        try:
+            self.service.download(
+                pair_name, lambda event: self.post_message(self.Progress(event)), cancel
+            )
+        except DownloadCancelledError as error:
+            self.post_message(self.Finished(pair_name, str(error), cancelled=True))
+        except (DraftpenError, BackendError, OSError) as error:
+            self.post_message(self.Finished(pair_name, str(error)))
+        else:
+            self.post_message(self.Finished(pair_name, None))
+
+    def _show_bars(self, row: PairRow) -> None:
+        self.query_one("#download").display = True
+        self.query_one("#download-title", Label).update(f"{row.name} ({row.runtime})")
+        variant = self.service.variant(row.name)
+        self._bar_for = {variant.target: "target"}
+        if variant.draft is not None:
+            self._bar_for[variant.draft] = "draft"
+        for role in ("target", "draft"):
+            shown = role in self._bar_for.values()
+            self.query_one(f"#{role}-label").display = shown
+            self.query_one(f"#{role}-bar").display = shown
+            self.query_one(f"#{role}-bar", ProgressBar).update(total=None, progress=0)
+            self.query_one(f"#{role}-label", Label).update(f"{role}: waiting")
+        self.query_one("#overall-bar", ProgressBar).update(total=None, progress=0)
+        self.query_one("#overall-label", Label).update("pair: starting")
+
+    @on(Progress)
+    def _progress(self, message: Progress) -> None:
+        event = message.event
+        role = self._bar_for.get(event.model_key, event.role)
+        if event.model_total > 0:
+            self.query_one(f"#{role}-bar", ProgressBar).update(
+                total=event.model_total, progress=event.model_done
+            )
+        self.query_one(f"#{role}-label", Label).update(
+            f"{role}: {event.model_key} · {event.stage} · "
+            + describe_progress(event.model_done, event.model_total, None, None)
+        )
+        if event.overall_total > 0:
+            self.query_one("#overall-bar", ProgressBar).update(
+                total=event.overall_total, progress=event.overall_done
+            )
+        self.query_one("#overall-label", Label).update(
+            "pair: "
+            + describe_progress(
+                event.overall_done, event.overall_total, event.bytes_per_second, event.eta_seconds
+            )
+        )
+
+    @on(Finished)
+    def _finished(self, message: Finished) -> None:
+        self.downloading = None
+        if message.error is None:
+            self._say(f"{message.pair} is downloaded and checked. Enter uses it in the chat.")
+        elif message.cancelled:
+            self._say(message.error)
+        else:
+            self._say(f"Download of {message.pair} failed: {message.error}")
+        self.refresh_rows()
