@@ -26,6 +26,7 @@ from tests.test_hub_downloads import (
     TARGET_SIZE,
     catalog_text,
 )
+from tests.test_tui import ARTIFACTS
 from tests.tui_helpers import make_app, run, scripted_engine
 
 GIB = 2**30
@@ -134,6 +135,8 @@ def test_download_cancel_resume_and_delete_from_the_models_screen(
             assert await _wait_event(service.gate_reached, pilot)
             await pilot.pause()
             assert screen.query_one("#overall-bar").percentage > 0  # type: ignore[attr-defined]
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            app.save_screenshot(str(ARTIFACTS / "models-downloading.svg"))
             await pilot.press("escape")  # cancel, from the keyboard
             await wait_for_download(screen, pilot)
             assert "cancelled" in screen.last_outcome
