@@ -17,7 +17,6 @@ from app.settings import Settings
 from backends.base import ChatMessage
 from backends.engine import Engine, GenerationRequest
 from backends.errors import BackendError
-from backends.sampling import SamplingParams
 from backends.speculative import SpeculativeStats
 
 HELP = "Type a message and press Enter. /new starts over, /exit (or Ctrl+D) leaves."
@@ -29,16 +28,7 @@ def run_plain_chat(args: argparse.Namespace, settings: Settings) -> int:
     from app.loading import load_engine
 
     pair = args.pair or settings.default_pair
-    try:
-        params = SamplingParams(
-            temperature=settings.temperature,
-            top_k=settings.top_k,
-            top_p=settings.top_p,
-            min_p=settings.min_p,
-            seed=args.seed,
-        )
-    except ValueError as error:
-        raise DraftpenError(f"invalid sampling option: {error}") from error
+    params = settings.sampling_params(seed=args.seed)
     print(f"draftpen: loading {pair} ...", file=sys.stderr)
     engine = load_engine(
         pair,

@@ -28,6 +28,7 @@ import platformdirs
 import tomli_w
 
 from app.errors import SettingsError
+from backends.sampling import SamplingParams
 
 APP_NAME = "draftpen"
 HOME_ENV = "DRAFTPEN_HOME"
@@ -119,6 +120,16 @@ class Settings:
         problem = _range_problem(self)
         if problem:
             raise SettingsError(problem)
+
+    def sampling_params(self, seed: int | None = None) -> SamplingParams:
+        """The sampling these settings ask for (their ranges are already checked)."""
+        return SamplingParams(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            seed=seed,
+        )
 
 
 def _range_problem(settings: Settings) -> str | None:

@@ -35,7 +35,6 @@ from app.tui.widgets.stats_bar import StatsBar
 from backends.base import ChatMessage
 from backends.engine import Engine, GenerationRequest
 from backends.errors import BackendError
-from backends.sampling import SamplingParams
 from backends.speculative import FINISH_CANCELLED, GenerationEvent
 
 if TYPE_CHECKING:
@@ -249,12 +248,7 @@ class ChatScreen(Screen[None]):
         try:
             request = GenerationRequest(
                 prompt_tokens=tuple(engine.chat_prompt(conversation)),
-                params=SamplingParams(
-                    temperature=settings.temperature,
-                    top_k=settings.top_k,
-                    top_p=settings.top_p,
-                    min_p=settings.min_p,
-                ),
+                params=settings.sampling_params(),
                 max_tokens=settings.max_tokens,
                 drafter=settings.drafter,
                 draft_tokens=settings.draft_tokens,
