@@ -397,3 +397,26 @@ def test_send_while_writing_is_refused_without_losing_the_text(hold: None) -> No
             assert contents == ["first", CODE_REPLY]
 
     run(body)
+
+
+def test_a_chat_longer_than_the_context_leaves_out_its_oldest_turns() -> None:
+    engine = scripted_engine(["A fairly long answer to fill the context up quickly."], n_ctx=200)
+    app = make_app(
+        {"fake": engine}, settings=Settings(drafter="none", temperature=0.0, max_tokens=40)
+    )
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            for turn in range(4):
+                await send(pilot, f"question number {turn}, padded out with some words")
+                await settle(app, pilot)
+            assert [view.state for view in reply_views(app)] == ["complete"] * 4
+            last_prompt = engine.target.token_text  # the fake decodes bytes
+            prompt = "".join(last_prompt(t) for t in engine.requests[-1].prompt_tokens)
+            assert "question number 3" in prompt and "question number 0" not in prompt
+            assert len(engine.requests[-1].prompt_tokens) <= 200 - 40
+            # The history keeps every message.
+            assert len(app.history.messages(app.chat_screen.chat_id)) == 8
+
+    run(body)

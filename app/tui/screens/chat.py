@@ -23,6 +23,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header
 
 from app.chat_export import chat_to_markdown, export_path, last_code_block
+from app.conversation import fit_conversation
 from app.errors import DraftpenError
 from app.history import COMPLETE, FAILED, STOPPED, WRITING, StoredMessage
 from app.settings import Settings, data_dir
@@ -246,8 +247,15 @@ class ChatScreen(Screen[None]):
     ) -> None:
         """Run the shared loop and post every event to the UI (runs in a thread)."""
         try:
+            prompt = fit_conversation(engine, conversation, settings.max_tokens)
+            if prompt.dropped_messages:
+                self.app.call_from_thread(
+                    self.notify,
+                    f"The chat is longer than the context: the oldest {prompt.dropped_messages} "
+                    "messages were left out of this prompt (they stay in the history).",
+                )
             request = GenerationRequest(
-                prompt_tokens=tuple(engine.chat_prompt(conversation)),
+                prompt_tokens=prompt.tokens,
                 params=settings.sampling_params(),
                 max_tokens=settings.max_tokens,
                 drafter=settings.drafter,
