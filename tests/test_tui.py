@@ -420,3 +420,28 @@ def test_a_chat_longer_than_the_context_leaves_out_its_oldest_turns() -> None:
             assert len(app.history.messages(app.chat_screen.chat_id)) == 8
 
     run(body)
+
+
+def test_a_history_that_cannot_be_written_keeps_the_typed_message_and_says_so() -> None:
+    app = make_app({"fake": scripted_engine(["Saved."])})
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            database = app.history._db
+            # Every write now fails inside SQLite, as on a full disk or a read-only file.
+            database.execute("PRAGMA query_only = ON")
+            await send(pilot, "a message worth keeping")
+            await pilot.pause()
+            assert app.chat_screen.query_one("#prompt").text == "a message worth keeping"
+            assert app.chat_screen.reply is None and not list(app.chat_screen.query(MessageView))
+            assert app.history.chats() == []
+            database.execute("PRAGMA query_only = OFF")  # space freed
+            await pilot.press("enter")
+            await settle(app, pilot)
+            assert [view.content for view in app.chat_screen.query(MessageView)] == [
+                "a message worth keeping",
+                "Saved.",
+            ]
+
+    run(body)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -24,7 +26,7 @@ from textual.widgets import Footer, Header
 
 from app.chat_export import chat_to_markdown, export_path, last_code_block
 from app.conversation import fit_conversation
-from app.errors import DraftpenError
+from app.errors import DraftpenError, HistoryError
 from app.history import COMPLETE, FAILED, STOPPED, WRITING, StoredMessage
 from app.settings import Settings, data_dir
 from app.tui.reply import ReplyFigures, RollingRate, merge_segments
@@ -155,7 +157,8 @@ class ChatScreen(Screen[None]):
     def _rename_requested(self, event: ChatList.RenameRequested) -> None:
         def rename(title: str | None) -> None:
             if title:
-                self.draftpen.history.rename_chat(event.chat.id, title)
+                with self._saving():
+                    self.draftpen.history.rename_chat(event.chat.id, title)
                 if event.chat.id == self.chat_id:
                     self.sub_title = title
                 self.refresh_chat_list()
@@ -170,7 +173,11 @@ class ChatScreen(Screen[None]):
             if self.reply is not None and self.reply.chat_id == event.chat.id:
                 self.notify("Stop the reply (Esc) before deleting its chat.", severity="warning")
                 return
-            self.draftpen.history.delete_chat(event.chat.id)
+            try:
+                self.draftpen.history.delete_chat(event.chat.id)
+            except HistoryError as error:
+                self.notify(str(error), title="Not deleted", severity="error", timeout=15)
+                return
             self.notify(f"Deleted chat {event.chat.title!r}.")
             if event.chat.id == self.chat_id:
                 await self.open_chat(None)
@@ -211,12 +218,18 @@ class ChatScreen(Screen[None]):
             self.notify(self.draftpen.engine_status, severity="warning")
             return
         history = self.draftpen.history
-        if self.chat_id is None:
-            chat = history.create_chat(_title_from(event.text), pair=self.draftpen.pair_name)
-            self.chat_id = chat.id
-            self.sub_title = chat.title
-        user_message = history.add_message(self.chat_id, "user", event.text)
-        reply_message = history.add_message(self.chat_id, "assistant", "", state=WRITING)
+        try:
+            if self.chat_id is None:
+                chat = history.create_chat(_title_from(event.text), pair=self.draftpen.pair_name)
+                self.chat_id = chat.id
+                self.sub_title = chat.title
+            user_message = history.add_message(self.chat_id, "user", event.text)
+            reply_message = history.add_message(self.chat_id, "assistant", "", state=WRITING)
+        except HistoryError as error:
+            # The message stays in the prompt box, so nothing the person typed is lost.
+            self.notify(str(error), title="Not sent", severity="error", timeout=15)
+            return
+        self.query_one(PromptInput).clear()
         conversation = self.query_one("#conversation", VerticalScroll)
         reply_view = MessageView("assistant", state=WRITING, message_id=reply_message.id)
         await conversation.mount_all([_view_for(user_message), reply_view])
@@ -287,9 +300,10 @@ class ChatScreen(Screen[None]):
             await self._show_reply_text()
             self._finish_reply(reply, event)
         elif time.monotonic() - reply.last_saved >= SAVE_INTERVAL_SECONDS:
-            self.draftpen.history.update_message(
-                reply.message_id, content=reply.content, segments=reply.segments
-            )
+            with self._saving():
+                self.draftpen.history.update_message(
+                    reply.message_id, content=reply.content, segments=reply.segments
+                )
             reply.last_saved = time.monotonic()
 
     async def _show_reply_text(self) -> None:
@@ -310,13 +324,14 @@ class ChatScreen(Screen[None]):
     def _finish_reply(self, reply: ReplyInProgress, event: GenerationEvent) -> None:
         figures = ReplyFigures.from_event(event)
         state = STOPPED if event.finish_reason == FINISH_CANCELLED else COMPLETE
-        self.draftpen.history.update_message(
-            reply.message_id,
-            content=reply.content,
-            segments=reply.segments,
-            state=state,
-            stats={**figures.as_dict(), "loop": event.stats.as_dict()},
-        )
+        with self._saving():
+            self.draftpen.history.update_message(
+                reply.message_id,
+                content=reply.content,
+                segments=reply.segments,
+                state=state,
+                stats={**figures.as_dict(), "loop": event.stats.as_dict()},
+            )
         if reply.view.is_attached:
             reply.view.finish(figures, state)
         self.query_one(StatsBar).show_final(figures)
@@ -327,14 +342,23 @@ class ChatScreen(Screen[None]):
         reply = self.reply
         if reply is None or reply.message_id != message.message_id:
             return
-        self.draftpen.history.update_message(
-            reply.message_id, content=reply.content, segments=reply.segments, state=FAILED
-        )
+        with self._saving():
+            self.draftpen.history.update_message(
+                reply.message_id, content=reply.content, segments=reply.segments, state=FAILED
+            )
         if reply.view.is_attached:
             reply.view.finish(None, FAILED)
         self.query_one(StatsBar).show_status(f"error: {message.error}")
         self.notify(message.error, title="Generation failed", severity="error", timeout=10)
         self.reply = None
+
+    @contextmanager
+    def _saving(self) -> Iterator[None]:
+        """Report a history write that failed (a full disk); the screen keeps the text."""
+        try:
+            yield
+        except HistoryError as error:
+            self.notify(str(error), title="Not saved", severity="error", timeout=15)
 
     def action_stop(self) -> None:
         """Stop the reply now (at the end of the current round); what was written stays."""

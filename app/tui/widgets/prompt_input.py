@@ -21,7 +21,7 @@ class PromptInput(TextArea):
 
     @dataclass
     class Submitted(Message):
-        """The user sent ``text`` (never blank)."""
+        """The user sent ``text`` (never blank). The box keeps it until it is accepted."""
 
         text: str
 
@@ -29,11 +29,10 @@ class PromptInput(TextArea):
         super().__init__(soft_wrap=True, show_line_numbers=False, **kwargs)  # type: ignore[arg-type]
 
     def action_submit(self) -> None:
-        """Send the text (unless it is blank) and clear the box."""
+        """Send the text (unless it is blank); the receiver clears the box if it takes it."""
         if not self.text.strip():
             return
         self.post_message(self.Submitted(self.text))
-        self.clear()
 
     def action_newline(self) -> None:
         """Insert a line break at the cursor."""
