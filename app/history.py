@@ -156,7 +156,8 @@ class History:
         except sqlite3.OperationalError as error:
             raise HistoryError(
                 f"Could not save to the chat history {self.path}: {error}. "
-                "Free some disk space (or check the file's permissions); what was saved before is kept."
+                "Free some disk space (or check the file's permissions); "
+                "what was saved before is kept."
             ) from error
 
     # -- chats -------------------------------------------------------------------
