@@ -701,7 +701,8 @@ class GGUFConversionSource:
         assert conversion is not None
         gguf = self.catalog.model(conversion.from_model)
         missing_gguf = store.state(gguf) != "downloaded"
-        return store.root, entry.size_bytes + (gguf.size_bytes if missing_gguf else 0), 0
+        converted = conversion.size_bytes or entry.size_bytes
+        return store.root, converted + (gguf.size_bytes if missing_gguf else 0), 0
 
     def fetch(self, entry: ModelEntry, store: ModelStore, progress: ProgressCallback) -> Path:
         """Get the gguf model (store or its sources), convert it, mark the result complete."""

@@ -516,7 +516,9 @@ def test_models_pull_errors_are_one_line_and_exit_1(
 ) -> None:
     assert run_cli("models", "pull", "nonesuch") == 1
     err = capsys.readouterr().err
-    assert err.startswith("draftpen: Unknown model pair 'nonesuch'. Known pairs: starter, smollm2.")
+    assert err.startswith(
+        "draftpen: Unknown model pair 'nonesuch'. Known pairs: starter, smollm2, "
+    )
     assert err.count("\n") == 1
 
     monkeypatch.setenv("DRAFTPEN_CATALOG", str(mirror.catalog_path))

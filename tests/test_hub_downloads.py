@@ -418,3 +418,41 @@ def test_the_real_smollm2_gguf_pulls_lists_and_removes_through_the_cli(
         assert run_cli("models", "list") == 0
         lines = capsys.readouterr().out.splitlines()
         assert lines[smollm2 + 1].split()[:2] == ["llamacpp", "absent"]
+
+
+def test_ctrl_c_keeps_the_partial_download_for_the_next_pull(hub: HubSetup) -> None:
+    def interrupt_part_way(event: PullEvent) -> None:
+        if event.stage == "download" and event.overall_done > 800_000:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        hub.pull(on_event=interrupt_part_way)
+    (partial,) = hub.incomplete_files()
+    kept = partial.stat().st_size
+    assert hub.store.state(hub.catalog.model("tiny-target")) == "partial"
+    hub.pull()
+    assert hub.hub.file_gets(TARGET_FILE)[-1].range == f"bytes={kept}-"
+
+
+def test_a_full_disk_is_a_clear_message_and_the_download_can_continue(
+    hub: HubSetup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from app import hub as hub_module
+
+    real_write = hub_module._WatchedFile.write
+    written = 0
+
+    def write_until_full(self: object, chunk: bytes) -> int:
+        nonlocal written
+        if written > 500_000:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written += len(chunk)
+        return real_write(self, chunk)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(hub_module._WatchedFile, "write", write_until_full)
+    with pytest.raises(DiskSpaceError, match=r"filled up.*continues where it stopped"):
+        hub.pull()
+    monkeypatch.setattr(hub_module._WatchedFile, "write", real_write)
+    assert hub.pull().target_path.read_bytes() == hub.target_bytes
