@@ -329,9 +329,11 @@ class PullProgressBars:
         )
         if self._overall is None:
             self._overall = self._progress.add_task("pair", total=event.overall_total or None)
+        # Nothing left to fetch reads as a full bar, not an empty one.
+        total = event.overall_total or 1
         self._progress.update(
             self._overall,
             description=f"pair {event.pair} ({event.runtime})",
-            completed=event.overall_done,
-            total=event.overall_total or None,
+            completed=event.overall_done if event.overall_total else total,
+            total=total,
         )

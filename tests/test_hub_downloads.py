@@ -165,8 +165,10 @@ def test_a_pair_downloads_into_the_hf_cache_where_other_tools_find_it(hub: HubSe
     assert all(e.role == "target" for e in target_events)
 
     gets = len(hub.hub.file_gets(TARGET_FILE))
-    hub.pull()  # already there: nothing is fetched again
+    again: list[PullEvent] = []
+    hub.pull(on_event=again.append)  # already there: nothing is fetched again
     assert len(hub.hub.file_gets(TARGET_FILE)) == gets
+    assert [(e.stage, e.overall_total) for e in again] == [("done", 0), ("done", 0)]
 
 
 def test_an_mlx_repository_downloads_as_one_snapshot_directory(hub: HubSetup) -> None:
