@@ -33,6 +33,7 @@ from app.errors import (
 )
 from app.fit import MachineMemory, pair_fit
 from app.pair_download import PullEvent, PullTracker, download_pair
+from app.pair_overview import pair_overview
 from tests.conftest import TEST_MODELS_DIR
 from tests.hub_server import FakeHub
 
@@ -458,3 +459,30 @@ def test_a_full_disk_is_a_clear_message_and_the_download_can_continue(
         hub.pull()
     monkeypatch.setattr(hub_module._WatchedFile, "write", real_write)
     assert hub.pull().target_path.read_bytes() == hub.target_bytes
+
+
+def test_the_models_menu_rows_show_states_and_fit_verdicts(hub: HubSetup) -> None:
+    hub.pull()
+    gib = 2**30
+    rows = pair_overview(hub.catalog, hub.store, MachineMemory(16 * gib, "RTX", 8 * gib))
+    (tiny,) = rows
+    assert (tiny.name, tiny.description) == ("tiny", "Two tiny hub models.")
+    gguf, mlx = tiny.variants
+    assert (gguf.runtime, gguf.state, mlx.runtime, mlx.state) == (
+        "llamacpp",
+        "downloaded",
+        "mlx",
+        "absent",
+    )
+    assert [(m.role, m.entry.key, m.state) for m in gguf.models] == [
+        ("target", "tiny-target", "downloaded"),
+        ("draft", "tiny-draft", "downloaded"),
+    ]
+    assert gguf.size_bytes == TARGET_SIZE + DRAFT_SIZE
+    assert gguf.fit.place == "gpu" and gguf.is_this_machines_runtime
+
+    real = {
+        row.name: row for row in pair_overview(load_catalog(), hub.store, MachineMemory(16 * gib))
+    }
+    assert real["starter"].variant("llamacpp").fit.place == "ram"  # type: ignore[union-attr]
+    assert not real["coder-32b"].variant("llamacpp").fit.fits  # type: ignore[union-attr]
