@@ -56,6 +56,9 @@ class GGUFConversion:
 
     from_model: str
     """The key of the gguf model that is converted."""
+    size_bytes: int | None = None
+    """Approximate size of the converted directory, when it differs from the model's own
+    (a converter that keeps weights unquantised writes more than a 4-bit repository)."""
 
 
 @dataclass(frozen=True)
@@ -416,10 +419,16 @@ def _mlx_sources(
         huggingface = HuggingFaceRepo(fields["repo"], fields.get("revision"))
     conversion = None
     if "gguf_conversion" in table:
+        where_conversion = _table_name(*path, "gguf_conversion")
         fields = reader.take(
-            table["gguf_conversion"], _table_name(*path, "gguf_conversion"), required={"from": str}
+            table["gguf_conversion"],
+            where_conversion,
+            required={"from": str},
+            optional={"size_bytes": int},
         )
-        conversion = GGUFConversion(from_model=fields["from"])
+        if fields.get("size_bytes", 1) <= 0:
+            reader.fail(where_conversion, "size_bytes must be positive")
+        conversion = GGUFConversion(from_model=fields["from"], size_bytes=fields.get("size_bytes"))
     return ModelSources(huggingface=huggingface, gguf_conversion=conversion)
 
 

@@ -11,20 +11,19 @@ import sys
 from collections.abc import Callable
 from typing import ClassVar, TextIO
 
-from app.catalog import Catalog, PairEntry, PairVariant, load_catalog
+from app.catalog import Catalog, PairVariant, load_catalog
 from app.downloads import (
     ModelStore,
     ProgressStage,
     format_bytes,
-    pair_state,
     pair_variant,
 )
 from app.errors import ChecksumMismatchError, DraftpenError
-from app.fit import DEFAULT_CONTEXT, MachineMemory, machine_memory, pair_fit
+from app.fit import DEFAULT_CONTEXT, MachineMemory, machine_memory
 from app.pair_download import PullEvent, download_pair
+from app.pair_overview import VariantRow, pair_overview
 from app.settings import models_dir
 from backends.errors import BackendError
-from backends.select import choose_runtime
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -105,12 +104,11 @@ def list_pairs(args: argparse.Namespace) -> int:
         f"This machine: {_describe_machine(machine)}; fit at {DEFAULT_CONTEXT} tokens of context",
         file=out,
     )
-    this_runtime = choose_runtime(None)
-    for pair in catalog.pairs:
+    for pair in pair_overview(catalog, store, machine):
         print(file=out)
-        print(f"{pair.key:<10} {pair.description}", file=out)
+        print(f"{pair.name:<10} {pair.description}", file=out)
         for variant in pair.variants:
-            _print_variant(catalog, pair, variant, store, machine, this_runtime, out)
+            _print_variant(variant, out)
     return 0
 
 
@@ -122,28 +120,20 @@ def _describe_machine(machine: MachineMemory) -> str:
     return f"RAM {format_bytes(machine.ram_bytes)}, {gpu}"
 
 
-def _print_variant(
-    catalog: Catalog,
-    pair: PairEntry,
-    variant: PairVariant,
-    store: ModelStore,
-    machine: MachineMemory,
-    this_runtime: str,
-    out: TextIO,
-) -> None:
-    entries = catalog.models_of(variant)
-    total = sum(entry.size_bytes for entry in entries)
-    state = pair_state(catalog, pair, store, variant.runtime)
-    fit = pair_fit(entries, machine).summary
-    mark = "  (this machine's runtime)" if variant.runtime == this_runtime else ""
-    print(f"  {variant.runtime:<10} {state:<11} {format_bytes(total):>9}  {fit}{mark}", file=out)
-    for role, entry in zip(("target", "draft"), entries, strict=False):
+def _print_variant(row: VariantRow, out: TextIO) -> None:
+    mark = "  (this machine's runtime)" if row.is_this_machines_runtime else ""
+    print(
+        f"  {row.runtime:<10} {row.state:<11} {format_bytes(row.size_bytes):>9}  "
+        f"{row.fit.summary}{mark}",
+        file=out,
+    )
+    for model in row.models:
         print(
-            f"    {role:<8} {entry.name:<40} {format_bytes(entry.size_bytes):>9}  "
-            f"{store.state(entry)}",
+            f"    {model.role:<8} {model.entry.name:<40} {format_bytes(model.size_bytes):>9}  "
+            f"{model.state}",
             file=out,
         )
-    if variant.draft is None:
+    if row.variant.draft is None:
         print(f"    {'draft':<8} none: n-gram drafting only", file=out)
 
 
@@ -329,9 +319,11 @@ class PullProgressBars:
         )
         if self._overall is None:
             self._overall = self._progress.add_task("pair", total=event.overall_total or None)
+        # Nothing left to fetch reads as a full bar, not an empty one.
+        total = event.overall_total or 1
         self._progress.update(
             self._overall,
             description=f"pair {event.pair} ({event.runtime})",
-            completed=event.overall_done,
-            total=event.overall_total or None,
+            completed=event.overall_done if event.overall_total else total,
+            total=total,
         )

@@ -701,7 +701,8 @@ class GGUFConversionSource:
         assert conversion is not None
         gguf = self.catalog.model(conversion.from_model)
         missing_gguf = store.state(gguf) != "downloaded"
-        return store.root, entry.size_bytes + (gguf.size_bytes if missing_gguf else 0), 0
+        converted = conversion.size_bytes or entry.size_bytes
+        return store.root, converted + (gguf.size_bytes if missing_gguf else 0), 0
 
     def fetch(self, entry: ModelEntry, store: ModelStore, progress: ProgressCallback) -> Path:
         """Get the gguf model (store or its sources), convert it, mark the result complete."""
@@ -756,6 +757,8 @@ class HuggingFaceSource:
     def __init__(self, settings: HubSettings | None = None) -> None:
         self.client = HubClient(settings)
         self._listings: dict[str, tuple[HubFile, ...]] = {}
+        # An unreachable hub is asked once per pull, not again for the download itself.
+        self._failures: dict[str, DownloadError] = {}
 
     def available_for(self, entry: ModelEntry) -> bool:
         """Whether the catalog names a hub repository for ``entry``."""
@@ -763,6 +766,15 @@ class HuggingFaceSource:
 
     def files_for(self, entry: ModelEntry) -> tuple[HubFile, ...]:
         """The hub files that make up ``entry`` (asked once per source, then remembered)."""
+        if entry.key in self._failures:
+            raise self._failures[entry.key]
+        try:
+            return self._list(entry)
+        except DownloadError as error:
+            self._failures[entry.key] = error
+            raise
+
+    def _list(self, entry: ModelEntry) -> tuple[HubFile, ...]:
         if entry.key not in self._listings:
             source = entry.sources.huggingface
             if isinstance(source, HuggingFaceFile):
@@ -797,19 +809,10 @@ class HuggingFaceSource:
         source = entry.sources.huggingface
         assert source is not None
         files = self.files_for(entry)
-        total = sum(file.size for file in files)
         store.hub.start(entry, files)
-        done_before = 0
+        counter = _ByteCounter(entry.key, sum(file.size for file in files), progress)
         for file in files:
-
-            def on_bytes(count: int, base: int = done_before) -> None:
-                nonlocal written
-                written += count
-                progress(entry.key, "download", min(base + written, total), total)
-
-            written = 0
-            self.client.download(file, store.hub_cache, on_bytes)
-            done_before += file.size
+            self.client.download(file, store.hub_cache, counter.file_started(file.size))
         store.hub_cache.record_ref(source.repo, source.revision, files[0].commit)
         sha256 = files[0].sha256 if entry.format == "gguf" else None
         if entry.format == "gguf" and entry.sha256 is not None and sha256 != entry.sha256:
@@ -824,6 +827,29 @@ class HuggingFaceSource:
                 )
             sha256 = actual
         return store.hub.finish(entry, files, sha256=sha256)
+
+
+class _ByteCounter:
+    """Adds up the bytes of a model's files into one ``download`` progress stage."""
+
+    def __init__(self, model_key: str, total: int, progress: ProgressCallback) -> None:
+        self.model_key = model_key
+        self.total = total
+        self.progress = progress
+        self.finished_files = 0
+        self.current = 0
+        self.current_size = 0
+
+    def file_started(self, size: int) -> Callable[[int], None]:
+        """The byte callback for the next file (it may first report bytes already there)."""
+        self.finished_files += self.current_size
+        self.current, self.current_size = 0, size
+        return self._add
+
+    def _add(self, count: int) -> None:
+        self.current = min(self.current + count, self.current_size)
+        done = self.finished_files + self.current
+        self.progress(self.model_key, "download", done, self.total)
 
 
 def default_sources(catalog: Catalog) -> tuple[ModelSource, ...]:

@@ -199,17 +199,17 @@ class HubCache:
         return link
 
     def remove(self, path: Path) -> int:
-        """Delete a snapshot link and the blob it points to; returns the bytes freed."""
+        """Delete a snapshot link and the blob it points to; returns the bytes freed.
+
+        ``path`` may also be a plain copy (where the cache could not use symlinks).
+        """
         freed = 0
         with contextlib.suppress(OSError):
-            blob = path.resolve(strict=True)
-            freed = blob.stat().st_size
-            blob.unlink()
+            target = path.resolve(strict=True)
+            freed = target.stat().st_size
+            target.unlink()
         with contextlib.suppress(OSError):
-            if path.is_symlink() or path.exists():
-                if not path.is_symlink():
-                    freed = max(freed, path.stat().st_size)
-                path.unlink()
+            path.unlink()  # the link itself, when it pointed at the blob
         return freed
 
     def lock(self, file: HubFile) -> contextlib.AbstractContextManager[Any]:
@@ -344,8 +344,7 @@ class HubClient:
                     f"{file.repo}/{file.filename}. Free up space (or point HF_HOME at a bigger "
                     "disk) and pull again: the download continues where it stopped."
                 ) from error
-            if isinstance(error, DownloadError | HfHubHTTPError):
-                raise
+            # http_get's own check that the body had the size the headers promised.
             if "Consistency check failed" in str(error):
                 partial.unlink(missing_ok=True)
                 raise DownloadError(

