@@ -9,7 +9,7 @@ from typing import Any
 from app.history import History
 from app.settings import Settings
 from app.tui.app import DraftpenApp
-from app.tui.models_service import PairRow
+from app.tui.models_service import PairListing
 from backends.engine import Engine, GenerationRequest
 from backends.speculative import GenerationEvent
 from tests.byte_model import ScriptedByteModel
@@ -44,14 +44,16 @@ class FakeModelsService:
     def __init__(self) -> None:
         self.store = type("Store", (), {"root": "(test store)"})()
 
-    def rows(self) -> list[PairRow]:
+    def rows(self) -> list[PairListing]:
         """Three pairs: ``fake`` and ``other`` downloaded, ``missing`` absent."""
         return [
-            PairRow(
+            PairListing(
                 "fake", "A scripted model", "llamacpp", 1000, None, "fits RAM", True, "downloaded"
             ),
-            PairRow("other", "Another one", "llamacpp", 1000, 500, "fits RAM", True, "downloaded"),
-            PairRow("missing", "Not here", "llamacpp", 1000, 500, "fits RAM", True, "absent"),
+            PairListing(
+                "other", "Another one", "llamacpp", 1000, 500, "fits RAM", True, "downloaded"
+            ),
+            PairListing("missing", "Not here", "llamacpp", 1000, 500, "fits RAM", True, "absent"),
         ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Callable
 
 from app.history import History
@@ -32,6 +33,9 @@ def run_tui(args: argparse.Namespace, settings: Settings) -> int:
     ``settings`` carry this run's command-line overrides; the settings screen saves
     what the user edits there.
     """
+    # Library warnings on stderr would be drawn over the full-screen UI; the models
+    # screen reports download problems itself.
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     app = DraftpenApp(
         engine_loader=engine_loader_for(args.runtime),
         history=History(),

@@ -10,15 +10,16 @@ import threading
 from dataclasses import dataclass
 
 from app.catalog import Catalog, PairVariant, load_catalog
-from app.downloads import ModelStore, format_bytes, pair_state
-from app.fit import MachineMemory, machine_memory, pair_fit
+from app.downloads import ModelStore, format_bytes
+from app.fit import MachineMemory, machine_memory
 from app.pair_download import PullEventCallback, download_pair
+from app.pair_overview import pair_overview
 from app.settings import models_dir
 from backends.select import choose_runtime
 
 
 @dataclass(frozen=True)
-class PairRow:
+class PairListing:
     """One pair as the models screen lists it, for this machine's runtime."""
 
     name: str
@@ -61,14 +62,15 @@ class ModelsService:
         self.machine = machine if machine is not None else machine_memory()
         self.check_tokenizers = check_tokenizers
 
-    def rows(self) -> list[PairRow]:
+    def rows(self) -> list[PairListing]:
         """Every pair in the catalog with sizes, fit verdict and download state."""
-        rows = []
-        for pair in self.catalog.pairs:
-            if not pair.has_variant(self.runtime):
-                rows.append(
-                    PairRow(
-                        pair.key,
+        listings = []
+        for pair in pair_overview(self.catalog, self.store, self.machine):
+            row = pair.variant(self.runtime)
+            if row is None:
+                listings.append(
+                    PairListing(
+                        pair.name,
                         pair.description,
                         self.runtime,
                         0,
@@ -79,22 +81,20 @@ class ModelsService:
                     )
                 )
                 continue
-            variant = pair.variant(self.runtime)
-            entries = self.catalog.models_of(variant)
-            verdict = pair_fit(entries, self.machine)
-            rows.append(
-                PairRow(
-                    name=pair.key,
+            sizes = [model.size_bytes for model in row.models]
+            listings.append(
+                PairListing(
+                    name=pair.name,
                     description=pair.description,
                     runtime=self.runtime,
-                    target_bytes=entries[0].size_bytes,
-                    draft_bytes=entries[1].size_bytes if len(entries) > 1 else None,
-                    fit=verdict.summary,
-                    fits=verdict.fits,
-                    state=pair_state(self.catalog, pair, self.store, self.runtime),
+                    target_bytes=sizes[0],
+                    draft_bytes=sizes[1] if len(sizes) > 1 else None,
+                    fit=row.fit.summary,
+                    fits=row.fit.fits,
+                    state=row.state,
                 )
             )
-        return rows
+        return listings
 
     def variant(self, pair_name: str) -> PairVariant:
         """The pair's models for this runtime."""

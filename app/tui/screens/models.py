@@ -22,7 +22,7 @@ from textual.widgets import DataTable, Footer, Header, Label, ProgressBar
 from app.downloads import format_bytes
 from app.errors import DownloadCancelledError, DraftpenError
 from app.pair_download import PullEvent
-from app.tui.models_service import ModelsService, PairRow
+from app.tui.models_service import ModelsService, PairListing
 from app.tui.screens.dialogs import ConfirmDialog
 from backends.errors import BackendError
 
@@ -68,7 +68,7 @@ class ModelsScreen(Screen[str | None]):
         super().__init__()
         self.service = service
         self.current_pair = current_pair
-        self.rows: list[PairRow] = []
+        self.rows: list[PairListing] = []
         self.downloading: str | None = None
         self.cancel = threading.Event()
         self.last_outcome = ""
@@ -124,7 +124,7 @@ class ModelsScreen(Screen[str | None]):
         if self.rows:
             table.move_cursor(row=min(cursor, len(self.rows) - 1))
 
-    def _selected(self) -> PairRow | None:
+    def _selected(self) -> PairListing | None:
         table = self.query_one("#pairs", DataTable)
         if not self.rows or table.cursor_row < 0:
             return None
@@ -217,7 +217,7 @@ class ModelsScreen(Screen[str | None]):
         else:
             self.post_message(self.Finished(pair_name, None))
 
-    def _show_bars(self, row: PairRow) -> None:
+    def _show_bars(self, row: PairListing) -> None:
         self.query_one("#download").display = True
         self.query_one("#download-title", Label).update(f"{row.name} ({row.runtime})")
         variant = self.service.variant(row.name)
