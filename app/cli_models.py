@@ -12,14 +12,10 @@ from collections.abc import Callable
 from typing import ClassVar, TextIO
 
 from app.catalog import Catalog, PairVariant, load_catalog
-from app.downloads import (
-    ModelStore,
-    ProgressStage,
-    format_bytes,
-    pair_variant,
-)
+from app.downloads import pair_variant
 from app.errors import ChecksumMismatchError, DraftpenError
 from app.fit import DEFAULT_CONTEXT, MachineMemory, machine_memory
+from app.model_store import ModelStore, ProgressStage, format_bytes
 from app.pair_download import PullEvent, download_pair
 from app.pair_overview import VariantRow, pair_overview
 from app.settings import models_dir

@@ -19,7 +19,7 @@ from typing import Literal
 import psutil
 
 from app.catalog import ModelEntry
-from app.downloads import format_bytes
+from app.model_store import format_bytes
 from app.settings import Settings
 
 DEFAULT_CONTEXT = Settings().context_length

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 from app.calibration_store import ensure_calibrated
 from app.catalog import load_catalog
-from app.downloads import ModelStore, resolve_pair
+from app.downloads import resolve_pair
+from app.model_store import ModelStore
 from app.settings import models_dir
 from backends.engine import Engine
 from backends.select import choose_runtime, load_model

@@ -18,16 +18,9 @@ from pathlib import Path
 from typing import Literal
 
 from app.catalog import Catalog, ModelEntry
-from app.downloads import (
-    ModelSource,
-    ModelStore,
-    ProgressStage,
-    ResolvedPair,
-    disk_free_bytes,
-    pair_variant,
-    pull_pair,
-)
+from app.downloads import ResolvedPair, pair_variant, pull_pair
 from app.errors import DownloadCancelledError
+from app.model_store import ModelSource, ModelStore, ProgressStage, disk_free_bytes
 from backends.pair_check import PairCheck, check_pair
 from backends.select import load_vocabulary
 
@@ -90,7 +83,7 @@ class PullTracker:
     _speed: float | None = None
 
     def __call__(self, model_key: str, stage: ProgressStage, done: int, total: int) -> None:
-        """A :data:`~app.downloads.ProgressCallback`."""
+        """A :data:`~app.model_store.ProgressCallback`."""
         if self.cancel is not None and self.cancel.is_set():
             raise DownloadCancelledError(
                 f"Download of pair {self.pair!r} cancelled; what was downloaded is kept, and "

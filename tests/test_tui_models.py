@@ -11,8 +11,9 @@ import huggingface_hub.constants
 import pytest
 
 from app.catalog import parse_catalog
-from app.downloads import ModelStore, resolve_pair
+from app.downloads import resolve_pair
 from app.fit import MachineMemory
+from app.model_store import ModelStore
 from app.pair_download import PullEventCallback
 from app.tui.models_service import ModelsService
 from app.tui.screens.models import ModelsScreen

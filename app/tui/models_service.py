@@ -10,8 +10,8 @@ import threading
 from dataclasses import dataclass
 
 from app.catalog import Catalog, PairVariant, load_catalog
-from app.downloads import ModelStore, format_bytes
 from app.fit import MachineMemory, machine_memory
+from app.model_store import ModelStore, format_bytes
 from app.pair_download import PullEventCallback, download_pair
 from app.pair_overview import pair_overview
 from app.settings import models_dir

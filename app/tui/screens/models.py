@@ -19,8 +19,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, ProgressBar
 
-from app.downloads import format_bytes
 from app.errors import DownloadCancelledError, DraftpenError
+from app.model_store import format_bytes
 from app.pair_download import PullEvent
 from app.tui.models_service import ModelsService, PairListing
 from app.tui.screens.dialogs import ConfirmDialog
