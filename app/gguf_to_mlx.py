@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,9 @@ END_OF_GENERATION_TEXTS = frozenset(
         "<|fim_pad|>",
         "<|repo_name|>",
         "<|file_sep|>",
+        "<reponame>",
+        "<fim_pad>",
+        "<file-sep>",
     }
 )
 CONTROL_TOKEN_TYPE = 3
@@ -294,3 +297,32 @@ def _write_tokenizer(
 
 def _write_json(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def mlx_directory_for(gguf_path: Path) -> Path:
+    """Where the MLX conversion of a GGUF file lives: next to it, ``<stem>.mlx``."""
+    return gguf_path.with_name(f"{gguf_path.stem}.mlx")
+
+
+def ensure_mlx_model(gguf_path: Path, report: Callable[[str], None] | None = None) -> Path:
+    """The MLX directory for ``gguf_path``, converting it first if it is not there yet."""
+    directory = mlx_directory_for(gguf_path)
+    if not is_converted(directory):
+        if report is not None:
+            report(f"converting {gguf_path.name} to MLX format (once)")
+        convert_gguf_to_mlx(gguf_path, directory)
+    return directory
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m app.gguf_to_mlx FILE.gguf...``: convert each file next to itself."""
+    import sys
+
+    for name in argv if argv is not None else sys.argv[1:]:
+        directory = ensure_mlx_model(Path(name), report=print)
+        print(f"{name} -> {directory}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

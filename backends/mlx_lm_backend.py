@@ -32,7 +32,12 @@ from backends.errors import (
 
 try:
     import mlx.core as mx
-    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+    from mlx_lm.models.cache import (
+        RotatingKVCache,
+        can_trim_prompt_cache,
+        make_prompt_cache,
+        trim_prompt_cache,
+    )
     from mlx_lm.utils import load as mlx_lm_load
 except ImportError as error:  # pragma: no cover - exercised where mlx is absent
     raise RuntimeUnavailableError(
@@ -54,6 +59,22 @@ def mlx_version() -> str:
 def uses_gpu() -> bool:
     """Whether MLX computes on a GPU (Metal or CUDA) here rather than on the CPU."""
     return mx.default_device().type == mx.DeviceType.gpu
+
+
+def untrimmable_cache_reason(cache: list[Any]) -> str | None:
+    """Why this prompt cache cannot be rolled back, or None when it can.
+
+    A sliding-window layer (``RotatingKVCache``) reports itself trimmable only until its
+    window fills, after which the positions a rollback needs are gone; recurrent layers
+    (``ArraysCache``, Mamba-style) are never trimmable.
+    """
+    sliding = [layer for layer in cache if isinstance(layer, RotatingKVCache)]
+    if sliding:
+        return f"{len(sliding)} of its {len(cache)} layers use a sliding-window cache"
+    if not can_trim_prompt_cache(cache):
+        kinds = sorted({type(layer).__name__ for layer in cache if not layer.is_trimmable()})
+        return f"its cache layers of type {', '.join(kinds)} cannot be trimmed"
+    return None
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -98,14 +119,15 @@ class MlxModel:
             # SmolLM2, one token takes 265 ms in float32, 334 in bfloat16, 685 in float16.
             self._model.set_dtype(mx.float32)
         self._cache = make_prompt_cache(self._model)
-        if not can_trim_prompt_cache(self._cache):
-            kinds = sorted({type(layer).__name__ for layer in self._cache})
+        refusal = untrimmable_cache_reason(self._cache)
+        if refusal is not None:
             raise ModelLoadError(
-                f"{self.name} keeps a cache that cannot be rolled back ({', '.join(kinds)}); "
-                "speculative decoding must forget rejected draft tokens. Use --runtime "
-                "llamacpp for this model, or pick another pair."
+                f"{self.name} cannot be used for speculative decoding on MLX: {refusal}, "
+                "and rejected draft tokens must be forgotten. Use --runtime llamacpp for "
+                "this model, or pick another pair."
             )
         self.n_ctx = n_ctx
+        self.size_bytes = sum(f.stat().st_size for f in self.path.glob("*.safetensors"))
         self._tokens: list[int] = []
         self._facts = self._read_conversion_facts()
         self.n_vocab = self._output_width()
@@ -234,6 +256,9 @@ class MlxModel:
 
     def _run(self, tokens: Sequence[int]) -> Any:
         """Push ``tokens`` through the model into the cache; return the lazy logits."""
+        # MLX gathers embeddings without bounds checks: a bad id would crash the process.
+        if min(tokens) < 0 or max(tokens) >= self.n_vocab:
+            raise DecodeError(f"token ids must lie in [0, {self.n_vocab}); got {list(tokens)}")
         inputs = mx.array([list(tokens)], dtype=mx.int32)
         logits = self._model(inputs, cache=self._cache)
         self._tokens.extend(tokens)

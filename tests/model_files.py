@@ -40,3 +40,24 @@ def require_model(key: str) -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def require_mlx_model(key: str) -> Path:
+    """The MLX conversion of a catalog model (made by packaging/test.sh), or fail/skip.
+
+    Skips when mlx is not installed here (it is installed for tests on Linux and
+    macOS by packaging/test.sh).
+    """
+    pytest.importorskip("mlx_lm", reason="mlx and mlx-lm are not installed")
+    from app.gguf_to_mlx import is_converted, mlx_directory_for
+
+    directory = mlx_directory_for(require_model(key))
+    if not is_converted(directory):
+        message = (
+            f"model {key} has no MLX conversion at {directory}; run: "
+            f"python -m app.gguf_to_mlx {directory.with_suffix('.gguf')}"
+        )
+        if os.environ.get("DRAFTPEN_REQUIRE_MODELS") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return directory
