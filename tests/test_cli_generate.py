@@ -91,7 +91,7 @@ def test_pair_that_fails_the_tokenizer_check_is_refused(tmp_path):
     catalog = (REPO / "app" / "models.toml").read_text()
     catalog += (
         '\n[pairs.mismatched]\ndescription = "a deliberately wrong pair"\n'
-        f'target = "{TARGET_KEY}"\ndraft = "{SMOLLM2_KEY}"\nruntime = "llamacpp"\n'
+        f'[pairs.mismatched.llamacpp]\ntarget = "{TARGET_KEY}"\ndraft = "{SMOLLM2_KEY}"\n'
     )
     catalog_path = tmp_path / "models.toml"
     catalog_path.write_text(catalog)

