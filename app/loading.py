@@ -11,7 +11,6 @@ from collections.abc import Callable
 from app.calibration_store import ensure_calibrated
 from app.catalog import load_catalog
 from app.downloads import ModelStore, resolve_pair
-from app.gguf_to_mlx import ensure_mlx_model
 from app.settings import models_dir
 from backends.engine import Engine
 from backends.select import choose_runtime, load_model
@@ -36,11 +35,6 @@ def load_engine(
     resolved = resolve_pair(catalog, pair_name, ModelStore(models_dir()), chosen_runtime)
     report = on_progress or (lambda message: None)
     target_path, draft_path = resolved.target_path, resolved.draft_path
-    if chosen_runtime == "mlx":
-        # The catalog's files are GGUF; MLX reads its own format, converted once.
-        target_path = ensure_mlx_model(target_path, report)
-        if with_draft and draft_path is not None:
-            draft_path = ensure_mlx_model(draft_path, report)
     report(f"loading target {target_path.name}")
     target = load_model(target_path, runtime=chosen_runtime, n_ctx=n_ctx)
     draft = None

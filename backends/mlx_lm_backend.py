@@ -46,7 +46,7 @@ except ImportError as error:  # pragma: no cover - exercised where mlx is absent
     ) from error
 
 # Facts the GGUF converter (app/gguf_to_mlx.py) records next to the weights.
-CONVERSION_MARKER = "draftpen-mlx.json"
+CONVERSION_FACTS = "draftpen-mlx.json"
 PREFILL_CHUNK = 512
 _VOCAB_TYPES = {"BPE": "bpe", "Unigram": "ugm", "WordPiece": "wpm"}
 
@@ -147,7 +147,7 @@ class MlxModel:
         self.chat_template = self._facts.get("chat_template") or hf.chat_template
 
     def _read_conversion_facts(self) -> dict[str, Any]:
-        marker = self.path / CONVERSION_MARKER
+        marker = self.path / CONVERSION_FACTS
         if not marker.is_file():
             return {}
         return dict(json.loads(marker.read_text(encoding="utf-8")))
