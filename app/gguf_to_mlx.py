@@ -234,6 +234,7 @@ def _write_tokenizer(
     through a reader that needs PyTorch; its tokenizer builders do not, so they get
     the same fields read here with the ``gguf`` package.
     """
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # no PyTorch advisory
     from transformers import PreTrainedTokenizerFast
     from transformers.integrations.gguf.gguf_tokenizer_mapping import (
         GGUF_TOKENIZER_MAPPING,

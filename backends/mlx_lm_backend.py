@@ -15,6 +15,7 @@ This is the only module that imports ``mlx`` and ``mlx_lm``.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ from backends.errors import (
     ModelLoadError,
     RuntimeUnavailableError,
 )
+
+# mlx-lm imports transformers, which prints a PyTorch advisory on stderr; the TUI owns
+# the terminal, and MLX needs no PyTorch.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 try:
     import mlx.core as mx
@@ -133,9 +138,11 @@ class MlxModel:
         self.n_vocab = self._output_width()
         hf = self._tokenizer._tokenizer
         self._hf = hf
-        self._special_ids = {
-            index for index, added in hf.added_tokens_decoder.items() if added.special
-        }
+        added_tokens = hf.added_tokens_decoder  # built afresh on every access: read once
+        self._added_ids = frozenset(added_tokens)
+        self._special_ids = frozenset(
+            index for index, added in added_tokens.items() if added.special
+        )
         decoder = hf.backend_tokenizer.decoder
         self._byte_level = decoder is not None and type(decoder).__name__ == "ByteLevel"
         self._bytes_from_char = _byte_decoder() if self._byte_level else {}
@@ -225,7 +232,7 @@ class MlxModel:
         if token in self._special_ids:
             return b""
         text = self.token_text(token)
-        if token in self._hf.added_tokens_decoder:
+        if token in self._added_ids:
             return text.encode("utf-8")  # added tokens are stored as plain text
         if self._byte_level:
             return bytes(self._bytes_from_char.get(char, 0x3F) for char in text)
