@@ -15,8 +15,10 @@ Why float16: half the size of float32, native on Apple GPUs, and no loss of agre
 with llama.cpp worth measuring: on SmolLM2 the logits differ from llama.cpp's by at
 most 1.18 computing in float32, 1.18 in float16 and 1.19 in bfloat16, with the same
 argmax at every position (llama.cpp itself quantises activations to 8 bits).
-Quantising again to mlx's 4-bit would add a second rounding on top of llama.cpp's.
-On a CPU the backend computes in float32 (MLX's fastest CPU kernels).
+Quantising again to mlx's 4-bit (group 64) adds a second rounding on top of
+llama.cpp's: measured on SmolLM2, logits then differ by up to 12.2 and the argmax
+agrees at only 62% of positions. On a CPU the backend computes in float32 (MLX's
+fastest CPU kernels for one-token decoding).
 
 Only the ``llama`` and ``qwen2`` architectures are mapped (SmolLM2, Llama, Qwen2.5).
 """
