@@ -378,8 +378,8 @@ class Yardstick(Protocol):
 
 def _load_yardsticks(engine: Engine, n_ctx: int) -> list[Yardstick]:
     path = getattr(engine.target, "path", None)
-    if path is None:
-        return []
+    if path is None or path.suffix != ".gguf":
+        return []  # the yardsticks are llama.cpp's, and read GGUF files only
     try:
         from backends.llamacpp import LlamaCppReference
     except ImportError:

@@ -1,4 +1,4 @@
-"""The ``draftpen`` command: chat (default), generate, bench, models.
+"""The ``draftpen`` command: chat (default), generate, bench, models, serve, doctor.
 
 Every command reports a failure as one line on stderr that says what to do, and
 exits non-zero; tracebacks are for bugs, not for missing models or bad input.
@@ -14,13 +14,14 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from app import cli_models, cli_serve
+from app import cli_models, cli_serve, doctor
 from app.errors import DraftpenError
 from app.settings import Settings, load_settings
 from backends.base import ChatMessage
 from backends.engine import DRAFTER_CHOICES, GenerationRequest
 from backends.errors import BackendError
 from backends.sampling import SamplingParams
+from backends.select import RUNTIMES
 from backends.speculative import FINISH_CANCELLED, SpeculativeStats
 
 EXIT_ERROR = 1
@@ -34,7 +35,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--context", type=int, default=None, help="context length in tokens")
     parser.add_argument(
-        "--runtime", default=None, help="inference runtime (default: best for this machine)"
+        "--runtime",
+        default=None,
+        choices=("auto", *RUNTIMES),
+        help="inference runtime (default: best for this machine; see draftpen doctor)",
     )
 
 
@@ -282,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_models.register(commands)
     cli_serve.register(commands)
+    doctor.register(commands)
     return parser
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from app.errors import DraftpenError
 from app.server_queue import DEFAULT_QUEUE_LIMIT
+from backends.select import RUNTIMES
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,7 +36,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     serve.add_argument("--context", type=int, default=None, help="context length in tokens")
     serve.add_argument(
-        "--runtime", default=None, help="inference runtime (default: best for this machine)"
+        "--runtime",
+        default=None,
+        choices=("auto", *RUNTIMES),
+        help="inference runtime (default: best for this machine; see draftpen doctor)",
     )
     serve.add_argument(
         "--queue",

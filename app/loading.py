@@ -35,13 +35,14 @@ def load_engine(
     chosen_runtime = choose_runtime(runtime)
     resolved = resolve_pair(catalog, pair_name, ModelStore(models_dir()), chosen_runtime)
     report = on_progress or (lambda message: None)
-    report(f"loading target {resolved.target_path.name}")
-    target = load_model(resolved.target_path, runtime=chosen_runtime, n_ctx=n_ctx)
+    target_path, draft_path = resolved.target_path, resolved.draft_path
+    report(f"loading target {target_path.name}")
+    target = load_model(target_path, runtime=chosen_runtime, n_ctx=n_ctx)
     draft = None
-    if with_draft and resolved.draft_path is not None:
-        report(f"loading draft {resolved.draft_path.name}")
+    if with_draft and draft_path is not None:
+        report(f"loading draft {draft_path.name}")
         try:
-            draft = load_model(resolved.draft_path, runtime=chosen_runtime, n_ctx=n_ctx)
+            draft = load_model(draft_path, runtime=chosen_runtime, n_ctx=n_ctx)
         except BaseException:
             target.close()
             raise

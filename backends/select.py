@@ -1,28 +1,93 @@
 """Which runtime runs a model on this machine, and loading a model with it.
 
-For now every model runs on llama.cpp, which uses the GPU when its build supports
-offload (CUDA, Metal) and the CPU otherwise. The runtime module is imported only
-when a model is loaded, so this module imports anywhere.
+Apple Silicon with mlx installed runs MLX (Metal, unified memory); everything else runs
+llama.cpp, which offloads to the GPU when its build supports it (CUDA, Metal) and uses
+the CPU otherwise. The decision is a pure function of :class:`RuntimeFacts`, so it is
+tested without the hardware; :func:`detect_facts` gathers the facts of this machine
+without importing either runtime.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+import platform
+from dataclasses import dataclass
 from pathlib import Path
 
 from backends.base import Model
 from backends.errors import RuntimeUnavailableError
 from backends.pair_check import Vocabulary
 
-RUNTIMES = ("llamacpp",)
+RUNTIMES = ("llamacpp", "mlx")
 
 
-def choose_runtime(requested: str | None = None) -> str:
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """What the runtime choice depends on."""
+
+    system: str  # platform.system(): "Darwin", "Linux", "Windows"
+    machine: str  # platform.machine(): "arm64", "x86_64", "aarch64"
+    mlx_version: str | None  # None: not installed
+    llama_cpp_version: str | None
+
+    @property
+    def apple_silicon(self) -> bool:
+        """macOS on an Apple chip."""
+        return self.system == "Darwin" and self.machine in ("arm64", "aarch64")
+
+
+@dataclass(frozen=True)
+class RuntimeDecision:
+    """The runtime to use and, in words, why."""
+
+    runtime: str
+    reason: str
+
+
+def _installed_version(distribution: str, module: str) -> str | None:
+    # find_spec looks for the module without importing it (importing mlx or
+    # llama_cpp is for their backend modules alone).
+    if importlib.util.find_spec(module) is None:
+        return None
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown version"
+
+
+def detect_facts() -> RuntimeFacts:
+    """This machine's facts, without importing any runtime."""
+    return RuntimeFacts(
+        system=platform.system(),
+        machine=platform.machine(),
+        mlx_version=_installed_version("mlx", "mlx"),
+        llama_cpp_version=_installed_version("llama-cpp-python", "llama_cpp"),
+    )
+
+
+def decide_runtime(facts: RuntimeFacts) -> RuntimeDecision:
+    """The best runtime for a machine with these facts."""
+    if facts.apple_silicon and facts.mlx_version:
+        return RuntimeDecision("mlx", f"Apple Silicon with mlx {facts.mlx_version} installed")
+    if facts.llama_cpp_version:
+        if facts.apple_silicon:
+            reason = "Apple Silicon, but mlx is not installed (llama.cpp uses Metal)"
+        else:
+            reason = f"{facts.system} {facts.machine} is not Apple Silicon"
+        return RuntimeDecision("llamacpp", reason)
+    if facts.mlx_version:
+        return RuntimeDecision("mlx", "llama-cpp-python is not installed; mlx is (CPU)")
+    return RuntimeDecision("llamacpp", "no runtime is installed; llama.cpp is the default")
+
+
+def choose_runtime(requested: str | None = None, facts: RuntimeFacts | None = None) -> str:
     """The runtime to use: the one requested, or the best one for this machine."""
     if requested is None or requested == "auto":
-        return "llamacpp"
+        return decide_runtime(facts or detect_facts()).runtime
     if requested not in RUNTIMES:
         raise RuntimeUnavailableError(
-            f"Unknown runtime {requested!r}; choose one of: {', '.join(RUNTIMES)}."
+            f"Unknown runtime {requested!r}; choose one of: auto, {', '.join(RUNTIMES)}."
         )
     return requested
 
@@ -40,9 +105,13 @@ def load_vocabulary(path: Path, *, runtime: str) -> Vocabulary | None:
 
 
 def load_model(path: Path, *, runtime: str, n_ctx: int, name: str | None = None) -> Model:
-    """Load one model file with ``runtime``."""
+    """Load one model (a GGUF file for llama.cpp, an MLX directory for mlx) with ``runtime``."""
     if runtime == "llamacpp":
         from backends.llamacpp import LlamaCppModel
 
         return LlamaCppModel(path, n_ctx=n_ctx, name=name)
+    if runtime == "mlx":
+        from backends.mlx_lm_backend import MlxModel
+
+        return MlxModel(path, n_ctx=n_ctx, name=name)
     raise RuntimeUnavailableError(f"Runtime {runtime!r} is not available in this build.")

@@ -36,6 +36,16 @@ platform_extras() {
     fi
 }
 
+# The extras the tests need on this machine: mlx on Apple Silicon, Apple's CPU build of
+# mlx on Linux (so both runtimes' conformance tests run in CI), nothing elsewhere.
+test_platform_extras() {
+    if is_apple_silicon; then
+        printf 'mlx\n'
+    elif [[ "$(uname -s)" == Linux ]]; then
+        printf 'mlx-cpu\n'
+    fi
+}
+
 python_is_recent() {
     "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up and run the tests: .venv in the clone (reused when healthy), llama-cpp-python
-# from the per-machine wheel cache, draftpen installed editable with its test extras,
-# the test models in a store outside the clone, then ruff and pytest.
+# from the per-machine wheel cache, draftpen installed editable with its test extras
+# (and mlx: Apple's CPU build on Linux), the test models in a store outside the clone
+# (GGUF files, and their MLX conversions), then ruff and pytest.
 #
 # Arguments go to pytest:  bash packaging/test.sh -m "not real_model" -x
 # Exit status: pytest's; when pytest passes, ruff's.
@@ -28,8 +29,8 @@ install_llama "$venv"
 
 step "draftpen (editable, with test extras)"
 extras="test"
-if [[ -n $(platform_extras) ]]; then
-    extras="test,$(platform_extras)"
+if [[ -n $(test_platform_extras) ]]; then
+    extras="test,$(test_platform_extras)"
 fi
 "$venv_python" -m pip install --quiet -e "${REPO_ROOT}[$extras]"
 say "Installed draftpen[$extras] in editable mode"
@@ -40,6 +41,14 @@ export DRAFTPEN_MODELS_DIR="${DRAFTPEN_MODELS_DIR:-$HOME/.cache/draftpen-test-mo
 say "Model store: $DRAFTPEN_MODELS_DIR"
 "$venv/bin/draftpen" models pull starter
 "$venv/bin/draftpen" models pull smollm2
+if "$venv_python" -c 'import mlx_lm' >/dev/null 2>&1; then
+    # The MLX variants: converted from those GGUF files once per machine (~2 min), into
+    # the same store, so the conformance tests run on both runtimes.
+    "$venv/bin/draftpen" models pull starter --runtime mlx
+    "$venv/bin/draftpen" models pull smollm2 --runtime mlx
+else
+    say "mlx is not installed here: the MLX tests will be skipped"
+fi
 # Tests that need a real model fail, rather than skip, when it is missing.
 export DRAFTPEN_REQUIRE_MODELS=1
 

@@ -19,6 +19,13 @@ TARGET_KEY = "qwen2.5-coder-1.5b-instruct-q4_k_m"
 DRAFT_KEY = "qwen2.5-coder-0.5b-instruct-q5_0"
 SMOLLM2_KEY = "smollm2-135m-instruct-q4_1"
 PAIR_OF = {TARGET_KEY: "starter", DRAFT_KEY: "starter", SMOLLM2_KEY: "smollm2"}
+# The catalog's MLX models of the same weights (their gguf_conversion sources).
+MLX_OF = {
+    TARGET_KEY: "qwen2.5-coder-1.5b-instruct-mlx",
+    DRAFT_KEY: "qwen2.5-coder-0.5b-instruct-mlx",
+    SMOLLM2_KEY: "smollm2-135m-instruct-mlx",
+}
+PAIR_OF.update({MLX_OF[key]: pair for key, pair in list(PAIR_OF.items())})
 
 
 def models_dir() -> Path:
@@ -27,16 +34,28 @@ def models_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "draftpen-test-models"
 
 
-def require_model(key: str) -> Path:
+def require_model(key: str, runtime: str = "llamacpp") -> Path:
     """The verified path of a catalog model, or fail/skip saying how to get it."""
     entry = load_catalog().model(key)
     path = ModelStore(models_dir()).path_if_verified(entry)
     if path is None:
         message = (
             f"model {key} is not in {models_dir()}; run: "
-            f"DRAFTPEN_MODELS_DIR={models_dir()} draftpen models pull {PAIR_OF[key]}"
+            f"DRAFTPEN_MODELS_DIR={models_dir()} draftpen models pull {PAIR_OF[key]} "
+            f"--runtime {runtime}"
         )
         if os.environ.get("DRAFTPEN_REQUIRE_MODELS") == "1":
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def require_mlx_model(key: str) -> Path:
+    """The MLX model of the same weights as the GGUF model ``key``, or fail/skip.
+
+    Skips where mlx is not installed (packaging/test.sh installs it on Linux and macOS).
+    The store gets it from ``draftpen models pull PAIR --runtime mlx`` (a GGUF
+    conversion here, where the hub is unreachable), as packaging/test.sh does.
+    """
+    pytest.importorskip("mlx_lm", reason="mlx and mlx-lm are not installed")
+    return require_model(MLX_OF[key], runtime="mlx")

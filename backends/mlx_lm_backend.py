@@ -1,0 +1,310 @@
+"""The MLX runtime, through mlx and mlx-lm (Metal on Apple Silicon; CPU on Linux for tests).
+
+A model directory (or Hugging Face repo) in mlx-lm's format is loaded with mlx-lm's
+loader; the KV cache is mlx-lm's prompt cache, and ``rollback`` trims it. Models whose
+cache cannot be trimmed (sliding-window or recurrent layers) are refused: the
+speculative loop must forget rejected draft positions.
+
+MLX evaluates lazily, which gives a prefill without the output layer for free: the
+prompt goes through the model, but only the cache's keys and values are evaluated, so
+the vocabulary projection (the largest matmul for a 150k vocabulary) is never run.
+
+This is the only module that imports ``mlx`` and ``mlx_lm``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from backends.base import ChatMessage, VocabInfo
+from backends.chat_template import render_chat
+from backends.errors import (
+    ContextOverflowError,
+    DecodeError,
+    ModelLoadError,
+    RuntimeUnavailableError,
+)
+
+# mlx-lm imports transformers, which prints a PyTorch advisory on stderr; the TUI owns
+# the terminal, and MLX needs no PyTorch.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+try:
+    import mlx.core as mx
+    from mlx_lm.models.cache import (
+        RotatingKVCache,
+        can_trim_prompt_cache,
+        make_prompt_cache,
+        trim_prompt_cache,
+    )
+    from mlx_lm.utils import load as mlx_lm_load
+except ImportError as error:  # pragma: no cover - exercised where mlx is absent
+    raise RuntimeUnavailableError(
+        "mlx and mlx-lm are not installed. On Apple Silicon run packaging/install.sh, or "
+        "`pip install mlx mlx-lm` in draftpen's environment; elsewhere use --runtime llamacpp."
+    ) from error
+
+# Facts the GGUF converter (app/gguf_to_mlx.py) records next to the weights.
+CONVERSION_FACTS = "draftpen-mlx.json"
+PREFILL_CHUNK = 512
+_VOCAB_TYPES = {"BPE": "bpe", "Unigram": "ugm", "WordPiece": "wpm"}
+
+
+def mlx_version() -> str:
+    """The installed mlx version."""
+    return str(mx.__version__)
+
+
+def uses_gpu() -> bool:
+    """Whether MLX computes on a GPU (Metal or CUDA) here rather than on the CPU."""
+    return mx.default_device().type == mx.DeviceType.gpu
+
+
+def untrimmable_cache_reason(cache: list[Any]) -> str | None:
+    """Why this prompt cache cannot be rolled back, or None when it can.
+
+    A sliding-window layer (``RotatingKVCache``) reports itself trimmable only until its
+    window fills, after which the positions a rollback needs are gone; recurrent layers
+    (``ArraysCache``, Mamba-style) are never trimmable.
+    """
+    sliding = [layer for layer in cache if isinstance(layer, RotatingKVCache)]
+    if sliding:
+        return f"{len(sliding)} of its {len(cache)} layers use a sliding-window cache"
+    if not can_trim_prompt_cache(cache):
+        kinds = sorted({type(layer).__name__ for layer in cache if not layer.is_trimmable()})
+        return f"its cache layers of type {', '.join(kinds)} cannot be trimmed"
+    return None
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: printable stand-in character -> byte."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    codes = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            codes.append(256 + extra)
+            extra += 1
+    return {chr(code): byte for byte, code in zip(printable, codes, strict=True)}
+
+
+class MlxModel:
+    """An mlx-lm model with one trimmable prompt cache."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_ctx: int = 4096,
+        name: str | None = None,
+        cpu_float32: bool = True,
+    ) -> None:
+        self.path = Path(path)
+        self.name = name or self.path.name
+        try:
+            self._model, self._tokenizer = mlx_lm_load(str(path))
+        except (FileNotFoundError, ValueError, OSError) as error:
+            raise ModelLoadError(
+                f"mlx-lm could not load {path} ({error}). Download the model again, or "
+                "use --runtime llamacpp."
+            ) from error
+        if cpu_float32 and not uses_gpu():
+            # MLX's CPU kernels are fastest (and most precise) in float32: measured on
+            # SmolLM2, one token takes 265 ms in float32, 334 in bfloat16, 685 in float16.
+            self._model.set_dtype(mx.float32)
+        self._cache = make_prompt_cache(self._model)
+        refusal = untrimmable_cache_reason(self._cache)
+        if refusal is not None:
+            raise ModelLoadError(
+                f"{self.name} cannot be used for speculative decoding on MLX: {refusal}, "
+                "and rejected draft tokens must be forgotten. Use --runtime llamacpp for "
+                "this model, or pick another pair."
+            )
+        self.n_ctx = n_ctx
+        self.size_bytes = sum(f.stat().st_size for f in self.path.glob("*.safetensors"))
+        self._tokens: list[int] = []
+        self._facts = self._read_conversion_facts()
+        self.n_vocab = self._output_width()
+        hf = self._tokenizer._tokenizer
+        self._hf = hf
+        added_tokens = hf.added_tokens_decoder  # built afresh on every access: read once
+        self._added_ids = frozenset(added_tokens)
+        self._special_ids = frozenset(
+            index for index, added in added_tokens.items() if added.special
+        )
+        decoder = hf.backend_tokenizer.decoder
+        self._byte_level = decoder is not None and type(decoder).__name__ == "ByteLevel"
+        self._bytes_from_char = _byte_decoder() if self._byte_level else {}
+        self._piece_cache: dict[int, bytes] = {}
+        self._info = self._vocab_info()
+        self._end_ids = frozenset(
+            self._facts.get("end_of_generation_ids") or self._tokenizer.eos_token_ids
+        )
+        self.chat_template = self._facts.get("chat_template") or hf.chat_template
+
+    def _read_conversion_facts(self) -> dict[str, Any]:
+        marker = self.path / CONVERSION_FACTS
+        if not marker.is_file():
+            return {}
+        return dict(json.loads(marker.read_text(encoding="utf-8")))
+
+    def _output_width(self) -> int:
+        args = getattr(self._model, "args", None)
+        width = getattr(args, "vocab_size", None)
+        if width is None:
+            width = len(self._tokenizer._tokenizer)
+        return int(width)
+
+    # -- metadata and tokens -------------------------------------------------
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        """The tokens whose positions the KV cache holds."""
+        return self._tokens
+
+    def _vocab_info(self) -> VocabInfo:
+        facts = self._facts
+        if facts:
+            return VocabInfo(
+                vocab_type=str(facts["vocab_type"]),
+                n_vocab=self.n_vocab,
+                bos_id=int(facts["bos_id"]),
+                eos_id=int(facts["eos_id"]),
+                add_bos=bool(facts["add_bos"]),
+                add_eos=bool(facts["add_eos"]),
+            )
+        hf = self._hf
+        kind = type(hf.backend_tokenizer.model).__name__
+        vocab_type = _VOCAB_TYPES.get(kind, kind.lower() or "unknown")
+        if vocab_type == "bpe" and not self._byte_level:
+            vocab_type = "spm"  # sentencepiece BPE (Llama 2, Mistral) as llama.cpp names it
+        bos_id = hf.bos_token_id if hf.bos_token_id is not None else -1
+        eos_id = hf.eos_token_id if hf.eos_token_id is not None else -1
+        probe = hf.encode("a", add_special_tokens=True)
+        return VocabInfo(
+            vocab_type=vocab_type,
+            n_vocab=self.n_vocab,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            add_bos=bos_id >= 0 and probe[:1] == [bos_id],
+            add_eos=eos_id >= 0 and probe[-1:] == [eos_id],
+        )
+
+    def vocab_info(self) -> VocabInfo:
+        """Tokenizer facts for the pair check."""
+        return self._info
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        """Text to tokens; special-token text is parsed as special tokens."""
+        tokens = list(self._hf.encode(text, add_special_tokens=False))
+        info = self._info
+        if add_special and info.add_bos and info.bos_id >= 0:
+            tokens.insert(0, info.bos_id)
+        if add_special and info.add_eos and info.eos_id >= 0:
+            tokens.append(info.eos_id)
+        return tokens
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's stored text for a token."""
+        text = self._hf.convert_ids_to_tokens(token)
+        return text if isinstance(text, str) else ""
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of one token; special tokens render as nothing."""
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            piece = self._piece_of(token)
+            self._piece_cache[token] = piece
+        return piece
+
+    def _piece_of(self, token: int) -> bytes:
+        if token in self._special_ids:
+            return b""
+        text = self.token_text(token)
+        if token in self._added_ids:
+            return text.encode("utf-8")  # added tokens are stored as plain text
+        if self._byte_level:
+            return bytes(self._bytes_from_char.get(char, 0x3F) for char in text)
+        if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+            return bytes([int(text[3:5], 16)])  # sentencepiece byte fallback
+        return text.replace("\u2581", " ").encode("utf-8")
+
+    def is_end_of_generation(self, token: int) -> bool:
+        """EOS and the other tokens that end a reply (<|im_end|>, <|endoftext|>, ...)."""
+        return token in self._end_ids
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
+        """Render the conversation with the model's own chat template."""
+        info = self._info
+        bos = self.token_text(info.bos_id) if info.bos_id >= 0 else ""
+        eos = self.token_text(info.eos_id) if info.eos_id >= 0 else ""
+        return render_chat(self.chat_template, messages, bos_token=bos, eos_token=eos)
+
+    # -- evaluation ----------------------------------------------------------
+
+    def _check_room(self, count: int) -> None:
+        needed = len(self._tokens) + count
+        if needed > self.n_ctx:
+            raise ContextOverflowError(
+                f"The conversation needs {needed} tokens but the context holds "
+                f"{self.n_ctx}. Start a new chat or raise the context length."
+            )
+
+    def _run(self, tokens: Sequence[int]) -> Any:
+        """Push ``tokens`` through the model into the cache; return the lazy logits."""
+        # MLX gathers embeddings without bounds checks: a bad id would crash the process.
+        if min(tokens) < 0 or max(tokens) >= self.n_vocab:
+            raise DecodeError(f"token ids must lie in [0, {self.n_vocab}); got {list(tokens)}")
+        inputs = mx.array([list(tokens)], dtype=mx.int32)
+        logits = self._model(inputs, cache=self._cache)
+        self._tokens.extend(tokens)
+        return logits
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Evaluate tokens into the cache without ever computing the output layer."""
+        self._check_room(len(tokens))
+        for offset in range(0, len(tokens), PREFILL_CHUNK):
+            self._run(tokens[offset : offset + PREFILL_CHUNK])
+            # Only the cache is evaluated; the lazy logits graph is dropped unevaluated.
+            mx.eval([layer.state for layer in self._cache])
+
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        """Evaluate ``tokens`` in one pass; return float32 logits, one row per token."""
+        count = len(tokens)
+        if count == 0:
+            raise ValueError("forward needs at least one token")
+        self._check_room(count)
+        if last_only and count > 1:
+            self.prefill(tokens[:-1])
+            tokens = tokens[-1:]
+        logits = self._run(tokens)[0].astype(mx.float32)
+        mx.eval(logits, [layer.state for layer in self._cache])
+        return np.array(logits, copy=False)
+
+    def rollback(self, n_keep: int) -> None:
+        """Forget cached positions from ``n_keep`` on, by trimming mlx-lm's prompt cache."""
+        n_keep = max(0, n_keep)
+        excess = len(self._tokens) - n_keep
+        if excess <= 0:
+            return
+        trimmed = trim_prompt_cache(self._cache, excess)
+        if trimmed != excess:
+            raise DecodeError(f"mlx-lm trimmed {trimmed} of {excess} cached positions")
+        del self._tokens[n_keep:]
+
+    def close(self) -> None:
+        """Drop the weights and the cache (MLX frees memory when arrays go away)."""
+        self._cache = []
+        self._model = None
+        mx.clear_cache()

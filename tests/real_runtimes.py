@@ -1,0 +1,48 @@
+"""Loading real models on either runtime, and greedy generation helpers for their tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.base import Model
+from backends.engine import Engine, GenerationRequest
+from backends.speculative import GenerationEvent
+from tests.model_files import require_mlx_model, require_model
+
+CONTEXT = 2048
+
+
+def load_model(runtime: str, key: str) -> Model:
+    """A real model on ``runtime`` (the runtime module is imported only here)."""
+    if runtime == "llamacpp":
+        from backends.llamacpp import LlamaCppModel
+
+        return LlamaCppModel(require_model(key), n_ctx=CONTEXT)
+    directory = require_mlx_model(key)
+    from backends.mlx_lm_backend import MlxModel
+
+    return MlxModel(directory, n_ctx=CONTEXT)
+
+
+def generate(
+    engine: Engine, prompt: list[int], drafter: str, k: int, max_tokens: int, stop=()
+) -> tuple[list[int], list[GenerationEvent]]:
+    """Greedy generation; (tokens, events)."""
+    request = GenerationRequest(
+        prompt_tokens=tuple(prompt),
+        max_tokens=max_tokens,
+        drafter=drafter,
+        draft_tokens=k,
+        stop=tuple(stop),
+    )
+    events = list(engine.generate(request))
+    return [token for event in events for token in event.tokens], events
+
+
+def plain_logits_at(model: Model, prefix: list[int]) -> np.ndarray:
+    """Logits of a single-token (plain decoding) evaluation after ``prefix``."""
+    model.rollback(0)
+    model.prefill(prefix[:-1])
+    row = model.forward(prefix[-1:])[0].copy()
+    model.rollback(0)
+    return row
