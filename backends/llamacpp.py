@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -104,6 +105,24 @@ def check_gguf_file(path: Path) -> None:
             f"{path} is not a GGUF model file (it starts with {magic!r}). "
             "Delete it and download the model again."
         )
+
+
+def _vocab_token_text(vocab: Any, token: int) -> str:
+    """A vocabulary's stored text for a token (shared by the model and the vocab-only load)."""
+    raw = llama_cpp.llama_vocab_get_text(vocab, token)
+    return raw.decode("utf-8", errors="replace") if raw else ""
+
+
+def _vocab_facts(vocab: Any, n_vocab: int) -> VocabInfo:
+    """The tokenizer facts the pair check compares."""
+    return VocabInfo(
+        vocab_type=VOCAB_TYPES.get(int(llama_cpp.llama_vocab_type(vocab)), "unknown"),
+        n_vocab=n_vocab,
+        bos_id=int(llama_cpp.llama_vocab_bos(vocab)),
+        eos_id=int(llama_cpp.llama_vocab_eos(vocab)),
+        add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+        add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
+    )
 
 
 class LlamaCppModel:
@@ -228,8 +247,7 @@ class LlamaCppModel:
 
     def token_text(self, token: int) -> str:
         """The vocabulary's stored text for a token."""
-        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
-        return raw.decode("utf-8", errors="replace") if raw else ""
+        return _vocab_token_text(self._vocab, token)
 
     def is_end_of_generation(self, token: int) -> bool:
         """EOS, EOT or any other token llama.cpp marks as ending generation."""
@@ -241,15 +259,7 @@ class LlamaCppModel:
 
     def vocab_info(self) -> VocabInfo:
         """Tokenizer facts for the pair check."""
-        vocab = self._vocab
-        return VocabInfo(
-            vocab_type=VOCAB_TYPES.get(int(llama_cpp.llama_vocab_type(vocab)), "unknown"),
-            n_vocab=self.n_vocab,
-            bos_id=int(llama_cpp.llama_vocab_bos(vocab)),
-            eos_id=int(llama_cpp.llama_vocab_eos(vocab)),
-            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
-            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
-        )
+        return _vocab_facts(self._vocab, self.n_vocab)
 
     def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
         """Render the conversation with the template stored in the GGUF file."""
@@ -371,20 +381,11 @@ class LlamaCppVocabulary:
 
     def token_text(self, token: int) -> str:
         """The vocabulary's stored text for a token."""
-        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
-        return raw.decode("utf-8", errors="replace") if raw else ""
+        return _vocab_token_text(self._vocab, token)
 
     def vocab_info(self) -> VocabInfo:
         """Tokenizer facts for the pair check."""
-        vocab = self._vocab
-        return VocabInfo(
-            vocab_type=VOCAB_TYPES.get(int(llama_cpp.llama_vocab_type(vocab)), "unknown"),
-            n_vocab=self.n_vocab,
-            bos_id=int(llama_cpp.llama_vocab_bos(vocab)),
-            eos_id=int(llama_cpp.llama_vocab_eos(vocab)),
-            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
-            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
-        )
+        return _vocab_facts(self._vocab, self.n_vocab)
 
     def close(self) -> None:
         """Free the vocabulary."""
