@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 
 NEW_CHAT_TITLE = "New chat"
 SAVE_INTERVAL_SECONDS = 0.5
-STATS_REFRESH_SECONDS = 0.25
-VIEW_REFRESH_SECONDS = 0.2
+# The reply's text and the stats bar are redrawn together, on one timer: every redraw
+# renders the screen on the UI thread, which takes CPU that CPU decoding needs.
+REFRESH_SECONDS = 0.25
 
 
 @dataclass
@@ -119,8 +120,7 @@ class ChatScreen(Screen[None]):
             await self.open_chat(chats[0].id)
         else:
             self.refresh_chat_list()
-        self.set_interval(STATS_REFRESH_SECONDS, self._refresh_live_stats)
-        self.set_interval(VIEW_REFRESH_SECONDS, self._show_reply_text)
+        self.set_interval(REFRESH_SECONDS, self._refresh_reply)
         # The UI is up; now load the models behind it.
         self.draftpen.load_pair(self.draftpen.pair_name)
 
@@ -307,11 +307,7 @@ class ChatScreen(Screen[None]):
             reply.last_saved = time.monotonic()
 
     async def _show_reply_text(self) -> None:
-        """Bring the reply's view up to date with the text received so far.
-
-        Called on a timer, not per event: rendering takes the GIL and the CPU that the
-        decoding thread needs, so the view is redrawn at most VIEW_REFRESH_SECONDS apart.
-        """
+        """Bring the reply's view up to date with the text received so far."""
         reply = self.reply
         if reply is None or not reply.view.is_attached or reply.view.content == reply.content:
             return
@@ -369,6 +365,11 @@ class ChatScreen(Screen[None]):
         if self.reply is not None and not self.reply.cancel.is_set():
             self.reply.cancel.set()
             self.notify(f"Stopped the reply to {purpose}; what it wrote is kept.")
+
+    async def _refresh_reply(self) -> None:
+        """The timer's tick: the reply's new text and the live figures, in one redraw."""
+        await self._show_reply_text()
+        self._refresh_live_stats()
 
     def _refresh_live_stats(self) -> None:
         reply = self.reply
