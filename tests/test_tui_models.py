@@ -112,7 +112,7 @@ def test_the_models_screen_shows_states_and_fit_verdicts(hub: FakeHub, tmp_path:
     async def body(app, fits: bool) -> None:  # type: ignore[no-untyped-def]
         async with app.run_test(size=(140, 40)) as pilot:
             screen = await open_models(app, pilot)
-            name, description, sizes, fit, state = cell_texts(screen, "tiny")
+            name, state, sizes, fit, description = cell_texts(screen, "tiny")
             assert "tiny" in name and description == "Two tiny hub models."
             assert sizes == "3.0 MB + 1.5 MB"
             assert state == "absent"
@@ -141,7 +141,7 @@ def test_download_cancel_resume_and_delete_from_the_models_screen(
             await pilot.press("escape")  # cancel, from the keyboard
             await wait_for_download(screen, pilot)
             assert "cancelled" in screen.last_outcome
-            assert cell_texts(screen, "tiny")[4] == "partial"
+            assert cell_texts(screen, "tiny")[1] == "partial"
             kept = sum(
                 path.stat().st_size for path in service.store.hub_cache.root.rglob("*.incomplete")
             )
@@ -151,7 +151,7 @@ def test_download_cancel_resume_and_delete_from_the_models_screen(
             await pilot.press("enter")  # not downloaded: Enter downloads (and resumes)
             await wait_for_download(screen, pilot)
             assert "downloaded and checked" in screen.last_outcome
-            assert cell_texts(screen, "tiny")[4] == "downloaded"
+            assert cell_texts(screen, "tiny")[1] == "downloaded"
             assert hub.file_gets(TARGET_FILE)[-1].range == f"bytes={kept}-"
             assert screen.query_one("#overall-bar").percentage == 1.0  # type: ignore[attr-defined]
             resolve_pair(service.catalog, "tiny", service.store, "llamacpp")
@@ -161,7 +161,7 @@ def test_download_cancel_resume_and_delete_from_the_models_screen(
             await pilot.press("y")
             await pilot.pause()
             assert "freed 4.5 MB" in screen.last_outcome
-            assert cell_texts(screen, "tiny")[4] == "absent"
+            assert cell_texts(screen, "tiny")[1] == "absent"
 
     run(body)
 

@@ -26,7 +26,8 @@ from app.tui.models_service import ModelsService, PairListing
 from app.tui.screens.dialogs import ConfirmDialog
 from backends.errors import BackendError
 
-COLUMNS = ("Pair", "Good for", "Target + draft", "Fits this machine", "State")
+# State first: the description is long and is the column a narrow terminal cuts.
+COLUMNS = ("Pair", "State", "Target + draft", "Fits this machine", "Good for")
 
 
 def describe_progress(done: int, total: int, speed: float | None, eta: float | None) -> str:
@@ -119,7 +120,7 @@ class ModelsScreen(Screen[str | None]):
             marker = "● " if row.name == self.current_pair else "  "
             sizes = row.sizes if row.available else ""
             table.add_row(
-                marker + row.name, row.description, sizes, row.fit, row.state, key=row.name
+                marker + row.name, row.state, sizes, row.fit, row.description, key=row.name
             )
         if self.rows:
             table.move_cursor(row=min(cursor, len(self.rows) - 1))
