@@ -21,6 +21,7 @@ from app.catalog import Catalog, ModelEntry
 from app.downloads import ResolvedPair, pair_variant, pull_pair
 from app.errors import DownloadCancelledError
 from app.model_store import ModelSource, ModelStore, ProgressStage, disk_free_bytes
+from app.rates import RollingRate
 from backends.pair_check import PairCheck, check_pair
 from backends.select import load_vocabulary
 
@@ -79,8 +80,10 @@ class PullTracker:
     cancel: threading.Event | None = None
     clock: Callable[[], float] = time.monotonic
     _models: dict[str, _ModelProgress] = field(default_factory=dict)
-    _window: list[tuple[float, int]] = field(default_factory=list)
     _speed: float | None = None
+
+    def __post_init__(self) -> None:
+        self._rate = RollingRate(SPEED_WINDOW_SECONDS, self.clock)
 
     def __call__(self, model_key: str, stage: ProgressStage, done: int, total: int) -> None:
         """A :data:`~app.model_store.ProgressCallback`."""
@@ -115,14 +118,11 @@ class PullTracker:
         return sum(m.done for m in counted), sum(m.total for m in counted)
 
     def _measure(self) -> None:
-        now = self.clock()
-        done, _ = self._overall()
-        self._window.append((now, done))
-        while len(self._window) > 2 and now - self._window[1][0] >= SPEED_WINDOW_SECONDS:
-            self._window.pop(0)
-        start_time, start_done = self._window[0]
-        if now - start_time >= SPEED_WINDOW_SECONDS / 4 and done >= start_done:
-            self._speed = (done - start_done) / (now - start_time)
+        self._rate.add(self._overall()[0])
+        seconds, gained = self._rate.span()
+        # Too short a span gives a spike, not a speed: wait for a quarter of the window.
+        if seconds >= SPEED_WINDOW_SECONDS / 4 and gained >= 0:
+            self._speed = gained / seconds
 
     def _event(self, model_key: str, stage: ProgressStage, done: int, total: int) -> PullEvent:
         overall_done, overall_total = self._overall()

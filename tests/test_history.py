@@ -10,7 +10,7 @@ import pytest
 from app.chat_export import chat_to_markdown, last_code_block
 from app.errors import HistoryError
 from app.history import MIGRATIONS, WRITING, History
-from app.tui.reply import RollingRate
+from app.rates import RollingRate
 
 
 def test_a_new_file_gets_every_migration_in_order(tmp_path: Path) -> None:

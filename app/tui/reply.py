@@ -1,51 +1,14 @@
 """What the chat screen tracks about a reply while it is written (no UI, no decoding).
 
-:class:`RollingRate` turns the loop's cumulative token counts into a tokens/sec figure
-over the last second or so, so the stats bar shows a steady rate rather than per-round
-spikes. :class:`ReplyFigures` is the one summary of a reply that the stats bar and the
+:class:`ReplyFigures` is the one summary of a reply that the stats bar and the
 message footer show and that the history stores, taken from the loop's own statistics.
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from backends.speculative import GenerationEvent, TextSegment
-
-
-class RollingRate:
-    """Tokens per second over a sliding window of (time, cumulative tokens) samples."""
-
-    def __init__(
-        self, window_seconds: float = 1.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.window_seconds = window_seconds
-        self._clock = clock
-        self._samples: deque[tuple[float, int]] = deque()
-
-    def reset(self) -> None:
-        """Forget all samples (a new reply starts)."""
-        self._samples.clear()
-
-    def add(self, total_tokens: int) -> None:
-        """Record the cumulative token count now."""
-        now = self._clock()
-        self._samples.append((now, total_tokens))
-        # Keep one sample older than the window, so the rate spans a whole window.
-        while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_seconds:
-            self._samples.popleft()
-
-    def rate(self) -> float:
-        """Tokens/sec over the window, measured up to now (so it decays when tokens stop)."""
-        if len(self._samples) < 2:
-            return 0.0
-        first_time, first_tokens = self._samples[0]
-        _, last_tokens = self._samples[-1]
-        elapsed = self._clock() - first_time
-        return (last_tokens - first_tokens) / elapsed if elapsed > 0 else 0.0
 
 
 @dataclass(frozen=True)

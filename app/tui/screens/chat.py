@@ -28,8 +28,9 @@ from app.chat_export import chat_to_markdown, export_path, last_code_block
 from app.conversation import fit_conversation
 from app.errors import DraftpenError, HistoryError
 from app.history import COMPLETE, FAILED, STOPPED, WRITING, StoredMessage
+from app.rates import RollingRate
 from app.settings import Settings, data_dir
-from app.tui.reply import ReplyFigures, RollingRate, merge_segments
+from app.tui.reply import ReplyFigures, merge_segments
 from app.tui.screens.dialogs import ConfirmDialog, RenameDialog
 from app.tui.widgets.chat_list import ChatList
 from app.tui.widgets.message_view import MessageView
