@@ -445,3 +445,22 @@ def test_a_history_that_cannot_be_written_keeps_the_typed_message_and_says_so() 
             ]
 
     run(body)
+
+
+def test_switching_pairs_while_writing_is_refused_and_keeps_the_engine_open() -> None:
+    engines = {"fake": scripted_engine([CODE_REPLY], hold_after=5), "other": scripted_engine(["x"])}
+    app = make_app(engines)
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            await send(pilot, "first")
+            assert engines["fake"].target.holding.wait(10)
+            app.load_pair("other")
+            await pilot.pause()
+            assert app.engine is engines["fake"] and not engines["fake"].target.closed
+            engines["fake"].target.release.set()
+            await settle(app, pilot)
+            assert reply_views(app)[-1].content == CODE_REPLY
+
+    run(body)

@@ -74,8 +74,14 @@ class DraftpenApp(App[None]):
     # -- the engine ------------------------------------------------------------------
 
     def load_pair(self, pair_name: str) -> None:
-        """Load a pair in the background, replacing the current engine."""
-        self.chat_screen.action_stop()
+        """Load a pair in the background, replacing the current engine.
+
+        Refused while a reply is being written: its thread is using the engine, which
+        must not be freed under it.
+        """
+        if self.chat_screen.reply is not None:
+            self.notify("Stop the reply (Esc) before switching pairs.", severity="warning")
+            return
         if self.engine is not None:
             self.engine.close()
             self.engine = None
@@ -156,10 +162,7 @@ class DraftpenApp(App[None]):
         """The models screen: choose, download or delete pairs."""
 
         def picked(pair_name: str | None) -> None:
-            if pair_name and self.chat_screen.reply is not None:
-                # The writing thread is using the engine; it must not be closed under it.
-                self.notify("Stop the reply (Esc) before switching pairs.", severity="warning")
-            elif pair_name and (pair_name != self.pair_name or self.engine is None):
+            if pair_name and (pair_name != self.pair_name or self.engine is None):
                 self.load_pair(pair_name)
 
         try:
