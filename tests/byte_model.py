@@ -18,6 +18,7 @@ import numpy as np
 
 from backends.base import ChatMessage, VocabInfo
 from backends.errors import DecodeError
+from tests.fakes import fake_chat_template
 
 EOS, BOS, USER, ASSISTANT = 0, 1, 2, 3
 SPECIALS = {"<eos>": EOS, "<bos>": BOS, "<|user|>": USER, "<|assistant|>": ASSISTANT}
@@ -85,14 +86,8 @@ class ScriptedByteModel:
         return token == EOS
 
     def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
-        """``<|user|>text`` and ``<|assistant|>text<eos>`` turns, ending on ``<|assistant|>``."""
-        parts = []
-        for message in messages:
-            if message.role == "assistant":
-                parts.append(f"<|assistant|>{message.content}<eos>")
-            else:
-                parts.append(f"<|user|>{message.content}")
-        return "".join(parts) + "<|assistant|>"
+        """The fakes' chat template (:func:`tests.fakes.fake_chat_template`)."""
+        return fake_chat_template(messages)
 
     def vocab_info(self) -> VocabInfo:
         """The same tokenizer facts for every instance."""

@@ -97,6 +97,20 @@ _PIECES.update({text: [token] for text, token in SPECIAL_TEXT.items()})
 _PIECES_LONGEST_FIRST = sorted(_PIECES, key=len, reverse=True)
 
 
+def fake_chat_template(messages: Sequence[ChatMessage]) -> str:
+    """``<|user|>text`` / ``<|assistant|>text<eos>`` turns, ending on ``<|assistant|>``.
+
+    Every fake model renders conversations this way (system text counts as a user turn).
+    """
+    parts = []
+    for message in messages:
+        if message.role == "assistant":
+            parts.append(f"<|assistant|>{message.content}<eos>")
+        else:
+            parts.append(f"<|user|>{message.content}")
+    return "".join(parts) + "<|assistant|>"
+
+
 class HashModel:
     """A deterministic fake language model implementing ``backends.base.Model``.
 
@@ -168,14 +182,8 @@ class HashModel:
         return token == EOS
 
     def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
-        """``<|user|>text`` / ``<|assistant|>text<eos>`` turns, ending on ``<|assistant|>``."""
-        parts = []
-        for message in messages:
-            if message.role == "assistant":
-                parts.append(f"<|assistant|>{message.content}<eos>")
-            else:
-                parts.append(f"<|user|>{message.content}")
-        return "".join(parts) + "<|assistant|>"
+        """The fakes' chat template (:func:`fake_chat_template`)."""
+        return fake_chat_template(messages)
 
     def vocab_info(self) -> VocabInfo:
         """Tokenizer facts (the same for every fake, so every pair is compatible)."""

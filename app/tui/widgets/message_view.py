@@ -63,13 +63,15 @@ class MessageView(Vertical, can_focus=True):
         yield Label(self._heading(), classes="heading")
         yield Markdown(self.content, classes="markdown")
         yield Static(provenance_text(self.segments), classes="provenance")
-        yield Static(self._footer(), classes="footer", markup=False)
+        yield Static(self.footer_text, classes="footer", markup=False)
 
     def _heading(self) -> str:
         note = STATE_NOTES.get(self.state)
         return ROLE_LABELS.get(self.role, self.role) + (f"  ({note})" if note else "")
 
-    def _footer(self) -> str:
+    @property
+    def footer_text(self) -> str:
+        """The figures line under a finished reply (empty for other messages)."""
         return self.figures.summary() if self.figures is not None else ""
 
     async def append(self, segments: list[tuple[str, bool]], content: str) -> None:
@@ -87,13 +89,8 @@ class MessageView(Vertical, can_focus=True):
         self.figures = figures
         self.state = state
         self.query_one(".heading", Label).update(self._heading())
-        self.query_one(".footer", Static).update(self._footer())
+        self.query_one(".footer", Static).update(self.footer_text)
         self.set_class(bool(self.footer_text), "-has-footer")
-
-    @property
-    def footer_text(self) -> str:
-        """The figures line under a finished reply (empty for other messages)."""
-        return self._footer()
 
     def show_provenance(self, enabled: bool) -> None:
         """Bring the tinted view up to date before it is shown."""
