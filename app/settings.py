@@ -16,6 +16,7 @@ Functions return paths without creating them; code that writes creates what it n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import tomllib
@@ -219,7 +220,10 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
         scratch.write_text(tomli_w.dumps(dataclasses.asdict(settings)), encoding="utf-8")
         os.replace(scratch, path)
     except OSError as error:
-        scratch.unlink(missing_ok=True)
+        # Cleaning up may fail too (the scratch name may not even be a file); the
+        # message below is what matters.
+        with contextlib.suppress(OSError):
+            scratch.unlink(missing_ok=True)
         raise SettingsError(
             f"Cannot save settings to {path}: {error.strerror or error}. "
             "Your previous settings are unchanged."

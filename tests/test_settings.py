@@ -9,7 +9,7 @@ import pytest
 
 from app import settings
 from app.errors import DraftpenError, SettingsError
-from app.settings import Settings, load_settings
+from app.settings import Settings, load_settings, save_settings
 
 
 def test_draftpen_home_holds_config_data_and_cache(
@@ -103,3 +103,13 @@ def test_bad_settings_file_names_the_file_and_the_problem(
 def test_settings_are_frozen() -> None:
     with pytest.raises(AttributeError):
         Settings().temperature = 2.0  # type: ignore[misc]
+
+
+def test_a_failed_save_says_so_and_leaves_the_previous_settings_intact(tmp_path: Path) -> None:
+    path = tmp_path / "settings.toml"
+    save_settings(Settings(temperature=0.2), path)
+    # The scratch file's name is taken by a directory: writing it fails, as on a full disk.
+    (tmp_path / ".settings.toml.tmp").mkdir()
+    with pytest.raises(SettingsError, match="previous settings are unchanged"):
+        save_settings(Settings(temperature=0.9), path)
+    assert load_settings(path).temperature == 0.2
