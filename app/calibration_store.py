@@ -1,6 +1,6 @@
 """Cost calibrations kept on disk, one per machine, pair, runtime and settings.
 
-Measuring forward costs takes about a second at load; keeping the result means the
+Measuring forward costs takes a few seconds at load on a small CPU; keeping the result means the
 next start begins calibrated. The key covers everything that changes the numbers:
 the model files, the runtime and its version, threads, GPU offload, the CPU. When
 any of them changes the key changes and calibration is simply done again.
@@ -20,7 +20,7 @@ from app.settings import cache_dir
 from backends.controller import CostModel
 from backends.engine import Engine
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2  # 2: every batch size to 8, and the exact batch limit
 
 
 def calibration_key(engine: Engine, runtime: str) -> str:
@@ -60,7 +60,12 @@ def load_costs(key: str) -> CostModel | None:
         data = json.loads(calibration_path(key).read_text(encoding="utf-8"))
         target = {int(size): float(seconds) for size, seconds in data["target_seconds"].items()}
         draft = data.get("draft_step_seconds")
-        return CostModel(target, float(draft) if draft is not None else None)
+        limit = data.get("exact_batch_limit")
+        return CostModel(
+            target,
+            float(draft) if draft is not None else None,
+            exact_batch_limit=int(limit) if limit is not None else None,
+        )
     except (OSError, ValueError, KeyError, TypeError):
         # Missing or damaged: measuring again is cheap and always right.
         return None
@@ -76,6 +81,7 @@ def save_costs(key: str, costs: CostModel) -> None:
             {
                 "target_seconds": {str(k): v for k, v in costs.target_seconds.items()},
                 "draft_step_seconds": costs.draft_step_seconds,
+                "exact_batch_limit": costs.exact_batch_limit,
             },
             indent=2,
         ),

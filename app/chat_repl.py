@@ -66,6 +66,7 @@ def run_plain_chat(args: argparse.Namespace, settings: Settings) -> int:
                     drafter=settings.drafter,
                     draft_tokens=settings.draft_tokens,
                     stop=tuple(args.stop),
+                    exact=settings.exact_output,
                 )
                 reply, stats = _stream_reply(engine, request)
             except (BackendError, DraftpenError) as error:

@@ -73,6 +73,14 @@ def add_sampling_options(parser: argparse.ArgumentParser, *, temperature: float 
         help="draft tokens per round (K) for a fixed drafter; auto chooses K itself",
     )
     parser.add_argument("--drafter", choices=DRAFTER_CHOICES, default=default("auto"))
+    parser.add_argument(
+        "--exact",
+        dest="exact_output",
+        action=argparse.BooleanOptionalAction,
+        default=default(True),
+        help="auto verifies only in batches that round exactly like plain decoding "
+        "(default); --no-exact allows any batch size",
+    )
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
@@ -85,6 +93,7 @@ CHAT_SETTING_FLAGS = (
     "max_tokens",
     "draft_tokens",
     "drafter",
+    "exact_output",
 )
 
 
@@ -178,6 +187,7 @@ def run_generate(args: argparse.Namespace) -> int:
             drafter=args.drafter,
             draft_tokens=args.draft_tokens,
             stop=tuple(args.stop),
+            exact=args.exact_output,
         )
         cancel = threading.Event()
         _interrupt_sets(cancel)

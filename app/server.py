@@ -465,6 +465,11 @@ class AgentApi:
                 draft_tokens=_given(draft_tokens, settings.draft_tokens),
                 stop=parsed.stop,
                 prediction=parsed.prediction.content if parsed.prediction else None,
+                exact=(
+                    speculative.exact
+                    if speculative and speculative.exact is not None
+                    else settings.exact_output
+                ),
             )
         except ValueError as error:
             raise ApiError(400, str(error), code="invalid_value") from None

@@ -109,6 +109,9 @@ class Speculative(_Strict):
         None, description=f"one of {', '.join(DRAFTER_CHOICES)}"
     )
     k: int | None = Field(None, ge=0, le=MAX_DRAFT_TOKENS, description="draft tokens per round")
+    exact: bool | None = Field(
+        None, description="auto verifies only in batches that round exactly like plain decoding"
+    )
 
 
 class StreamOptions(BaseModel):

@@ -115,6 +115,9 @@ class Settings:
     context_length: int = 4096
     draft_tokens: int = 4
     drafter: DrafterChoice = "auto"
+    # auto verifies only in batches this machine computes bit for bit like one-token
+    # decoding, so greedy output equals plain decoding exactly (see backends/calibration.py)
+    exact_output: bool = True
     system_prompt: str = ""
 
     def __post_init__(self) -> None:
@@ -162,7 +165,11 @@ def _field_types() -> dict[str, type]:
 
 def _coerce(key: str, value: Any, expected: type) -> Any:
     # TOML distinguishes 1 from 1.0; a person writing `temperature = 1` means 1.0.
-    # bool is a subclass of int, so it is refused explicitly.
+    # bool is a subclass of int, so it is refused explicitly where a number is expected.
+    if expected is bool:
+        if isinstance(value, bool):
+            return value
+        raise SettingsError(f"{key} must be true or false, not {value!r}")
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, expected) and not isinstance(value, bool):

@@ -1,9 +1,20 @@
 """Measuring what a forward pass costs on this machine, for this pair.
 
-The numbers decide whether speculation can pay: the time of a target forward of
-1, 2, 4 and 8 tokens, and of one draft-model step, taken at a realistic position
-in the context. It takes about a second on a 2-core CPU; callers cache the result
-(see app/calibration_store.py) so the next start begins calibrated.
+The numbers decide whether speculation can pay: the time of a target forward of n
+tokens for n up to 8 (and 16), and of one draft-model step, taken at a realistic
+position in the context. Every size up to 8 is measured because the cost curve is
+not smooth: llama.cpp switches kernels at batch-size thresholds, so a batch of 4 can
+cost less than a batch of 3.
+
+The same pass checks exactness: the logits of each batch are compared, bit for bit,
+with the logits of the same tokens decoded one at a time. Kernels for larger batches
+may add up in another order and round differently (measured on our CPU with
+repacked weights: up to 0.5 in a logit from 4 tokens on), and a verify batch that
+rounds differently can flip a near-tie, so greedy output would no longer equal plain
+decoding. ``exact_batch_limit`` is the largest batch whose every row matched.
+
+It takes about three seconds on a 2-core CPU with a 1.5B target (a fraction of a
+second on a GPU); callers cache the result (see app/calibration_store.py).
 """
 
 from __future__ import annotations
@@ -12,25 +23,31 @@ import statistics
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from backends.base import Model
 from backends.controller import CostModel
 
-CALIBRATION_SIZES = (1, 2, 4, 8)
-# A stretch of ordinary text, so the forwards run at a typical position.
-_CONTEXT_TEXT = "Measure the cost of a forward pass at a realistic position. " * 6
+CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16)
+EXACTNESS_CHECKED_UP_TO = 8  # larger verify batches are never trusted to be exact
+DRAFT_STEP_SAMPLES = 4
+# Ordinary text, so the forwards run at a typical position with varied tokens.
+_CONTEXT_TEXT = (
+    "measure the cost of a forward pass at a realistic position in the context. "
+    "the quick brown fox jumps over the lazy dog, then writes a short function "
+    "that returns the sum of a list of numbers, and explains each line in plain words. "
+) * 2
 
 
-def time_forward(model: Model, size: int, repeats: int) -> float:
-    """Median seconds of a ``size``-token forward from the model's current position."""
+def time_forward(model: Model, tokens: Sequence[int]) -> tuple[float, np.ndarray]:
+    """Seconds for one forward of ``tokens`` and a copy of its logits; then roll back."""
     base = len(model.cached_tokens)
-    tokens = [model.cached_tokens[-1]] * size
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        model.forward(tokens)
-        samples.append(time.perf_counter() - started)
-        model.rollback(base)
-    return statistics.median(samples)
+    started = time.perf_counter()
+    rows = model.forward(tokens)
+    seconds = time.perf_counter() - started
+    copied = np.array(rows, copy=True)
+    model.rollback(base)
+    return seconds, copied
 
 
 def measure_costs(
@@ -38,22 +55,56 @@ def measure_costs(
     draft: Model | None = None,
     *,
     sizes: Sequence[int] = CALIBRATION_SIZES,
-    repeats: int = 2,
+    repeats: int = 1,
 ) -> CostModel:
-    """Time target forwards of ``sizes`` tokens and one draft step; caches are left empty."""
+    """Time target forwards of ``sizes`` tokens and a draft step; check batch exactness.
+
+    Both models' caches are left empty.
+    """
     context = target.tokenize(_CONTEXT_TEXT, add_special=False)
-    target_seconds: dict[int, float] = {}
+    longest = max(max(sizes), EXACTNESS_CHECKED_UP_TO)
+    if len(context) < longest + 8:
+        raise ValueError("the calibration text is too short for these batch sizes")
+    prefix, probe = context[:-longest], context[-longest:]
+
+    target.rollback(0)
+    target.prefill(prefix)
+    time_forward(target, probe[:1])  # warm up
+    # One token at a time: the plain-decoding cost, and the reference logits.
+    single_seconds, single_rows = [], []
+    base = len(target.cached_tokens)
+    for token in probe[:EXACTNESS_CHECKED_UP_TO]:
+        started = time.perf_counter()
+        row = target.forward([token])
+        single_seconds.append(time.perf_counter() - started)
+        single_rows.append(np.array(row[0], copy=True))
+    target.rollback(base)
+
+    target_seconds = {1: statistics.median(single_seconds)}
+    exact = {1: True}
+    for size in sorted(s for s in sizes if s > 1):
+        samples = []
+        for repeat in range(max(1, repeats)):
+            seconds, rows = time_forward(target, probe[:size])
+            samples.append(seconds)
+            if repeat == 0 and size <= EXACTNESS_CHECKED_UP_TO:
+                exact[size] = all(
+                    np.array_equal(rows[index], single_rows[index]) for index in range(size)
+                )
+        target_seconds[size] = statistics.median(samples)
+    target.rollback(0)
+
+    exact_limit = 1
+    while exact.get(exact_limit + 1, False):
+        exact_limit += 1
+
     draft_seconds: float | None = None
-    for model in (target, draft):
-        if model is None:
-            continue
-        model.rollback(0)
-        model.prefill(context)
-        time_forward(model, 1, 1)  # warm up
-        if model is target:
-            for size in sizes:
-                target_seconds[size] = time_forward(model, size, repeats)
-        else:
-            draft_seconds = time_forward(model, 1, repeats)
-        model.rollback(0)
-    return CostModel(target_seconds, draft_seconds)
+    if draft is not None:
+        draft.rollback(0)
+        draft.prefill(prefix)
+        time_forward(draft, probe[:1])  # warm up
+        draft_seconds = statistics.median(
+            time_forward(draft, probe[index : index + 1])[0] for index in range(DRAFT_STEP_SAMPLES)
+        )
+        draft.rollback(0)
+    return CostModel(target_seconds, draft_seconds, exact_batch_limit=exact_limit)

@@ -13,9 +13,12 @@ and the same draft model wins. So the controller measures instead of assuming:
 
 and before each round picks the drafter and K that maximise expected tokens per
 second, ``E[tokens | K] / (verify(K + 1) + draft(K))``, with K = 0 (plain decoding)
-as the baseline it must beat. The n-gram drafter is also *shadowed* while it is not
-used: its proposal is compared with what plain decoding then wrote, which costs
-nothing, so speed comes back when the text turns repetitive.
+as the baseline it must beat. With ``exact`` (the default) K stays below the largest
+verify batch that calibration found bit-identical to one-token decoding, so greedy
+output equals plain decoding exactly, not just up to rounding. The n-gram drafter is
+also *shadowed* while it is not used: its proposal is compared with what plain
+decoding then wrote, which costs nothing, so speed comes back when the text turns
+repetitive.
 """
 
 from __future__ import annotations
@@ -55,11 +58,14 @@ class CostModel:
     """Seconds for a target forward of n tokens, and for one draft-model step.
 
     ``target_seconds`` maps batch sizes to measured times; other sizes are linearly
-    interpolated (and extrapolated from the last two points).
+    interpolated (and extrapolated from the last two points). ``exact_batch_limit``
+    is the largest forward whose logits were measured bit-identical to one-token
+    decoding (None: not measured).
     """
 
     target_seconds: dict[int, float]
     draft_step_seconds: float | None = None
+    exact_batch_limit: int | None = None
 
     def __post_init__(self) -> None:
         if 1 not in self.target_seconds:
@@ -173,10 +179,15 @@ class AdaptiveDraftPolicy:
         max_draft_tokens: int = DEFAULT_MAX_DRAFT,
         params: SamplingParams | None = None,
         acceptance: dict[str, AcceptanceEstimate] | None = None,
+        exact: bool = True,
     ) -> None:
         self.drafters = {drafter.name: drafter for drafter in drafters}
         self.costs = costs
+        # Exact output: verify only in batches this machine computes bit for bit like
+        # one-token decoding, so greedy output equals plain decoding exactly.
         self.max_draft_tokens = max_draft_tokens
+        if exact and costs.exact_batch_limit is not None:
+            self.max_draft_tokens = min(max_draft_tokens, costs.exact_batch_limit - 1)
         self.params = params or SamplingParams()
         # Shared across generations when the caller passes its own dict: what was
         # learned about this conversation carries over to the next reply.
@@ -202,7 +213,7 @@ class AdaptiveDraftPolicy:
         best = Decision("none", 0, 1.0, self._plain_reason())
         best_rate = plain_rate * MIN_PAYING_SPEEDUP
         best_key = ""
-        for name in self.drafters:
+        for name in self.drafters if self.max_draft_tokens > 0 else ():
             key = self._estimate_key(name, context)
             if key is None:
                 continue
@@ -226,7 +237,8 @@ class AdaptiveDraftPolicy:
             ):
                 # Acceptance may have changed since the model was last tried.
                 self._rounds_without_model = 0
-                best = Decision("model", MODEL_PROBE_LENGTH, 1.0, "probing the draft model")
+                probe_length = min(MODEL_PROBE_LENGTH, self.max_draft_tokens)
+                best = Decision("model", probe_length, 1.0, "probing the draft model")
                 best_key = "model"
         self.decision = best
         self._round_key = best_key
@@ -299,7 +311,7 @@ class AdaptiveDraftPolicy:
 
     def _model_can_pay(self) -> bool:
         """Would the draft model pay here even if every draft token were accepted?"""
-        if "model" not in self.drafters:
+        if "model" not in self.drafters or self.max_draft_tokens < 1:
             return False
         step = self.costs.draft_step_seconds or 0.0
         always_right = max(
@@ -309,6 +321,11 @@ class AdaptiveDraftPolicy:
         return always_right * self.costs.verify(1) > MIN_PAYING_SPEEDUP
 
     def _plain_reason(self) -> str:
+        if self.max_draft_tokens < 1:
+            return (
+                "speculation off: this machine's batched forward rounds differently "
+                "from one-token decoding (exact = false in settings allows it)"
+            )
         if "model" in self.drafters and not self._model_can_pay():
             return "speculation off: draft model too slow on this machine"
         return "speculation off: drafts not accepted often enough to pay here"

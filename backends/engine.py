@@ -39,6 +39,10 @@ class GenerationRequest:
     draft_tokens: int = 4
     stop: tuple[str, ...] = ()
     prediction: str | None = None
+    # "auto" keeps verify batches to the sizes this machine computes bit for bit like
+    # one-token decoding; False lets it use any size (faster on some machines; greedy
+    # output may then differ from plain decoding where two tokens nearly tie).
+    exact: bool = True
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTER_CHOICES:
@@ -63,6 +67,10 @@ class Engine:
         self._model_drafter = ModelDrafter(draft) if draft is not None else None
         self._ngram_drafter = NgramDrafter()
         self._acceptance: dict[str, AcceptanceEstimate] = {}
+
+    def forget_acceptance(self) -> None:
+        """Drop what "auto" learned about acceptance (it normally carries over replies)."""
+        self._acceptance.clear()
 
     def calibrate(self) -> CostModel:
         """Measure forward costs on this machine (about a second); used by "auto"."""
@@ -117,7 +125,11 @@ class Engine:
         if self._model_drafter is not None:
             drafters.append(self._model_drafter)
         return AdaptiveDraftPolicy(
-            drafters, costs, params=request.params, acceptance=self._acceptance
+            drafters,
+            costs,
+            params=request.params,
+            acceptance=self._acceptance,
+            exact=request.exact,
         )
 
     def generate(

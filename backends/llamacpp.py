@@ -136,6 +136,7 @@ class LlamaCppModel:
         n_batch: int = 512,
         n_threads: int | None = None,
         gpu_layers: int | None = None,
+        repack_weights: bool = False,
         name: str | None = None,
     ) -> None:
         self.path = Path(path)
@@ -151,6 +152,13 @@ class LlamaCppModel:
         if gpu_layers is None:
             gpu_layers = 999 if self.gpu_offload else 0
         model_params.n_gpu_layers = gpu_layers
+        # llama.cpp repacks CPU weights for its batched kernels by default. Off, because
+        # measured on our 2-core AVX-512 machine with the starter target (Q4_K_M): without
+        # repacking, verify batches of up to 7 tokens give logits bit-identical to
+        # one-token decoding (with it, only up to 3: batches of 4+ differ by up to 0.5 in
+        # a logit, enough to flip near-ties), plain decoding was 2% faster, prefill 25%
+        # faster, and the weights stay memory-mapped.
+        model_params.use_extra_bufts = repack_weights
         _recent_errors.clear()
         self._model = llama_cpp.llama_model_load_from_file(
             str(self.path).encode("utf-8"), model_params

@@ -21,7 +21,7 @@ class CountingEngine(Engine):
 
     def calibrate(self) -> CostModel:
         CountingEngine.calibrations += 1
-        self.costs = CostModel({1: 0.03, 2: 0.05, 4: 0.09, 8: 0.2}, 0.02)
+        self.costs = CostModel({1: 0.03, 2: 0.05, 4: 0.09, 8: 0.2}, 0.02, exact_batch_limit=5)
         return self.costs
 
 
@@ -37,6 +37,7 @@ def test_calibration_is_loaded_from_disk_after_a_restart():
     assert CountingEngine.calibrations == 1
     assert loaded.target_seconds == measured.target_seconds
     assert loaded.draft_step_seconds == measured.draft_step_seconds
+    assert loaded.exact_batch_limit == 5
     assert restarted.costs is loaded
 
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.controller import AcceptanceEstimate, AdaptiveDraftPolicy, CostModel
+from backends.controller import (
+    MODEL_PROBE_INTERVAL,
+    AcceptanceEstimate,
+    AdaptiveDraftPolicy,
+    CostModel,
+)
 from backends.drafters import DraftProposal, NgramDrafter
 from backends.sampling import SamplingParams
 from backends.speculative import RoundOutcome
@@ -132,3 +137,35 @@ def test_acceptance_estimate_weights_recent_rounds_more():
     assert high > 0.95
     assert estimate.at(0) < 0.4
     assert estimate.expected_tokens(0) == 1.0
+
+
+def test_exact_output_keeps_k_within_the_batches_measured_to_round_exactly():
+    estimates = {"model": AcceptanceEstimate(0.9)}
+    exact = AdaptiveDraftPolicy(
+        [StubModelDrafter()],
+        CostModel(dict(GPU_COSTS), GPU_DRAFT_STEP, exact_batch_limit=3),
+        acceptance=estimates,
+    )
+    exact.begin([1])
+    assert 1 <= exact.plan([1]).draft_length <= 2
+    any_batch = AdaptiveDraftPolicy(
+        [StubModelDrafter()],
+        CostModel(dict(GPU_COSTS), GPU_DRAFT_STEP, exact_batch_limit=3),
+        acceptance=estimates,
+        exact=False,
+    )
+    any_batch.begin([1])
+    assert any_batch.plan([1]).draft_length > 2
+
+
+def test_no_exact_batch_means_no_speculation_and_says_why():
+    policy = AdaptiveDraftPolicy(
+        [StubModelDrafter(), NgramDrafter()],
+        CostModel(dict(GPU_COSTS), GPU_DRAFT_STEP, exact_batch_limit=1),
+        acceptance={"model": AcceptanceEstimate(0.9)},
+    )
+    policy.begin([1, 2, 3])
+    for _ in range(MODEL_PROBE_INTERVAL + 2):
+        plan = policy.plan([1, 2, 3])
+        assert plan.draft_length == 0
+    assert "rounds differently" in plan.reason and "exact = false" in plan.reason

@@ -388,6 +388,13 @@ BAD_REQUESTS = [
         id="no-draft-model",
     ),
     pytest.param(
+        chat("hi", speculative={"exact": "yes"}),
+        400,
+        "invalid_type",
+        "speculative.exact",
+        id="exact-not-bool",
+    ),
+    pytest.param(
         chat("hi", messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
         400,
         "invalid_value",

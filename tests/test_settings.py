@@ -57,13 +57,17 @@ def test_no_settings_file_means_defaults() -> None:
 
 def test_settings_file_values_are_loaded(tmp_path: Path) -> None:
     path = tmp_path / "settings.toml"
-    path.write_text('temperature = 1\ntop_k = 0\ndrafter = "ngram"\nsystem_prompt = "Be brief."\n')
+    path.write_text(
+        'temperature = 1\ntop_k = 0\ndrafter = "ngram"\nsystem_prompt = "Be brief."\n'
+        "exact_output = false\n"
+    )
     loaded = load_settings(path)
     assert loaded.temperature == 1.0
     assert isinstance(loaded.temperature, float)
     assert loaded.top_k == 0
     assert loaded.drafter == "ngram"
     assert loaded.system_prompt == "Be brief."
+    assert loaded.exact_output is False and Settings().exact_output is True
     assert loaded.max_tokens == Settings().max_tokens
 
 
@@ -80,6 +84,7 @@ def test_settings_are_read_from_the_config_dir(draftpen_home: Path) -> None:
         ("top_k = 4.5\n", "top_k must be an integer"),
         ("max_tokens = true\n", "max_tokens must be an integer"),
         ('temperature = "hot"\n', "temperature must be a number"),
+        ("exact_output = 1\n", "exact_output must be true or false"),
         ('drafter = "psychic"\n', "drafter must be one of auto, model, ngram, none"),
         ("top_p = 0\n", "top_p must be above 0"),
         ("temperature = 0.5\ntemperature = 0.6\n", "Cannot read settings file"),

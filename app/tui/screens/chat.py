@@ -274,6 +274,7 @@ class ChatScreen(Screen[None]):
                 max_tokens=settings.max_tokens,
                 drafter=settings.drafter,
                 draft_tokens=settings.draft_tokens,
+                exact=settings.exact_output,
             )
             for event in engine.generate(request, reply.cancel):
                 self.post_message(self.ReplyUpdate(reply.message_id, event))

@@ -24,6 +24,10 @@ NUMBER_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("max_tokens", "Max tokens", "per reply"),
     ("draft_tokens", "Draft length K", "draft tokens per round for model/n-gram; auto chooses"),
 )
+EXACT_OUTPUT_CHOICES = (
+    ("exact: greedy output equals plain decoding, bit for bit", True),
+    ("fastest: any verify batch (may differ where two tokens nearly tie)", False),
+)
 DRAFTER_LABELS = {
     "auto": "auto (measures and picks per round)",
     "model": "draft model",
@@ -60,6 +64,14 @@ class SettingsScreen(ModalScreen[Settings | None]):
                     allow_blank=False,
                     id="drafter",
                 )
+            with Horizontal(classes="field"):
+                yield Label("Auto verifies", classes="field-label")
+                yield Select(
+                    EXACT_OUTPUT_CHOICES,
+                    value=self.settings.exact_output,
+                    allow_blank=False,
+                    id="exact_output",
+                )
             yield Label("System prompt", classes="field-label")
             yield TextArea(self.settings.system_prompt, id="system_prompt")
             yield Label("", id="settings-error", markup=False)
@@ -78,6 +90,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             except ValueError:
                 raise SettingsError(f"{label} must be a number, not {text!r}") from None
         values["drafter"] = self.query_one("#drafter", Select).value
+        values["exact_output"] = self.query_one("#exact_output", Select).value
         values["system_prompt"] = self.query_one("#system_prompt", TextArea).text
         return dataclasses.replace(self.settings, **values)  # type: ignore[arg-type]
 
