@@ -18,7 +18,7 @@ import json
 import sys
 import tomllib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Protocol
@@ -27,7 +27,7 @@ from app.errors import DraftpenError
 from app.machine import machine_description
 from backends.base import ChatMessage
 from backends.calibration import measure_costs
-from backends.controller import CostModel
+from backends.controller import AcceptanceEstimate, CostModel
 from backends.engine import Engine, GenerationRequest
 from backends.sampling import SamplingParams
 from backends.speculative import SpeculativeStats
@@ -56,6 +56,7 @@ class BenchMode:
     drafter: str
     draft_tokens: int
     exact: bool = True
+    acceptance_memory: dict[str, AcceptanceEstimate] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -147,11 +148,11 @@ def _run_mode(
 ) -> SpeculativeStats:
     """One generation in ``mode``; its final statistics.
 
-    "auto" starts every prompt knowing nothing about acceptance, so no mode profits
-    from what another learned on the same text.
+    Each "auto" mode keeps its own acceptance memory across prompts, as a chat session
+    does across replies, so no mode profits from what another learned on the same text.
     """
     if mode.drafter == "auto":
-        engine.forget_acceptance()
+        engine.use_acceptance_memory(mode.acceptance_memory)
     request = GenerationRequest(
         prompt_tokens=tokens,
         params=params,

@@ -68,9 +68,13 @@ class Engine:
         self._ngram_drafter = NgramDrafter()
         self._acceptance: dict[str, AcceptanceEstimate] = {}
 
-    def forget_acceptance(self) -> None:
-        """Drop what "auto" learned about acceptance (it normally carries over replies)."""
-        self._acceptance.clear()
+    def use_acceptance_memory(self, memory: dict[str, AcceptanceEstimate]) -> None:
+        """Make "auto" learn acceptance into ``memory`` (bench: one per compared mode).
+
+        By default one memory serves every generation, so what was learned about a
+        conversation carries over to the next reply.
+        """
+        self._acceptance = memory
 
     def calibrate(self) -> CostModel:
         """Measure forward costs on this machine (about a second); used by "auto"."""

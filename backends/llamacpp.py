@@ -156,9 +156,11 @@ class LlamaCppModel:
         # measured on our 2-core AVX-512 machine with the starter target (Q4_K_M): without
         # repacking, verify batches of up to 7 tokens give logits bit-identical to
         # one-token decoding (with it, only up to 3: batches of 4+ differ by up to 0.5 in
-        # a logit, enough to flip near-ties), plain decoding was 2% faster, prefill 25%
-        # faster, and the weights stay memory-mapped.
+        # a logit, enough to flip near-ties), and prefill was 25% faster. Plain decoding
+        # from memory-mapped weights was then 6% slower than repacked; reading them into
+        # memory instead (no mmap) brought it back to within 2%.
         model_params.use_extra_bufts = repack_weights
+        model_params.use_mmap = repack_weights
         _recent_errors.clear()
         self._model = llama_cpp.llama_model_load_from_file(
             str(self.path).encode("utf-8"), model_params
