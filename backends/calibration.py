@@ -13,7 +13,7 @@ repacked weights: up to 0.5 in a logit from 4 tokens on), and a verify batch tha
 rounds differently can flip a near-tie, so greedy output would no longer equal plain
 decoding. ``exact_batch_limit`` is the largest batch whose every row matched.
 
-It takes about three seconds on a 2-core CPU with a 1.5B target (a fraction of a
+It takes three to four seconds on a 2-core CPU with a 1.5B target (a fraction of a
 second on a GPU); callers cache the result (see app/calibration_store.py).
 """
 

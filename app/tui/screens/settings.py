@@ -25,8 +25,8 @@ NUMBER_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("draft_tokens", "Draft length K", "draft tokens per round for model/n-gram; auto chooses"),
 )
 EXACT_OUTPUT_CHOICES = (
-    ("exact: greedy output equals plain decoding, bit for bit", True),
-    ("fastest: any verify batch (may differ where two tokens nearly tie)", False),
+    ("exact, bit for bit", True),
+    ("fastest, any batch size", False),
 )
 DRAFTER_LABELS = {
     "auto": "auto (measures and picks per round)",
