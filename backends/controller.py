@@ -18,7 +18,8 @@ verify batch that calibration found bit-identical to one-token decoding, so gree
 output equals plain decoding exactly, not just up to rounding. The n-gram drafter is
 also *shadowed* while it is not used: its proposal is compared with what plain
 decoding then wrote, which costs nothing, so speed comes back when the text turns
-repetitive.
+repetitive. Draft-model rounds stop early where the draft's confidence in its next
+token falls below a floor learned from what the target accepted (:class:`ConfidenceFloor`).
 """
 
 from __future__ import annotations
@@ -158,6 +159,73 @@ class AcceptanceEstimate:
         return expected
 
 
+CONFIDENCE_BINS = 10
+
+
+@dataclass
+class ConfidenceFloor:
+    """Learns below which draft confidence a drafted token is not worth verifying.
+
+    Like llama.cpp's ``p_min``, but learned: decayed counts of accepted and rejected
+    draft-model tokens per confidence bin (the draft's probability of its own token,
+    tenths of [0, 1]), with a prior that the draft is calibrated (bin midpoint), fitted
+    to rise with confidence. The floor is the lower edge of the lowest bin whose
+    acceptance reaches the break-even the costs imply.
+    """
+
+    accepted: list[float] = field(default_factory=lambda: [0.0] * CONFIDENCE_BINS)
+    trials: list[float] = field(default_factory=lambda: [0.0] * CONFIDENCE_BINS)
+
+    @staticmethod
+    def _bin(confidence: float) -> int:
+        return min(CONFIDENCE_BINS - 1, max(0, int(confidence * CONFIDENCE_BINS)))
+
+    def acceptance(self, index: int) -> float:
+        """Estimated acceptance of tokens drafted with confidence in bin ``index``."""
+        prior = (index + 0.5) / CONFIDENCE_BINS
+        return (self.accepted[index] + PRIOR_WEIGHT * prior) / (self.trials[index] + PRIOR_WEIGHT)
+
+    def observe(self, confidences: Sequence[float], accepted: int) -> None:
+        """Tokens before ``accepted`` were accepted, the one at ``accepted`` was not."""
+        for index in range(CONFIDENCE_BINS):
+            self.accepted[index] *= DECAY
+            self.trials[index] *= DECAY
+        for position, confidence in enumerate(confidences[: accepted + 1]):
+            index = self._bin(confidence)
+            self.trials[index] += 1.0
+            if position < accepted:
+                self.accepted[index] += 1.0
+
+    def floor(self, break_even: float) -> float:
+        """Stop drafting below this confidence (0.0: never stop early)."""
+        monotone = self._monotone_acceptance()
+        lowest = next(
+            (index for index, value in enumerate(monotone) if value >= break_even),
+            CONFIDENCE_BINS,
+        )
+        return lowest / CONFIDENCE_BINS
+
+    def _monotone_acceptance(self) -> list[float]:
+        """Per-bin acceptance, fitted to never fall as confidence rises.
+
+        A more confident draft token is not less likely to be accepted, so bins that
+        say otherwise (usually a bin with little evidence next to one with much) are
+        pooled with their neighbours, weighted by evidence (pool-adjacent-violators).
+        """
+        blocks: list[list[float]] = []  # [accepted, trials, bins] per pooled block
+        for index in range(CONFIDENCE_BINS):
+            prior = (index + 0.5) / CONFIDENCE_BINS
+            blocks.append(
+                [self.accepted[index] + PRIOR_WEIGHT * prior, self.trials[index] + PRIOR_WEIGHT, 1]
+            )
+            while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+                accepted, trials, bins = blocks.pop()
+                blocks[-1][0] += accepted
+                blocks[-1][1] += trials
+                blocks[-1][2] += bins
+        return [accepted / trials for accepted, trials, bins in blocks for _ in range(int(bins))]
+
+
 @dataclass(frozen=True)
 class Decision:
     """What the controller chose and why, for the UI and the API."""
@@ -193,6 +261,11 @@ class AdaptiveDraftPolicy:
         # learned about this conversation carries over to the next reply.
         self.acceptance = acceptance if acceptance is not None else {}
         self._rounds_without_model = 0
+        # The draft model through a view whose confidence floor this policy learns.
+        model = self.drafters.get("model")
+        view = getattr(model, "with_confidence_floor", None)
+        self._floored_model: Drafter | None = view() if view is not None else None
+        self.confidence_floor = ConfidenceFloor()
         self.decision = Decision("none", 0, 1.0, "not started")
         self._round_key = ""  # the acceptance estimate the current round draws on
         self._shadows: list[tuple[int, list[int], str]] = []
@@ -245,9 +318,15 @@ class AdaptiveDraftPolicy:
         if best.drafter == "none":
             self._start_shadow(context)
             return RoundPlan(None, 0, 1.0, best.reason)
-        return RoundPlan(
-            self.drafters[best.drafter], best.draft_tokens, best.estimated_speedup, best.reason
-        )
+        drafter = self.drafters[best.drafter]
+        reason = best.reason
+        if best.drafter == "model" and self._floored_model is not None:
+            floor = self.confidence_floor.floor(self._break_even_acceptance(best.draft_tokens))
+            self._floored_model.min_confidence = floor  # type: ignore[attr-defined]
+            drafter = self._floored_model
+            if floor > 0:
+                reason += f", stops below p {floor:.1f}"
+        return RoundPlan(drafter, best.draft_tokens, best.estimated_speedup, reason)
 
     def observe(self, outcome: RoundOutcome) -> None:
         """Learn acceptance and costs from a finished round."""
@@ -257,6 +336,8 @@ class AdaptiveDraftPolicy:
             self._estimate(self._round_key).observe(outcome.drafted, outcome.accepted)
             if outcome.drafter == "model" and outcome.draft_seconds > 0:
                 self.costs.observe_draft_step(outcome.draft_seconds / outcome.drafted)
+            if outcome.drafter == "model" and outcome.draft_confidences:
+                self.confidence_floor.observe(outcome.draft_confidences, outcome.accepted)
 
     # -- internals -------------------------------------------------------------
 
@@ -293,6 +374,17 @@ class AdaptiveDraftPolicy:
             if rate > best_rate:
                 best_k, best_rate = draft_tokens, rate
         return best_k, best_rate
+
+    def _break_even_acceptance(self, draft_tokens: int) -> float:
+        """Acceptance at which one more draft-model token pays for itself.
+
+        It costs a draft step plus its share of the verify batch, and brings a token
+        that would otherwise cost a plain step.
+        """
+        plain = self.costs.verify(1)
+        marginal_verify = (self.costs.verify(draft_tokens + 1) - plain) / max(1, draft_tokens)
+        step = self.costs.draft_step_seconds or plain
+        return min(0.95, max(0.05, (step + marginal_verify) / plain))
 
     def _catch_up_seconds(self, context: Sequence[int]) -> float:
         """Estimated time for the idle draft model to evaluate what it has not seen.

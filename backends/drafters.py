@@ -81,14 +81,23 @@ class ModelDrafter:
     Its cache follows the committed context lazily: each proposal first trims the
     cache back to the longest prefix it shares with the context (dropping rejected
     drafts), evaluates the missing tokens in one pass, then drafts token by token.
-    An optional confidence floor stops drafting where the draft itself is unsure.
+    An optional confidence floor stops drafting where the draft itself is unsure;
+    ``record_confidence`` reports each token's confidence even without a floor (the
+    adaptive policy learns the floor from them).
     """
 
     name = "model"
 
-    def __init__(self, model: Model, min_confidence: float = 0.0) -> None:
+    def __init__(
+        self, model: Model, min_confidence: float = 0.0, *, record_confidence: bool = False
+    ) -> None:
         self.model = model
         self.min_confidence = min_confidence
+        self.record_confidence = record_confidence
+
+    def with_confidence_floor(self) -> ModelDrafter:
+        """A drafter over the same model whose floor its owner sets (and that records)."""
+        return ModelDrafter(self.model, self.min_confidence, record_confidence=True)
 
     def begin(self, prompt_tokens: Sequence[int]) -> None:
         """Nothing to reset: the cache syncs by common prefix on the next proposal."""
@@ -115,7 +124,8 @@ class ModelDrafter:
         while True:
             if params.greedy:
                 token = greedy_token(row)
-                confidence = _greedy_confidence(row) if self.min_confidence > 0 else 1.0
+                wanted = self.min_confidence > 0 or self.record_confidence
+                confidence = _greedy_confidence(row) if wanted else 1.0
             else:
                 q = distribution(row, params)
                 token = q.sample(rng)
@@ -140,9 +150,13 @@ class ModelDrafter:
 
 
 def _greedy_confidence(row: np.ndarray) -> float:
-    """Softmax probability of the argmax token (one pass over the row)."""
-    top = float(row.max())
-    return float(1.0 / np.exp(row.astype(np.float64) - top).sum())
+    """Softmax probability of the argmax token (one pass over the row).
+
+    In float32, which numpy sums pairwise: a tenth of a bin's width is plenty, and a
+    float64 copy of a 150k-token row would cost a good share of a GPU draft step.
+    """
+    top = row.max()
+    return float(1.0 / np.exp(row - top).sum(dtype=np.float32))
 
 
 class NgramIndex:

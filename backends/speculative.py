@@ -150,6 +150,8 @@ class RoundOutcome:
     draft_seconds: float
     verify_seconds: float
     emitted: int
+    # The drafter's own confidence in each drafted token, where it reports one.
+    draft_confidences: tuple[float, ...] = ()
 
 
 class DraftPolicy(Protocol):
@@ -435,6 +437,7 @@ def speculative_generate(
                 draft_seconds=verify_started - draft_started,
                 verify_seconds=verify_seconds,
                 emitted=len(emitted),
+                draft_confidences=tuple(proposal.top_probs[: len(drafts)]),
             )
         )
 

@@ -9,11 +9,13 @@ from backends.controller import (
     MODEL_PROBE_INTERVAL,
     AcceptanceEstimate,
     AdaptiveDraftPolicy,
+    ConfidenceFloor,
     CostModel,
 )
-from backends.drafters import DraftProposal, NgramDrafter
+from backends.drafters import DraftProposal, ModelDrafter, NgramDrafter
 from backends.sampling import SamplingParams
 from backends.speculative import RoundOutcome
+from tests.fakes import HashModel, draft_model_for
 
 # Measured on a 2-core CPU with the starter pair: verify is nearly linear in n and the
 # draft step costs 2/3 of a target step.
@@ -169,3 +171,32 @@ def test_no_exact_batch_means_no_speculation_and_says_why():
         plan = policy.plan([1, 2, 3])
         assert plan.draft_length == 0
     assert "rounds differently" in plan.reason and "exact = false" in plan.reason
+
+
+def test_confidence_floor_starts_at_break_even_and_follows_what_the_target_accepts():
+    floor = ConfidenceFloor()
+    assert floor.floor(0.4) == pytest.approx(0.4)  # a calibrated draft, until shown otherwise
+    for _ in range(30):  # confident tokens pass, unsure ones are rejected
+        floor.observe([0.95, 0.25], accepted=1)
+    assert floor.floor(0.4) == pytest.approx(0.4)
+    for _ in range(30):  # now even the draft's unsure guesses are accepted
+        floor.observe([0.25, 0.15], accepted=2)
+    assert floor.floor(0.4) <= 0.1
+
+
+def test_draft_model_rounds_stop_below_the_learned_floor_without_touching_the_shared_drafter():
+    target = HashModel()
+    shared = ModelDrafter(draft_model_for(target))
+    policy = AdaptiveDraftPolicy(
+        [shared],
+        CostModel(dict(GPU_COSTS), GPU_DRAFT_STEP),
+        acceptance={"model": AcceptanceEstimate(0.9)},
+    )
+    policy.begin([1, 2, 3])
+    plan = policy.plan([1, 2, 3])
+    assert plan.drafter is not None and plan.drafter.name == "model"
+    assert plan.drafter is not shared and shared.min_confidence == 0.0
+    assert plan.drafter.min_confidence > 0  # type: ignore[attr-defined]
+    assert "stops below p" in plan.reason
+    policy.observe(RoundOutcome("model", 3, 1, 0.01, 0.02, 2, draft_confidences=(0.97, 0.12, 0.5)))
+    assert policy.confidence_floor.trials[9] > 0 and policy.confidence_floor.trials[1] > 0
