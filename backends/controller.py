@@ -182,8 +182,7 @@ class ConfidenceFloor:
 
     def acceptance(self, index: int) -> float:
         """Estimated acceptance of tokens drafted with confidence in bin ``index``."""
-        prior = (index + 0.5) / CONFIDENCE_BINS
-        return (self.accepted[index] + PRIOR_WEIGHT * prior) / (self.trials[index] + PRIOR_WEIGHT)
+        return self._monotone_acceptance()[index]
 
     def observe(self, confidences: Sequence[float], accepted: int) -> None:
         """Tokens before ``accepted`` were accepted, the one at ``accepted`` was not."""

@@ -182,6 +182,7 @@ def test_confidence_floor_starts_at_break_even_and_follows_what_the_target_accep
     for _ in range(30):  # now even the draft's unsure guesses are accepted
         floor.observe([0.25, 0.15], accepted=2)
     assert floor.floor(0.4) <= 0.1
+    assert floor.acceptance(1) > 0.8 and floor.acceptance(9) >= floor.acceptance(1)
 
 
 def test_draft_model_rounds_stop_below_the_learned_floor_without_touching_the_shared_drafter():
