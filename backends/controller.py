@@ -263,7 +263,7 @@ class AdaptiveDraftPolicy:
         # The draft model through a view whose confidence floor this policy learns.
         model = self.drafters.get("model")
         view = getattr(model, "with_confidence_floor", None)
-        self._floored_model: Drafter | None = view() if view is not None else None
+        self._floored_model: ModelDrafter | None = view() if view is not None else None
         self.confidence_floor = ConfidenceFloor()
         self.decision = Decision("none", 0, 1.0, "not started")
         self._round_key = ""  # the acceptance estimate the current round draws on
@@ -285,7 +285,7 @@ class AdaptiveDraftPolicy:
         best = Decision("none", 0, 1.0, self._plain_reason())
         best_rate = plain_rate * MIN_PAYING_SPEEDUP
         best_key = ""
-        for name in self.drafters if self.max_draft_tokens > 0 else ():
+        for name in self.drafters:
             key = self._estimate_key(name, context)
             if key is None:
                 continue
@@ -321,7 +321,7 @@ class AdaptiveDraftPolicy:
         reason = best.reason
         if best.drafter == "model" and self._floored_model is not None:
             floor = self.confidence_floor.floor(self._break_even_acceptance(best.draft_tokens))
-            self._floored_model.min_confidence = floor  # type: ignore[attr-defined]
+            self._floored_model.min_confidence = floor
             drafter = self._floored_model
             if floor > 0:
                 reason += f", stops below p {floor:.1f}"
