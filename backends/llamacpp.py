@@ -152,12 +152,12 @@ class LlamaCppModel:
             gpu_layers = 999 if self.gpu_offload else 0
         model_params.n_gpu_layers = gpu_layers
         # llama.cpp repacks CPU weights for its batched kernels by default. Not here,
-        # as measured on our 2-core AVX-512 machine with the starter target (Q4_K_M): without
-        # repacking, verify batches of up to 7 tokens give logits bit-identical to
-        # one-token decoding (with it, only up to 3: batches of 4+ differ by up to 0.5 in
-        # a logit, enough to flip near-ties), and prefill was 25% faster. Plain decoding
-        # from memory-mapped weights was then 6% slower than repacked; reading them into
-        # memory instead (no mmap) brought it back to within 2%.
+        # as measured on our 2-core AVX-512 machine with the starter target (Q4_K_M):
+        # without repacking, verify batches of up to 7 tokens give logits bit-identical
+        # to one-token decoding (with it, only up to 3: batches of 4+ differ by up to 0.5
+        # in a logit, enough to flip near-ties). Unrepacked and memory-mapped, prefill was
+        # 25% faster but plain decoding 6% slower than repacked; reading the weights into
+        # memory instead (no mmap) brought decoding back to within 2%.
         model_params.use_extra_bufts = False
         model_params.use_mmap = False
         _recent_errors.clear()
