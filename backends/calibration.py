@@ -13,8 +13,16 @@ repacked weights: up to 0.5 in a logit from 4 tokens on), and a verify batch tha
 rounds differently can flip a near-tie, so greedy output would no longer equal plain
 decoding. ``exact_batch_limit`` is the largest batch whose every row matched.
 
-It takes three to four seconds on a 2-core CPU with a 1.5B target (a fraction of a
-second on a GPU); callers cache the result (see app/calibration_store.py).
+Exactness is checked twice: near the start of the context and again past 512 tokens.
+Kernels also switch on the context length: llama.cpp's CPU attention splits a
+one-token decode across threads once the cache view reaches 512 cells, while a batch
+keeps the one-pass kernel (measured: from there even a batch of 2 differed by 0.45 in
+a logit with the default F16 V cache; see backends/llamacpp.py for how we avoid it).
+A check at one short position alone would miss that, and most chats are longer.
+
+It takes about ten seconds on a 2-core CPU with a 1.5B target, most of it filling the
+long context (a fraction of a second on a GPU); callers cache the result (see
+app/calibration_store.py).
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ from backends.controller import CostModel
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16)
 EXACTNESS_CHECKED_UP_TO = 8  # larger verify batches are never trusted to be exact
 DRAFT_STEP_SAMPLES = 4
+# The second exactness check runs this far into the context: past 512 cache cells,
+# where llama.cpp's CPU attention changes how it decodes a single token.
+LONG_CONTEXT_TOKENS = 520
 # Ordinary text, so the forwards run at a typical position with varied tokens.
 _CONTEXT_TEXT = (
     "measure the cost of a forward pass at a realistic position in the context. "
@@ -94,9 +105,16 @@ def measure_costs(
         target_seconds[size] = statistics.median(samples)
     target.rollback(0)
 
-    exact_limit = 1
-    while exact.get(exact_limit + 1, False):
-        exact_limit += 1
+    exact_limit = _largest_exact_batch(exact)
+    needed = LONG_CONTEXT_TOKENS + EXACTNESS_CHECKED_UP_TO
+    # A model whose context cannot reach the long position never decodes there.
+    if exact_limit > 1 and target.n_ctx >= needed:
+        repeats = -(-needed // len(context))
+        long_context = (context * repeats)[:needed]
+        target.prefill(long_context[:LONG_CONTEXT_TOKENS])
+        exact_there = _exactness_here(target, long_context[LONG_CONTEXT_TOKENS:], exact_limit)
+        exact_limit = min(exact_limit, _largest_exact_batch(exact_there))
+        target.rollback(0)
 
     draft_seconds: float | None = None
     if draft is not None:
@@ -108,3 +126,30 @@ def measure_costs(
         )
         draft.rollback(0)
     return CostModel(target_seconds, draft_seconds, exact_batch_limit=exact_limit)
+
+
+def _exactness_here(model: Model, probe: Sequence[int], up_to: int) -> dict[int, bool]:
+    """Whether batches of 2..``up_to`` of ``probe`` match one-token decoding, bit for bit.
+
+    Checked at the model's current position; stops at the first batch that does not.
+    """
+    base = len(model.cached_tokens)
+    single_rows = []
+    for token in probe[:up_to]:
+        single_rows.append(np.array(model.forward([token])[0], copy=True))
+    model.rollback(base)
+    exact = {1: True}
+    for size in range(2, up_to + 1):
+        _, rows = time_forward(model, probe[:size])
+        exact[size] = all(np.array_equal(rows[i], single_rows[i]) for i in range(size))
+        if not exact[size]:
+            break
+    return exact
+
+
+def _largest_exact_batch(exact: dict[int, bool]) -> int:
+    """The largest n such that every batch size from 1 to n was exact."""
+    limit = 1
+    while exact.get(limit + 1, False):
+        limit += 1
+    return limit

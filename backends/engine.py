@@ -77,7 +77,7 @@ class Engine:
         self._acceptance = memory
 
     def calibrate(self) -> CostModel:
-        """Measure forward costs on this machine (about a second); used by "auto"."""
+        """Measure forward costs and exactness on this machine (seconds); used by "auto"."""
         self.costs = measure_costs(self.target, self.draft)
         return self.costs
 

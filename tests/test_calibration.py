@@ -6,7 +6,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from backends.calibration import CALIBRATION_SIZES, EXACTNESS_CHECKED_UP_TO, measure_costs
+from backends.calibration import (
+    CALIBRATION_SIZES,
+    EXACTNESS_CHECKED_UP_TO,
+    LONG_CONTEXT_TOKENS,
+    measure_costs,
+)
 from tests.fakes import HashModel, draft_model_for
 
 
@@ -28,8 +33,28 @@ class RoundsDifferentlyFrom(HashModel):
         return rows
 
 
+class DecodesDifferentlyPast(HashModel):
+    """A model whose one-token decoding changes kernel past a context length.
+
+    Like llama.cpp's CPU attention with an F16 V cache: from 512 cache cells on, a
+    single token's attention is split across threads and rounds differently from the
+    same row in a batch.
+    """
+
+    def __init__(self, position: int, n_ctx: int) -> None:
+        super().__init__(n_ctx=n_ctx)
+        self.position = position
+
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        past = len(self.cached_tokens) >= self.position
+        rows = np.array(super().forward(tokens, last_only=last_only))
+        if len(tokens) == 1 and past:
+            rows += np.float32(1e-3)
+        return rows
+
+
 def test_every_size_is_timed_and_a_model_that_always_rounds_alike_is_exact_to_the_limit():
-    target = HashModel()
+    target = HashModel(n_ctx=1024)  # room for the long-context check
     costs = measure_costs(target, draft_model_for(target))
     assert sorted(costs.target_seconds) == sorted(CALIBRATION_SIZES)
     assert all(seconds > 0 for seconds in costs.target_seconds.values())
@@ -46,3 +71,21 @@ def test_batches_that_round_differently_set_the_exact_limit_below_them():
 def test_a_model_whose_batches_never_match_has_limit_one():
     costs = measure_costs(RoundsDifferentlyFrom(threshold=2))
     assert costs.exact_batch_limit == 1
+
+
+def test_one_token_decoding_that_changes_past_512_tokens_turns_exactness_off():
+    costs = measure_costs(DecodesDifferentlyPast(position=512, n_ctx=1024))
+    assert costs.exact_batch_limit == 1
+
+
+def test_the_long_check_runs_past_the_switch_at_512_cells():
+    # The probe tokens sit just past 512 cells: a switch there is seen, one after them is not.
+    seen = measure_costs(DecodesDifferentlyPast(513, n_ctx=1024))
+    after = LONG_CONTEXT_TOKENS + EXACTNESS_CHECKED_UP_TO
+    unseen = measure_costs(DecodesDifferentlyPast(after, n_ctx=1024))
+    assert (seen.exact_batch_limit, unseen.exact_batch_limit) == (1, EXACTNESS_CHECKED_UP_TO)
+
+
+def test_a_context_too_short_to_reach_the_switch_keeps_the_short_check():
+    costs = measure_costs(DecodesDifferentlyPast(position=512, n_ctx=512))
+    assert costs.exact_batch_limit == EXACTNESS_CHECKED_UP_TO

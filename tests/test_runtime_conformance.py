@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from backends.base import ChatMessage, IncrementalDetokenizer, Model
+from backends.controller import CostModel
 from backends.engine import Engine
 from backends.errors import IncompatiblePairError
 from backends.pair_check import check_pair
@@ -84,6 +85,15 @@ def draft(runtime: str) -> Iterator[Model]:
     model = load_model(runtime, DRAFT_KEY)
     yield model
     model.close()
+
+
+@pytest.fixture(scope="module")
+def target_costs(runtime: str, target: Model, draft: Model) -> CostModel | None:
+    """The pair's measured costs and exact batch limit (llama.cpp only).
+
+    Calibrating MLX on this CPU would take minutes; its budget runs no auto.
+    """
+    return Engine(target, draft).calibrate() if runtime == "llamacpp" else None
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +220,9 @@ def test_stop_string_ends_generation_and_is_not_shown(smollm2: Model):
     assert stopped == plain[: len(stopped)]
 
 
-def test_greedy_speculative_output_equals_plain_decoding(runtime: str, target: Model, draft: Model):
+def test_greedy_speculative_output_equals_plain_decoding(
+    runtime: str, target: Model, draft: Model, target_costs: CostModel | None
+):
     """SD == AR token for token, with the model and n-gram drafters at several K.
 
     auto, and any fixed K whose verify batches calibration found to round exactly like
@@ -219,11 +231,10 @@ def test_greedy_speculative_output_equals_plain_decoding(runtime: str, target: M
     (and the report says so); anything else fails.
     """
     budget = BUDGETS[runtime]
-    engine = Engine(target, draft)
+    engine = Engine(target, draft, costs=target_costs)
     # Verify batches up to this size were measured bit-identical to one-token decoding:
     # rounds that stay within it (auto always does) must reproduce plain decoding exactly.
-    # (Calibrating MLX on this CPU would take minutes; its budget runs no auto.)
-    exact_limit = (engine.calibrate().exact_batch_limit or 1) if runtime == "llamacpp" else 1
+    exact_limit = (target_costs.exact_batch_limit or 1) if target_costs else 1
     ties: list[str] = []
     for prompt_text in budget.prompts:
         if budget.chat:
@@ -256,3 +267,36 @@ def test_greedy_speculative_output_equals_plain_decoding(runtime: str, target: M
             )
     if ties:
         print(f"{runtime} near-tie flips (batched vs single-token kernels):", *ties, sep="\n  ")
+
+
+def long_edit_prompt() -> str:
+    """A code-editing request of about 700 tokens: past 512 cache cells, where llama.cpp's
+    CPU attention decodes one token differently from a batch unless it is kept from doing so.
+    """
+    functions = "\n\n".join(
+        f"def scale_{index}(values):\n    return [value * {index} for value in values]"
+        for index in range(1, 31)
+    )
+    return f"Add a docstring to every function in this module:\n\n{functions}"
+
+
+def test_greedy_speculation_equals_plain_decoding_deep_into_a_long_context(
+    runtime: str, target: Model, draft: Model, target_costs: CostModel | None
+):
+    """Past 512 tokens of context, auto and a fixed K within the exact limit still
+    reproduce plain decoding token for token."""
+    if target_costs is None:
+        pytest.skip("MLX on this CPU cannot afford a 700-token prompt")
+    exact_limit = target_costs.exact_batch_limit or 1
+    # The calibration checks this position too; with llama.cpp's default F16 V cache
+    # it finds no exact batch there and exact speculation would be off altogether.
+    assert exact_limit > 1, "no verify batch rounds like one-token decoding past 512 tokens"
+    engine = Engine(target, draft, costs=target_costs)
+    prompt = engine.chat_prompt([ChatMessage("user", long_edit_prompt())])
+    assert len(prompt) > 600
+    plain, _ = generate(engine, prompt, "none", 0, 48)
+    for drafter, k in (("auto", 0), ("ngram", exact_limit - 1)):
+        speculative, events = generate(engine, prompt, drafter, k, 48)
+        assert speculative == plain, f"{drafter} K={k} differs from plain decoding"
+        if drafter == "ngram":
+            assert events[-1].stats.drafted > 0  # its rounds really verified batches
