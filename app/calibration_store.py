@@ -46,6 +46,7 @@ def calibration_key(engine: Engine, runtime: str) -> str:
             "size": Path(path).stat().st_size if path and Path(path).exists() else None,
             "threads": getattr(model, "n_threads", None),
             "gpu": getattr(model, "gpu_offload", None),
+            "exact_kernels": getattr(model, "exact_kernels", None),
         }
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
     return digest[:24]

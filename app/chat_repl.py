@@ -36,6 +36,7 @@ def run_plain_chat(args: argparse.Namespace, settings: Settings) -> int:
         runtime=args.runtime,
         with_draft=settings.drafter in ("auto", "model"),
         calibrate=settings.drafter == "auto",
+        exact_output=settings.exact_output,
         on_progress=lambda message: print(f"  {message}", file=sys.stderr),
     )
     system = settings.system_prompt

@@ -77,9 +77,10 @@ def add_sampling_options(parser: argparse.ArgumentParser, *, temperature: float 
         "--exact",
         dest="exact_output",
         action=argparse.BooleanOptionalAction,
-        default=default(True),
-        help="auto verifies only in batches that round exactly like plain decoding "
-        "(default); --no-exact allows any batch size",
+        default=default(False),
+        help="greedy output bit-identical to plain decoding: exact kernels (on a CPU, "
+        "prompts read up to 2x slower) and auto verifies only in batches that round "
+        "like one-token decoding; --no-exact (default) uses the fastest kernels",
     )
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
@@ -171,6 +172,7 @@ def run_generate(args: argparse.Namespace) -> int:
         runtime=args.runtime,
         with_draft=args.drafter in ("auto", "model"),
         calibrate=args.drafter == "auto",
+        exact_output=args.exact_output,
     )
     try:
         if args.raw:
@@ -286,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-yardsticks",
         action="store_true",
         help="skip llama-cpp-python's own decoders (saves memory and time)",
+    )
+    bench.add_argument(
+        "--exact",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="load exact kernels and add an 'auto, exact' mode (default: the exact_output setting)",
     )
     bench.add_argument("--max-tokens", type=int, default=128, help="tokens per generation")
     bench.add_argument("--repeats", type=int, default=1, help="alternating repeats per prompt")

@@ -102,6 +102,7 @@ def run_serve(args: argparse.Namespace) -> int:
             runtime=args.runtime,
             with_draft=True,
             calibrate=True,
+            exact_output=settings.exact_output,
             on_progress=lambda message: print(f"draftpen serve: {message}", file=sys.stderr),
         )
         server: AgentServer | None = None

@@ -24,12 +24,14 @@ def load_engine(
     runtime: str | None = None,
     with_draft: bool = True,
     calibrate: bool = True,
+    exact_output: bool = False,
     on_progress: Callable[[str], None] | None = None,
 ) -> Engine:
     """Load a downloaded pair; raises a DraftpenError/BackendError that says what to do.
 
     With ``calibrate`` the engine gets this machine's cost model (from disk, or
-    measured in about a second), which the "auto" drafter needs.
+    measured in seconds), which the "auto" drafter needs. ``exact_output`` loads the
+    target with kernels whose verify batches round like plain decoding.
     """
     catalog = load_catalog()
     chosen_runtime = choose_runtime(runtime)
@@ -37,7 +39,9 @@ def load_engine(
     report = on_progress or (lambda message: None)
     target_path, draft_path = resolved.target_path, resolved.draft_path
     report(f"loading target {target_path.name}")
-    target = load_model(target_path, runtime=chosen_runtime, n_ctx=n_ctx)
+    target = load_model(
+        target_path, runtime=chosen_runtime, n_ctx=n_ctx, exact_kernels=exact_output
+    )
     draft = None
     if with_draft and draft_path is not None:
         report(f"loading draft {draft_path.name}")

@@ -110,7 +110,9 @@ class Speculative(_Strict):
     )
     k: int | None = Field(None, ge=0, le=MAX_DRAFT_TOKENS, description="draft tokens per round")
     exact: bool | None = Field(
-        None, description="auto verifies only in batches that round exactly like plain decoding"
+        None,
+        description="auto verifies only in batches that round exactly like plain decoding "
+        "(bit-identical only where the server loaded exact kernels: exact_output = true)",
     )
 
 

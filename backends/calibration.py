@@ -1,27 +1,27 @@
 """Measuring what a forward pass costs on this machine, for this pair.
 
 The numbers decide whether speculation can pay: the time of a target forward of n
-tokens for n up to 8 (and 16), and of one draft-model step, taken at a realistic
-position in the context. Every size up to 8 is measured because the cost curve is
-not smooth: llama.cpp switches kernels at batch-size thresholds, so a batch of 4 can
-cost less than a batch of 3.
+tokens for n up to 8 (and 16), and of one draft-model step. Every size up to 8 is
+measured because the cost curve is not smooth: llama.cpp switches kernels at
+batch-size thresholds, so a batch of 4 can cost less than a batch of 3.
 
 The same pass checks exactness: the logits of each batch are compared, bit for bit,
 with the logits of the same tokens decoded one at a time. Kernels for larger batches
-may add up in another order and round differently (measured on our CPU with
-repacked weights: up to 0.5 in a logit from 4 tokens on), and a verify batch that
+may add up in another order and round differently (measured on our CPU: up to 0.5 in
+a logit from 8 tokens on, from 4 with repacked weights), and a verify batch that
 rounds differently can flip a near-tie, so greedy output would no longer equal plain
 decoding. ``exact_batch_limit`` is the largest batch whose every row matched.
 
-Exactness is checked twice: near the start of the context and again past 512 tokens.
 Kernels also switch on the context length: llama.cpp's CPU attention splits a
 one-token decode across threads once the cache view reaches 512 cells, while a batch
 keeps the one-pass kernel (measured: from there even a batch of 2 differed by 0.45 in
-a logit with the default F16 V cache; see backends/llamacpp.py for how we avoid it).
-A check at one short position alone would miss that, and most chats are longer.
+a logit with the default F16 V cache; backends/llamacpp.py avoids it). So the target
+is measured past 512 tokens of context, where both kinds of switch show, and where a
+chat with some history really decodes. Batch-size switches do not depend on the
+position, so one position is enough.
 
-It takes about ten seconds on a 2-core CPU with a 1.5B target, most of it filling the
-long context (a fraction of a second on a GPU); callers cache the result (see
+It takes about ten seconds on a 2-core CPU with a 1.5B target, most of it filling
+that context (a fraction of a second on a GPU); callers cache the result (see
 app/calibration_store.py).
 """
 
@@ -39,15 +39,16 @@ from backends.controller import CostModel
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16)
 EXACTNESS_CHECKED_UP_TO = 8  # larger verify batches are never trusted to be exact
 DRAFT_STEP_SAMPLES = 4
-# The second exactness check runs this far into the context: past 512 cache cells,
-# where llama.cpp's CPU attention changes how it decodes a single token.
-LONG_CONTEXT_TOKENS = 520
-# Ordinary text, so the forwards run at a typical position with varied tokens.
+# The target is measured this far into the context: past 512 cache cells, where
+# llama.cpp's CPU attention changes how it decodes a single token.
+MEASURED_POSITION = 520
+DRAFT_POSITION = 64  # a draft step barely depends on the position; keep it cheap
+# Ordinary text, so the forwards run with varied tokens.
 _CONTEXT_TEXT = (
     "measure the cost of a forward pass at a realistic position in the context. "
     "the quick brown fox jumps over the lazy dog, then writes a short function "
     "that returns the sum of a list of numbers, and explains each line in plain words. "
-) * 2
+)
 
 
 def time_forward(model: Model, tokens: Sequence[int]) -> tuple[float, np.ndarray]:
@@ -72,11 +73,14 @@ def measure_costs(
 
     Both models' caches are left empty.
     """
-    context = target.tokenize(_CONTEXT_TEXT, add_special=False)
     longest = max(max(sizes), EXACTNESS_CHECKED_UP_TO)
-    if len(context) < longest + 8:
-        raise ValueError("the calibration text is too short for these batch sizes")
-    prefix, probe = context[:-longest], context[-longest:]
+    # A model whose context cannot reach the usual position is measured as deep as it goes.
+    position = min(MEASURED_POSITION, target.n_ctx - longest - 1)
+    if position < DRAFT_POSITION:
+        raise ValueError(f"a {target.n_ctx}-token context is too short to calibrate")
+    sentence = target.tokenize(_CONTEXT_TEXT, add_special=False)
+    context = (sentence * (-(-(position + longest) // len(sentence))))[: position + longest]
+    prefix, probe = context[:position], context[position:]
 
     target.rollback(0)
     target.prefill(prefix)
@@ -105,51 +109,17 @@ def measure_costs(
         target_seconds[size] = statistics.median(samples)
     target.rollback(0)
 
-    exact_limit = _largest_exact_batch(exact)
-    needed = LONG_CONTEXT_TOKENS + EXACTNESS_CHECKED_UP_TO
-    # A model whose context cannot reach the long position never decodes there.
-    if exact_limit > 1 and target.n_ctx >= needed:
-        repeats = -(-needed // len(context))
-        long_context = (context * repeats)[:needed]
-        target.prefill(long_context[:LONG_CONTEXT_TOKENS])
-        exact_there = _exactness_here(target, long_context[LONG_CONTEXT_TOKENS:], exact_limit)
-        exact_limit = min(exact_limit, _largest_exact_batch(exact_there))
-        target.rollback(0)
+    exact_limit = 1
+    while exact.get(exact_limit + 1, False):
+        exact_limit += 1
 
     draft_seconds: float | None = None
     if draft is not None:
         draft.rollback(0)
-        draft.prefill(prefix)
+        draft.prefill(context[:DRAFT_POSITION])
         time_forward(draft, probe[:1])  # warm up
         draft_seconds = statistics.median(
             time_forward(draft, probe[index : index + 1])[0] for index in range(DRAFT_STEP_SAMPLES)
         )
         draft.rollback(0)
     return CostModel(target_seconds, draft_seconds, exact_batch_limit=exact_limit)
-
-
-def _exactness_here(model: Model, probe: Sequence[int], up_to: int) -> dict[int, bool]:
-    """Whether batches of 2..``up_to`` of ``probe`` match one-token decoding, bit for bit.
-
-    Checked at the model's current position; stops at the first batch that does not.
-    """
-    base = len(model.cached_tokens)
-    single_rows = []
-    for token in probe[:up_to]:
-        single_rows.append(np.array(model.forward([token])[0], copy=True))
-    model.rollback(base)
-    exact = {1: True}
-    for size in range(2, up_to + 1):
-        _, rows = time_forward(model, probe[:size])
-        exact[size] = all(np.array_equal(rows[i], single_rows[i]) for i in range(size))
-        if not exact[size]:
-            break
-    return exact
-
-
-def _largest_exact_batch(exact: dict[int, bool]) -> int:
-    """The largest n such that every batch size from 1 to n was exact."""
-    limit = 1
-    while exact.get(limit + 1, False):
-        limit += 1
-    return limit

@@ -13,7 +13,7 @@ and the same draft model wins. So the controller measures instead of assuming:
 
 and before each round picks the drafter and K that maximise expected tokens per
 second, ``E[tokens | K] / (verify(K + 1) + draft(K))``, with K = 0 (plain decoding)
-as the baseline it must beat. With ``exact`` (the default) K stays below the largest
+as the baseline it must beat. With ``exact`` K stays below the largest
 verify batch that calibration found bit-identical to one-token decoding, so greedy
 output equals plain decoding exactly, not just up to rounding. The n-gram drafter is
 also *shadowed* while it is not used: its proposal is compared with what plain
@@ -246,7 +246,7 @@ class AdaptiveDraftPolicy:
         max_draft_tokens: int = DEFAULT_MAX_DRAFT,
         params: SamplingParams | None = None,
         acceptance: dict[str, AcceptanceEstimate] | None = None,
-        exact: bool = True,
+        exact: bool = False,
     ) -> None:
         self.drafters = {drafter.name: drafter for drafter in drafters}
         self.costs = costs
@@ -414,8 +414,8 @@ class AdaptiveDraftPolicy:
     def _plain_reason(self) -> str:
         if self.max_draft_tokens < 1:
             return (
-                "speculation off: this machine's batched forward rounds differently "
-                "from one-token decoding (exact = false in settings allows it)"
+                "speculation off: no verify batch rounds like one-token decoding with "
+                "these kernels (load with exact_output = true, or turn exact off)"
             )
         if "model" in self.drafters and not self._model_can_pay():
             return "speculation off: draft model too slow on this machine"

@@ -138,6 +138,7 @@ class LlamaCppModel:
         n_threads: int | None = None,
         gpu_layers: int | None = None,
         name: str | None = None,
+        exact_kernels: bool = False,
     ) -> None:
         self.path = Path(path)
         check_gguf_file(self.path)
@@ -152,15 +153,18 @@ class LlamaCppModel:
         if gpu_layers is None:
             gpu_layers = 999 if self.gpu_offload else 0
         model_params.n_gpu_layers = gpu_layers
-        # llama.cpp repacks CPU weights for its batched kernels by default. Not here,
-        # as measured on our 2-core AVX-512 machine with the starter target (Q4_K_M):
-        # without repacking, verify batches of up to 7 tokens give logits bit-identical
-        # to one-token decoding (with it, only up to 3: batches of 4+ differ by up to 0.5
-        # in a logit, enough to flip near-ties). Unrepacked and memory-mapped, prefill was
-        # 25% faster but plain decoding 6% slower than repacked; reading the weights into
-        # memory instead (no mmap) brought decoding back to within 2%.
-        model_params.use_extra_bufts = False
-        model_params.use_mmap = False
+        # With exact kernels, verify batches of up to 7 tokens compute logits bit for bit
+        # like one-token decoding (measured on our 2-core AVX-512 machine with the starter
+        # target, Q4_K_M); with llama.cpp's defaults no batch does past 512 tokens of
+        # context. Part one: no weight repacking. Repacked CPU weights have batched
+        # kernels of their own: from 4 tokens on they differed by up to 0.5 in a logit.
+        # Reading the weights into memory (no mmap) kept plain decoding within 2% of the
+        # repacked speed; memory-mapped it was 6% slower. (From 8 tokens on, llama.cpp's
+        # tiled K-quant matmul rounds differently; it cannot be turned off per model.)
+        self.exact_kernels = exact_kernels
+        if exact_kernels:
+            model_params.use_extra_bufts = False
+            model_params.use_mmap = False
         _recent_errors.clear()
         self._model = llama_cpp.llama_model_load_from_file(
             str(self.path).encode("utf-8"), model_params
@@ -183,16 +187,16 @@ class LlamaCppModel:
         context_params.n_threads = threads
         context_params.n_threads_batch = threads
         context_params.no_perf = True
-        if gpu_layers == 0:
-            # A BF16 V cache on the CPU, so one-token decoding and verify batches take
-            # the same attention kernel at every context length. With llama.cpp's
-            # default F16 K and V, a one-token decode splits the cache across threads
-            # once its view reaches 512 cells and merges partial softmaxes, while a batch
-            # takes the one-pass kernel: measured on the starter target, from 300 tokens
-            # of context even a batch of 2 differed from plain decoding by 0.45 in a
-            # logit. The split needs K and V of the same 16-bit type; a BF16 V leaves it
-            # out. Decoding speed measured alternately at 200/600/1200/2400 tokens of
-            # context: 0.92/0.98/1.07/1.01x of the F16 V cache's time per token.
+        if exact_kernels and gpu_layers == 0:
+            # Part two: a BF16 V cache, so one-token decoding and verify batches take the
+            # same attention kernel at every context length. With F16 K and V, a
+            # one-token decode splits the cache across threads once its view reaches 512
+            # cells and merges partial softmaxes, while a batch takes the one-pass kernel:
+            # from 300 tokens of context even a batch of 2 differed by 0.45 in a logit.
+            # The split needs K and V of the same 16-bit type. The price, measured here:
+            # decoding 0.92-1.07x the F16 time per token at 200-2400 tokens of context,
+            # but reading a prompt is slower (no tiled attention either): 512 tokens
+            # 8.8 s against 6.8 s, 2048 tokens 68.5 s against 29.0 s.
             context_params.type_v = GGML_TYPE_BF16
         # Flash attention stays at llama.cpp's default (auto, on for the CPU): without it
         # the first row of a verify batch differs from a single-token decode (measured:

@@ -104,12 +104,18 @@ def load_vocabulary(path: Path, *, runtime: str) -> Vocabulary | None:
     return None
 
 
-def load_model(path: Path, *, runtime: str, n_ctx: int, name: str | None = None) -> Model:
-    """Load one model (a GGUF file for llama.cpp, an MLX directory for mlx) with ``runtime``."""
+def load_model(
+    path: Path, *, runtime: str, n_ctx: int, name: str | None = None, exact_kernels: bool = False
+) -> Model:
+    """Load one model (a GGUF file for llama.cpp, an MLX directory for mlx) with ``runtime``.
+
+    ``exact_kernels`` asks llama.cpp for kernels whose small verify batches round like
+    one-token decoding (see backends/llamacpp.py); MLX has no such choice to make.
+    """
     if runtime == "llamacpp":
         from backends.llamacpp import LlamaCppModel
 
-        return LlamaCppModel(path, n_ctx=n_ctx, name=name)
+        return LlamaCppModel(path, n_ctx=n_ctx, name=name, exact_kernels=exact_kernels)
     if runtime == "mlx":
         from backends.mlx_lm_backend import MlxModel
 

@@ -12,12 +12,12 @@ from tests.model_files import require_mlx_model, require_model
 CONTEXT = 2048
 
 
-def load_model(runtime: str, key: str) -> Model:
+def load_model(runtime: str, key: str, *, exact_kernels: bool = False) -> Model:
     """A real model on ``runtime`` (the runtime module is imported only here)."""
     if runtime == "llamacpp":
         from backends.llamacpp import LlamaCppModel
 
-        return LlamaCppModel(require_model(key), n_ctx=CONTEXT)
+        return LlamaCppModel(require_model(key), n_ctx=CONTEXT, exact_kernels=exact_kernels)
     directory = require_mlx_model(key)
     from backends.mlx_lm_backend import MlxModel
 
@@ -25,15 +25,23 @@ def load_model(runtime: str, key: str) -> Model:
 
 
 def generate(
-    engine: Engine, prompt: list[int], drafter: str, k: int, max_tokens: int, stop=()
+    engine: Engine,
+    prompt: list[int],
+    drafter: str,
+    k: int,
+    max_tokens: int,
+    stop=(),
+    *,
+    exact: bool = True,
 ) -> tuple[list[int], list[GenerationEvent]]:
-    """Greedy generation; (tokens, events)."""
+    """Greedy generation; (tokens, events). auto keeps to exact batches unless told not to."""
     request = GenerationRequest(
         prompt_tokens=tuple(prompt),
         max_tokens=max_tokens,
         drafter=drafter,
         draft_tokens=k,
         stop=tuple(stop),
+        exact=exact,
     )
     events = list(engine.generate(request))
     return [token for event in events for token in event.tokens], events

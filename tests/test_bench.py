@@ -42,13 +42,14 @@ def test_bench_runs_every_mode_and_writes_results(tmp_path):
         "24",
         "--category",
         "code_edit",
+        "--exact",
         "--output",
         str(output),
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(output.read_text())
     modes = report["results"]["code_edit"]
-    assert {"plain", "n-gram K=10", "auto", "auto, any batch", "llama-cpp-python"} <= set(modes)
+    assert {"plain", "n-gram K=10", "auto", "auto, exact", "llama-cpp-python"} <= set(modes)
     assert report["exact_batch_limit"] >= 1 and "bit-identical" in result.stdout
     assert modes["plain"]["ratio_to_plain"] == pytest.approx(1.0)
     assert all(mode["generated_tokens"] > 0 for mode in modes.values())

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import pytest
 
 from backends.calibration import (
     CALIBRATION_SIZES,
     EXACTNESS_CHECKED_UP_TO,
-    LONG_CONTEXT_TOKENS,
+    MEASURED_POSITION,
     measure_costs,
 )
 from tests.fakes import HashModel, draft_model_for
@@ -54,7 +55,7 @@ class DecodesDifferentlyPast(HashModel):
 
 
 def test_every_size_is_timed_and_a_model_that_always_rounds_alike_is_exact_to_the_limit():
-    target = HashModel(n_ctx=1024)  # room for the long-context check
+    target = HashModel(n_ctx=1024)  # deep enough for the usual position
     costs = measure_costs(target, draft_model_for(target))
     assert sorted(costs.target_seconds) == sorted(CALIBRATION_SIZES)
     assert all(seconds > 0 for seconds in costs.target_seconds.values())
@@ -73,19 +74,16 @@ def test_a_model_whose_batches_never_match_has_limit_one():
     assert costs.exact_batch_limit == 1
 
 
-def test_one_token_decoding_that_changes_past_512_tokens_turns_exactness_off():
-    costs = measure_costs(DecodesDifferentlyPast(position=512, n_ctx=1024))
-    assert costs.exact_batch_limit == 1
-
-
-def test_the_long_check_runs_past_the_switch_at_512_cells():
+def test_the_target_is_measured_past_512_cells_where_one_token_decoding_may_switch():
     # The probe tokens sit just past 512 cells: a switch there is seen, one after them is not.
     seen = measure_costs(DecodesDifferentlyPast(513, n_ctx=1024))
-    after = LONG_CONTEXT_TOKENS + EXACTNESS_CHECKED_UP_TO
+    after = MEASURED_POSITION + EXACTNESS_CHECKED_UP_TO
     unseen = measure_costs(DecodesDifferentlyPast(after, n_ctx=1024))
     assert (seen.exact_batch_limit, unseen.exact_batch_limit) == (1, EXACTNESS_CHECKED_UP_TO)
 
 
-def test_a_context_too_short_to_reach_the_switch_keeps_the_short_check():
-    costs = measure_costs(DecodesDifferentlyPast(position=512, n_ctx=512))
-    assert costs.exact_batch_limit == EXACTNESS_CHECKED_UP_TO
+def test_a_context_too_short_for_that_position_is_measured_as_deep_as_it_goes():
+    target = DecodesDifferentlyPast(position=512, n_ctx=512)  # never decodes that far
+    assert measure_costs(target).exact_batch_limit == EXACTNESS_CHECKED_UP_TO
+    with pytest.raises(ValueError, match="too short to calibrate"):
+        measure_costs(HashModel(n_ctx=48))

@@ -147,6 +147,7 @@ def test_exact_output_keeps_k_within_the_batches_measured_to_round_exactly():
         [StubModelDrafter()],
         CostModel(dict(GPU_COSTS), GPU_DRAFT_STEP, exact_batch_limit=3),
         acceptance=estimates,
+        exact=True,
     )
     exact.begin([1])
     assert 1 <= exact.plan([1]).draft_length <= 2
@@ -165,12 +166,13 @@ def test_no_exact_batch_means_no_speculation_and_says_why():
         [StubModelDrafter(), NgramDrafter()],
         CostModel(dict(GPU_COSTS), GPU_DRAFT_STEP, exact_batch_limit=1),
         acceptance={"model": AcceptanceEstimate(0.9)},
+        exact=True,
     )
     policy.begin([1, 2, 3])
     for _ in range(MODEL_PROBE_INTERVAL + 2):
         plan = policy.plan([1, 2, 3])
         assert plan.draft_length == 0
-    assert "rounds differently" in plan.reason and "exact = false" in plan.reason
+    assert "rounds like one-token decoding" in plan.reason and "exact_output" in plan.reason
 
 
 def test_confidence_floor_starts_at_break_even_and_follows_what_the_target_accepts():

@@ -59,7 +59,7 @@ def test_settings_file_values_are_loaded(tmp_path: Path) -> None:
     path = tmp_path / "settings.toml"
     path.write_text(
         'temperature = 1\ntop_k = 0\ndrafter = "ngram"\nsystem_prompt = "Be brief."\n'
-        "exact_output = false\n"
+        "exact_output = true\n"
     )
     loaded = load_settings(path)
     assert loaded.temperature == 1.0
@@ -67,7 +67,7 @@ def test_settings_file_values_are_loaded(tmp_path: Path) -> None:
     assert loaded.top_k == 0
     assert loaded.drafter == "ngram"
     assert loaded.system_prompt == "Be brief."
-    assert loaded.exact_output is False and Settings().exact_output is True
+    assert loaded.exact_output is True and Settings().exact_output is False
     assert loaded.max_tokens == Settings().max_tokens
 
 

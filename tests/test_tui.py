@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from textual.color import Color
-from textual.widgets import Input, Markdown, Static
+from textual.widgets import Input, Markdown, Select, Static
 
 from app.errors import ModelNotDownloadedError
 from app.history import STOPPED, History, history_path
@@ -462,5 +462,33 @@ def test_switching_pairs_while_writing_is_refused_and_keeps_the_engine_open() ->
             engines["fake"].target.release.set()
             await settle(app, pilot)
             assert reply_views(app)[-1].content == CODE_REPLY
+
+    run(body)
+
+
+def test_changing_exact_output_in_settings_reloads_the_pair() -> None:
+    loads: list[str] = []
+
+    def engines(name: str):  # type: ignore[no-untyped-def]
+        loads.append(name)
+        return scripted_engine(["ok"])
+
+    app = make_app(engines)
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 45)) as pilot:
+            await wait_until_ready(app, pilot)
+            assert loads == ["fake"] and app.settings.exact_output is False
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, SettingsScreen)
+            screen.query_one("#exact_output", Select).value = True
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            await wait_until_ready(app, pilot)
+            # The kernels are chosen when the models load: saving loads the pair again.
+            assert app.settings.exact_output is True
+            assert loads == ["fake", "fake"]
 
     run(body)

@@ -153,8 +153,14 @@ class DraftpenApp(App[None]):
             except DraftpenError as error:
                 self.notify(str(error), severity="error")
                 return
+            reload = self.engine is not None and (
+                settings.exact_output != self.settings.exact_output
+                or settings.context_length != self.settings.context_length
+            )
             self.settings = settings
             self.notify(f"Settings saved to {path}")
+            if reload:  # both are fixed when the models load
+                self.load_pair(self.pair_name)
 
         self.push_screen(SettingsScreen(self.settings), saved)
 

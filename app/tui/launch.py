@@ -21,6 +21,7 @@ def engine_loader_for(runtime: str | None) -> Callable[..., Engine]:
             pair_name,
             n_ctx=settings.context_length,
             runtime=runtime,
+            exact_output=settings.exact_output,
             on_progress=progress,
         )
 

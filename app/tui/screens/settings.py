@@ -25,8 +25,8 @@ NUMBER_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("draft_tokens", "Draft length K", "draft tokens per round for model/n-gram; auto chooses"),
 )
 EXACT_OUTPUT_CHOICES = (
-    ("exact, bit for bit", True),
-    ("fastest, any batch size", False),
+    ("fastest kernels, any batch", False),
+    ("bit for bit (slower prompts on CPU)", True),
 )
 DRAFTER_LABELS = {
     "auto": "auto (measures and picks per round)",
@@ -65,7 +65,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                     id="drafter",
                 )
             with Horizontal(classes="field"):
-                yield Label("Auto verifies", classes="field-label")
+                yield Label("Exact output", classes="field-label")
                 yield Select(
                     EXACT_OUTPUT_CHOICES,
                     value=self.settings.exact_output,
