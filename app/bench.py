@@ -28,7 +28,7 @@ from app.errors import DraftpenError
 from app.machine import machine_description
 from backends.base import ChatMessage
 from backends.calibration import measure_costs
-from backends.controller import AcceptanceEstimate, CostModel
+from backends.controller import AcceptanceEstimate, ConfidenceFloor, CostModel
 from backends.engine import Engine, GenerationRequest
 from backends.sampling import SamplingParams
 from backends.speculative import SpeculativeStats
@@ -58,6 +58,7 @@ class BenchMode:
     draft_tokens: int
     exact: bool = False
     acceptance_memory: dict[str, AcceptanceEstimate] = field(default_factory=dict, compare=False)
+    confidence_floor: ConfidenceFloor = field(default_factory=ConfidenceFloor, compare=False)
 
 
 @dataclass
@@ -153,7 +154,7 @@ def _run_mode(
     does across replies, so no mode profits from what another learned on the same text.
     """
     if mode.drafter == "auto":
-        engine.use_acceptance_memory(mode.acceptance_memory)
+        engine.use_acceptance_memory(mode.acceptance_memory, mode.confidence_floor)
     request = GenerationRequest(
         prompt_tokens=tokens,
         params=params,
@@ -228,7 +229,12 @@ def format_report(
     lines = ["", f"Measured costs on this machine (median of {COST_REPEATS}):"]
     forward = ", ".join(f"{n}: {s * 1000:.0f}" for n, s in costs.target_seconds.items())
     lines.append(f"  target forward of n tokens (ms)  {forward}")
-    if costs.exact_batch_limit is not None:
+    if costs.exact_batch_limit == 1:
+        lines.append(
+            "  no batch of 2 or more gives logits bit-identical to one-token decoding (past "
+            "512 tokens of context) with these kernels; bench --exact loads exact ones"
+        )
+    elif costs.exact_batch_limit is not None:
         lines.append(
             f"  forwards of up to {costs.exact_batch_limit} tokens give logits bit-identical "
             "to one-token decoding (past 512 tokens of context); 'auto, exact' verifies "

@@ -246,6 +246,7 @@ class AdaptiveDraftPolicy:
         max_draft_tokens: int = DEFAULT_MAX_DRAFT,
         params: SamplingParams | None = None,
         acceptance: dict[str, AcceptanceEstimate] | None = None,
+        confidence_floor: ConfidenceFloor | None = None,
         exact: bool = False,
     ) -> None:
         self.drafters = {drafter.name: drafter for drafter in drafters}
@@ -264,7 +265,10 @@ class AdaptiveDraftPolicy:
         model = self.drafters.get("model")
         view = getattr(model, "with_confidence_floor", None)
         self._floored_model: ModelDrafter | None = view() if view is not None else None
-        self.confidence_floor = ConfidenceFloor()
+        # Shared across generations like ``acceptance``, when the caller passes its own.
+        self.confidence_floor = (
+            confidence_floor if confidence_floor is not None else ConfidenceFloor()
+        )
         self.decision = Decision("none", 0, 1.0, "not started")
         self._round_key = ""  # the acceptance estimate the current round draws on
         self._shadows: list[tuple[int, list[int], str]] = []

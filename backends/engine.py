@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 
 from backends.base import ChatMessage, Model
 from backends.calibration import measure_costs
-from backends.controller import AcceptanceEstimate, AdaptiveDraftPolicy, CostModel
+from backends.controller import (
+    AcceptanceEstimate,
+    AdaptiveDraftPolicy,
+    ConfidenceFloor,
+    CostModel,
+)
 from backends.drafters import Drafter, ModelDrafter, NgramDrafter, PredictionDrafter
 from backends.errors import BackendError
 from backends.pair_check import check_pair
@@ -67,14 +72,23 @@ class Engine:
         self._model_drafter = ModelDrafter(draft) if draft is not None else None
         self._ngram_drafter = NgramDrafter()
         self._acceptance: dict[str, AcceptanceEstimate] = {}
+        self._confidence_floor = ConfidenceFloor()
 
-    def use_acceptance_memory(self, memory: dict[str, AcceptanceEstimate]) -> None:
+    def use_acceptance_memory(
+        self,
+        memory: dict[str, AcceptanceEstimate],
+        confidence_floor: ConfidenceFloor | None = None,
+    ) -> None:
         """Make "auto" learn acceptance into ``memory`` (bench: one per compared mode).
 
         By default one memory serves every generation, so what was learned about a
-        conversation carries over to the next reply.
+        conversation carries over to the next reply; so does the draft model's
+        confidence floor (a fresh one unless ``confidence_floor`` is given).
         """
         self._acceptance = memory
+        self._confidence_floor = (
+            confidence_floor if confidence_floor is not None else ConfidenceFloor()
+        )
 
     def calibrate(self) -> CostModel:
         """Measure forward costs and exactness on this machine (seconds); used by "auto"."""
@@ -133,6 +147,7 @@ class Engine:
             costs,
             params=request.params,
             acceptance=self._acceptance,
+            confidence_floor=self._confidence_floor,
             exact=request.exact,
         )
 

@@ -13,6 +13,7 @@ from backends.controller import (
     CostModel,
 )
 from backends.drafters import DraftProposal, ModelDrafter, NgramDrafter
+from backends.engine import Engine, GenerationRequest
 from backends.sampling import SamplingParams
 from backends.speculative import RoundOutcome
 from tests.fakes import HashModel, draft_model_for
@@ -203,3 +204,21 @@ def test_draft_model_rounds_stop_below_the_learned_floor_without_touching_the_sh
     assert "stops below p" in plan.reason
     policy.observe(RoundOutcome("model", 3, 1, 0.01, 0.02, 2, draft_confidences=(0.97, 0.12, 0.5)))
     assert policy.confidence_floor.trials[9] > 0 and policy.confidence_floor.trials[1] > 0
+
+
+def test_what_auto_learned_about_the_draft_carries_over_to_the_next_reply():
+    target = HashModel()
+    engine = Engine(
+        target, draft_model_for(target), costs=CostModel(dict(GPU_COSTS), GPU_DRAFT_STEP)
+    )
+    request = GenerationRequest(prompt_tokens=(1, 2, 3), max_tokens=24, drafter="auto")
+    first = engine.policy_for(request)
+    second = engine.policy_for(request)
+    assert isinstance(first, AdaptiveDraftPolicy) and isinstance(second, AdaptiveDraftPolicy)
+    assert second.acceptance is first.acceptance
+    assert second.confidence_floor is first.confidence_floor
+    # A bench mode (or any caller) can keep its own memory apart.
+    engine.use_acceptance_memory({})
+    third = engine.policy_for(request)
+    assert isinstance(third, AdaptiveDraftPolicy)
+    assert third.confidence_floor is not first.confidence_floor
