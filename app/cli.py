@@ -78,8 +78,8 @@ def add_sampling_options(parser: argparse.ArgumentParser, *, temperature: float 
         dest="exact_output",
         action=argparse.BooleanOptionalAction,
         default=default(False),
-        help="greedy output bit-identical to plain decoding: exact kernels (on a CPU, "
-        "prompts read up to 2x slower) and auto verifies only in batches that round "
+        help="greedy output bit-identical to plain decoding: exact kernels (on a CPU "
+        "a 2k-token prompt reads 2.4x slower) and auto verifies only in batches that round "
         "like one-token decoding; --no-exact (default) uses the fastest kernels",
     )
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")

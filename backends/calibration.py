@@ -20,7 +20,7 @@ is measured past 512 tokens of context, where both kinds of switch show, and whe
 chat with some history really decodes. Batch-size switches do not depend on the
 position, so one position is enough.
 
-It takes about ten seconds on a 2-core CPU with a 1.5B target, most of it filling
+It takes about 20 seconds on a 2-core CPU with a 1.5B target, most of it filling
 that context (a fraction of a second on a GPU); callers cache the result (see
 app/calibration_store.py).
 """

@@ -337,8 +337,8 @@ class AdaptiveDraftPolicy:
         self.costs.observe_verify(batch, outcome.verify_seconds)
         if outcome.drafted and outcome.drafter == self.decision.drafter and self._round_key:
             self._estimate(self._round_key).observe(outcome.drafted, outcome.accepted)
-            if outcome.drafter == "model" and outcome.draft_seconds > 0:
-                self.costs.observe_draft_step(outcome.draft_seconds / outcome.drafted)
+            if outcome.drafter == "model" and outcome.draft_step_seconds is not None:
+                self.costs.observe_draft_step(outcome.draft_step_seconds)
             if outcome.drafter == "model" and outcome.draft_confidences:
                 self.confidence_floor.observe(outcome.draft_confidences, outcome.accepted)
 

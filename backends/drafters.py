@@ -16,6 +16,7 @@ tokens, each with the distribution ``q`` it was drawn from. Three kinds:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -33,12 +34,15 @@ class DraftProposal:
     ``distributions`` is None when every token is a point mass (n-gram, prediction,
     or a model drafting greedily); the loop then treats each ``q`` as one-hot.
     ``top_probs`` holds the drafter's own confidence in each token where it has one.
+    ``step_seconds`` is the mean time of the one-token forwards a model drafter made;
+    a first forward that caught its cache up on several tokens is left out of it.
     """
 
     tokens: list[int]
     distributions: list[SparseDistribution] | None = None
     top_probs: list[float] = field(default_factory=list)
     passes: int = 0
+    step_seconds: float | None = None
 
 
 EMPTY_PROPOSAL = DraftProposal(tokens=[])
@@ -116,7 +120,11 @@ class ModelDrafter:
         keep = min(common_prefix_length(model.cached_tokens, context), len(context) - 1)
         model.rollback(keep)
         missing = context[keep:]
+        started = time.perf_counter()
         row = model.forward(missing, last_only=True)[0]
+        # A catch-up over many tokens (a reply's first model round feeds the whole
+        # prompt) is not a draft step: timing it as one would make the draft look slow.
+        step_times = [time.perf_counter() - started] if len(missing) == 1 else []
         passes = 1
         tokens: list[int] = []
         distributions: list[SparseDistribution] = []
@@ -139,13 +147,16 @@ class ModelDrafter:
             top_probs.append(confidence)
             if len(tokens) >= max_tokens or model.is_end_of_generation(token):
                 break
+            started = time.perf_counter()
             row = model.forward([token], last_only=True)[0]
+            step_times.append(time.perf_counter() - started)
             passes += 1
         return DraftProposal(
             tokens=tokens,
             distributions=None if params.greedy else distributions,
             top_probs=top_probs,
             passes=passes,
+            step_seconds=sum(step_times) / len(step_times) if step_times else None,
         )
 
 

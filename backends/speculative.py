@@ -152,6 +152,8 @@ class RoundOutcome:
     emitted: int
     # The drafter's own confidence in each drafted token, where it reports one.
     draft_confidences: tuple[float, ...] = ()
+    # Mean time of a one-token draft-model step this round (None: none was timed).
+    draft_step_seconds: float | None = None
 
 
 class DraftPolicy(Protocol):
@@ -438,6 +440,7 @@ def speculative_generate(
                 verify_seconds=verify_seconds,
                 emitted=len(emitted),
                 draft_confidences=tuple(proposal.top_probs[: len(drafts)]),
+                draft_step_seconds=proposal.step_seconds,
             )
         )
 

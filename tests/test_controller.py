@@ -222,3 +222,15 @@ def test_what_auto_learned_about_the_draft_carries_over_to_the_next_reply():
     third = engine.policy_for(request)
     assert isinstance(third, AdaptiveDraftPolicy)
     assert third.confidence_floor is not first.confidence_floor
+
+
+def test_a_catch_up_in_a_model_round_does_not_make_the_draft_look_slow():
+    costs = CostModel(dict(GPU_COSTS), GPU_DRAFT_STEP)
+    policy = AdaptiveDraftPolicy(
+        [StubModelDrafter()], costs, acceptance={"model": AcceptanceEstimate(0.9)}
+    )
+    policy.begin([1, 2, 3])
+    assert policy.plan([1, 2, 3]).drafter is not None
+    # 2 s in the drafter, almost all of it feeding the draft a long prompt.
+    policy.observe(RoundOutcome("model", 4, 4, 2.0, 0.03, 5, draft_step_seconds=GPU_DRAFT_STEP))
+    assert costs.draft_step_seconds == pytest.approx(GPU_DRAFT_STEP)

@@ -258,3 +258,31 @@ def test_common_prefix_length_counts_equal_leading_tokens() -> None:
     assert common_prefix_length([1, 2, 3], [1, 2]) == 2
     assert common_prefix_length((1, 2, 3), [1, 5, 3]) == 1
     assert common_prefix_length([], [1]) == 0
+
+
+class ClockedModel(HashModel):
+    """A model on a fake clock: evaluating n tokens takes n seconds."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def forward(self, tokens, *, last_only: bool = False):  # type: ignore[no-untyped-def]
+        self.clock[0] += len(tokens)
+        return super().forward(tokens, last_only=last_only)
+
+
+def test_a_draft_step_is_timed_without_the_catch_up_on_unseen_context(monkeypatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr("backends.drafters.time.perf_counter", lambda: clock[0])
+    drafter = ModelDrafter(ClockedModel(clock))
+    context = list(range(1, 21))
+    rng = np.random.default_rng(0)
+    # The first proposal feeds the draft 20 unseen tokens (20 s here), then steps (1 s each).
+    first = drafter.propose(context, 4, SamplingParams(temperature=0.0), rng)
+    assert first.passes == len(first.tokens) > 1
+    assert first.step_seconds == pytest.approx(1.0)
+    # Caught up, a proposal's first forward is a one-token step too.
+    context += first.tokens[:1]
+    second = drafter.propose(context, 1, SamplingParams(temperature=0.0), rng)
+    assert second.passes == 1 and second.step_seconds == pytest.approx(1.0)
