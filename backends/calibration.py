@@ -35,6 +35,7 @@ import numpy as np
 
 from backends.base import Model
 from backends.controller import CostModel
+from backends.errors import ContextOverflowError
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16)
 EXACTNESS_CHECKED_UP_TO = 8  # larger verify batches are never trusted to be exact
@@ -77,7 +78,11 @@ def measure_costs(
     # A model whose context cannot reach the usual position is measured as deep as it goes.
     position = min(MEASURED_POSITION, target.n_ctx - longest - 1)
     if position < DRAFT_POSITION:
-        raise ValueError(f"a {target.n_ctx}-token context is too short to calibrate")
+        raise ContextOverflowError(
+            f"A {target.n_ctx}-token context is too short to calibrate the auto drafter "
+            f"(it needs {DRAFT_POSITION + longest + 1}). Raise the context length, or "
+            "choose the model, n-gram or no drafter."
+        )
     sentence = target.tokenize(_CONTEXT_TEXT, add_special=False)
     context = (sentence * (-(-(position + longest) // len(sentence))))[: position + longest]
     prefix, probe = context[:position], context[position:]

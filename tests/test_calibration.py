@@ -13,6 +13,7 @@ from backends.calibration import (
     MEASURED_POSITION,
     measure_costs,
 )
+from backends.errors import ContextOverflowError
 from tests.fakes import HashModel, draft_model_for
 
 
@@ -85,5 +86,5 @@ def test_the_target_is_measured_past_512_cells_where_one_token_decoding_may_swit
 def test_a_context_too_short_for_that_position_is_measured_as_deep_as_it_goes():
     target = DecodesDifferentlyPast(position=512, n_ctx=512)  # never decodes that far
     assert measure_costs(target).exact_batch_limit == EXACTNESS_CHECKED_UP_TO
-    with pytest.raises(ValueError, match="too short to calibrate"):
+    with pytest.raises(ContextOverflowError, match=r"too short to calibrate.*Raise the context"):
         measure_costs(HashModel(n_ctx=48))
