@@ -147,7 +147,6 @@ class RoundOutcome:
     drafter: str
     drafted: int
     accepted: int
-    draft_seconds: float
     verify_seconds: float
     emitted: int
     # The drafter's own confidence in each drafted token, where it reports one.
@@ -369,7 +368,6 @@ def speculative_generate(
 
         plan = policy.plan(context)
         draft_length = max(0, min(plan.draft_length, remaining - 1, room))
-        draft_started = time.perf_counter()
         proposal: DraftProposal = EMPTY_PROPOSAL
         if plan.drafter is not None and draft_length > 0:
             proposal = plan.drafter.propose(context, draft_length, params, rng)
@@ -436,7 +434,6 @@ def speculative_generate(
                 drafter=round_drafter,
                 drafted=len(drafts),
                 accepted=accepted,
-                draft_seconds=verify_started - draft_started,
                 verify_seconds=verify_seconds,
                 emitted=len(emitted),
                 draft_confidences=tuple(proposal.top_probs[: len(drafts)]),

@@ -85,7 +85,9 @@ def test_observed_rejections_lower_acceptance_and_then_k():
     policy.begin([1])
     first = policy.plan([1]).draft_length
     for _ in range(40):
-        policy.observe(RoundOutcome("model", 8, 0, 8 * GPU_DRAFT_STEP, GPU_COSTS[8], 1))
+        policy.observe(
+            RoundOutcome("model", 8, 0, GPU_COSTS[8], 1, draft_step_seconds=GPU_DRAFT_STEP)
+        )
     assert policy.acceptance["model"].at(0) < 0.1
     assert policy.plan([1]).draft_length < first
 
@@ -202,7 +204,7 @@ def test_draft_model_rounds_stop_below_the_learned_floor_without_touching_the_sh
     assert plan.drafter is not shared and shared.min_confidence == 0.0
     assert plan.drafter.min_confidence > 0  # type: ignore[attr-defined]
     assert "stops below p" in plan.reason
-    policy.observe(RoundOutcome("model", 3, 1, 0.01, 0.02, 2, draft_confidences=(0.97, 0.12, 0.5)))
+    policy.observe(RoundOutcome("model", 3, 1, 0.02, 2, draft_confidences=(0.97, 0.12, 0.5)))
     assert policy.confidence_floor.trials[9] > 0 and policy.confidence_floor.trials[1] > 0
 
 
@@ -231,6 +233,10 @@ def test_a_catch_up_in_a_model_round_does_not_make_the_draft_look_slow():
     )
     policy.begin([1, 2, 3])
     assert policy.plan([1, 2, 3]).drafter is not None
-    # 2 s in the drafter, almost all of it feeding the draft a long prompt.
-    policy.observe(RoundOutcome("model", 4, 4, 2.0, 0.03, 5, draft_step_seconds=GPU_DRAFT_STEP))
+    # A round whose only draft forward caught the draft up on the prompt times no step:
+    # however long it took, the draft's step cost stays as it was.
+    policy.observe(RoundOutcome("model", 1, 1, 0.03, 2, draft_step_seconds=None))
     assert costs.draft_step_seconds == pytest.approx(GPU_DRAFT_STEP)
+    # A timed step is learned from.
+    policy.observe(RoundOutcome("model", 4, 4, 0.03, 5, draft_step_seconds=2 * GPU_DRAFT_STEP))
+    assert costs.draft_step_seconds > GPU_DRAFT_STEP
