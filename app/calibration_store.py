@@ -20,9 +20,8 @@ from app.settings import cache_dir
 from backends.controller import CostModel
 from backends.engine import Engine
 
-CALIBRATION_VERSION = (
-    3  # 2: every batch size to 8, the exact batch limit; 3: checked past 512 tokens too
-)
+# 2: every batch size to 8, and the exact batch limit; 3: measured past 512 tokens
+CALIBRATION_VERSION = 3
 
 
 def calibration_key(engine: Engine, runtime: str) -> str:
