@@ -25,6 +25,7 @@ token falls below a floor learned from what the target accepted (:class:`Confide
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -52,6 +53,10 @@ MIN_PAYING_SPEEDUP = 1.02  # choose speculation only when it is expected to pay 
 MODEL_PROBE_INTERVAL = 64  # rounds without the draft model before trying it again
 MODEL_PROBE_LENGTH = 2
 MODEL_PROBE_MAX_CATCH_UP = 8  # a probe may cost at most this many plain steps of catch-up
+# A draft model that sat out (or a new prompt) must first read what it has not seen.
+# That is paid once and then serves every later round, so the choice spreads it over
+# about this many tokens of the reply still to come.
+CATCH_UP_HORIZON_TOKENS = 128
 
 
 @dataclass
@@ -293,7 +298,16 @@ class AdaptiveDraftPolicy:
             key = self._estimate_key(name, context)
             if key is None:
                 continue
-            draft_tokens, rate = self._best_length(name, key)
+            catch_up = self._catch_up_seconds(context) if name == "model" else 0.0
+            draft_tokens, rate = self._best_length(name, key, catch_up)
+            if (
+                catch_up > 0
+                and best.drafter == "none"
+                and rate <= best_rate
+                and self._best_length(name, key)[1] > best_rate
+            ):
+                # Say why when the catch-up alone keeps the draft model out.
+                best = dataclasses.replace(best, reason=self._catch_up_reason(context))
             if draft_tokens > 0 and rate > best_rate:
                 best_rate, best_key = rate, key
                 best = Decision(
@@ -365,14 +379,24 @@ class AdaptiveDraftPolicy:
             return f"ngram:{min(size, NGRAM_LONGEST_BUCKET)}"
         return name
 
-    def _best_length(self, name: str, key: str) -> tuple[int, float]:
+    def _best_length(self, name: str, key: str, catch_up_seconds: float = 0.0) -> tuple[int, float]:
+        """The K with the best expected tokens per second, and that rate.
+
+        ``catch_up_seconds`` (the draft model reading context it missed) is charged in
+        proportion to the tokens a round brings, as a share of the horizon it serves.
+        """
         estimate = self._estimate(key)
+        catch_up_per_token = catch_up_seconds / CATCH_UP_HORIZON_TOKENS
         best_k, best_rate = 0, 0.0
         expected, survive = 1.0, 1.0  # expected tokens per round, built up K by K
         for draft_tokens in range(1, self.max_draft_tokens + 1):
             survive *= estimate.at(draft_tokens - 1)
             expected += survive
-            seconds = self.costs.verify(draft_tokens + 1) + self._draft_cost(name, draft_tokens)
+            seconds = (
+                self.costs.verify(draft_tokens + 1)
+                + self._draft_cost(name, draft_tokens)
+                + catch_up_per_token * expected
+            )
             rate = expected / seconds
             if rate > best_rate:
                 best_k, best_rate = draft_tokens, rate
@@ -394,15 +418,28 @@ class AdaptiveDraftPolicy:
 
         While the draft model sits out, its cache falls behind; a probe first pays for
         evaluating the missing tokens (in batches, so at the target's batch efficiency).
+        The pending token, which every round's first draft step reads, is not counted.
         """
-        drafter = self.drafters.get("model")
-        model = getattr(drafter, "model", None)
-        if model is None:
+        missing = self._catch_up_tokens(context)
+        if missing == 0:
             return 0.0
-        missing = len(context) - common_prefix_length(model.cached_tokens, context)
         batch_efficiency = self.costs.verify(16) / (16 * self.costs.verify(1))
         step = self.costs.draft_step_seconds or self.costs.verify(1)
         return missing * step * batch_efficiency
+
+    def _catch_up_tokens(self, context: Sequence[int]) -> int:
+        """Tokens of ``context`` the draft model has not read, beyond the pending one."""
+        drafter = self.drafters.get("model")
+        model = getattr(drafter, "model", None)
+        if model is None:
+            return 0
+        return max(0, len(context) - 1 - common_prefix_length(model.cached_tokens, context))
+
+    def _catch_up_reason(self, context: Sequence[int]) -> str:
+        return (
+            f"speculation off: the draft model would first have to read "
+            f"{self._catch_up_tokens(context)} tokens it missed"
+        )
 
     def _model_can_pay(self) -> bool:
         """Would the draft model pay here even if every draft token were accepted?"""

@@ -240,3 +240,34 @@ def test_a_catch_up_in_a_model_round_does_not_make_the_draft_look_slow():
     # A timed step is learned from.
     policy.observe(RoundOutcome("model", 4, 4, 0.03, 5, draft_step_seconds=2 * GPU_DRAFT_STEP))
     assert costs.draft_step_seconds > GPU_DRAFT_STEP
+
+
+class LaggingDraftModel:
+    """A draft model's cache, as the controller sees it: the tokens it has read."""
+
+    def __init__(self, cached_tokens: list[int]) -> None:
+        self.cached_tokens = cached_tokens
+
+
+def test_a_long_catch_up_keeps_a_marginal_draft_model_out_but_not_a_clear_winner():
+    # Verify is nearly free and the draft costs a fifth of a step: the model wins
+    # modestly once its cache is in step with the context.
+    costs = {1: 0.030, 2: 0.031, 4: 0.033, 8: 0.040, 16: 0.060}
+    context = list(range(1, 3001))
+    drafter = StubModelDrafter()
+    policy = AdaptiveDraftPolicy(
+        [drafter], CostModel(dict(costs), 0.006), acceptance={"model": AcceptanceEstimate(0.6)}
+    )
+    policy.begin(context)
+    drafter.model = LaggingDraftModel(context[:-1])  # in step: only the pending token is new
+    in_step = policy.plan(context)
+    assert in_step.drafter is not None and in_step.drafter.name == "model"
+    # Having missed 2,999 tokens, it would first spend ~2 s reading them: more than
+    # the modest gain would earn back over a reply.
+    drafter.model = LaggingDraftModel([])
+    lagging = policy.plan(context)
+    assert lagging.drafter is None
+    assert "read 2999 tokens it missed" in lagging.reason
+    # A draft that is nearly always right still pays for the same catch-up.
+    policy.acceptance["model"] = AcceptanceEstimate(0.97)
+    assert policy.plan(context).drafter is not None
