@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -31,7 +32,6 @@ from backends.calibration import measure_costs
 from backends.controller import AcceptanceEstimate, ConfidenceFloor, CostModel
 from backends.engine import Engine, GenerationRequest
 from backends.sampling import SamplingParams
-from backends.speculative import SpeculativeStats
 
 FORWARD_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16)
 COST_REPEATS = 3
@@ -61,9 +61,21 @@ class BenchMode:
     confidence_floor: ConfidenceFloor = field(default_factory=ConfidenceFloor, compare=False)
 
 
+@dataclass(frozen=True)
+class RunSample:
+    """What one generation of one mode measured."""
+
+    generated_tokens: int
+    decode_seconds: float
+    drafted: int = 0
+    accepted: int = 0
+    speculative_rounds: int = 0
+    target_passes: int = 0
+
+
 @dataclass
 class ModeTotals:
-    """Summed results of one mode over one category."""
+    """Summed results of one mode over one category, and each run's speed."""
 
     generated_tokens: int = 0
     decode_seconds: float = 0.0
@@ -71,6 +83,18 @@ class ModeTotals:
     accepted: int = 0
     speculative_rounds: int = 0
     target_passes: int = 0
+    run_rates: list[float] = field(default_factory=list)  # tok/s per run, in run order
+
+    def add(self, sample: RunSample) -> None:
+        """Count one more run."""
+        self.generated_tokens += sample.generated_tokens
+        self.decode_seconds += sample.decode_seconds
+        self.drafted += sample.drafted
+        self.accepted += sample.accepted
+        self.speculative_rounds += sample.speculative_rounds
+        self.target_passes += sample.target_passes
+        rate = sample.generated_tokens / sample.decode_seconds if sample.decode_seconds else 0.0
+        self.run_rates.append(rate)
 
     @property
     def tokens_per_second(self) -> float:
@@ -86,6 +110,38 @@ class ModeTotals:
     def mean_accepted_length(self) -> float:
         """Accepted tokens per drafting round."""
         return self.accepted / self.speculative_rounds if self.speculative_rounds else 0.0
+
+
+# What ``--modes`` can pick; plain decoding, the baseline, always runs.
+MODE_CHOICES = ("draft", "ngram", "auto", "reference")
+
+
+def parse_mode_choice(text: str | None) -> set[str]:
+    """``--modes draft,auto`` -> the chosen groups (None: all of them)."""
+    if not text:
+        return set(MODE_CHOICES)
+    chosen = {part.strip() for part in text.split(",") if part.strip()}
+    unknown = sorted(chosen - set(MODE_CHOICES) - {"plain"})
+    if unknown:
+        raise DraftpenError(
+            f"Unknown bench modes: {', '.join(unknown)}. Choose from {', '.join(MODE_CHOICES)} "
+            "(plain decoding always runs)."
+        )
+    return chosen
+
+
+def bench_modes(chosen: set[str], *, has_draft: bool, exact: bool) -> list[BenchMode]:
+    """The modes to compare: plain first, then the chosen groups that apply to this pair."""
+    modes = [BenchMode("plain", "none", 0)]
+    if "draft" in chosen and has_draft:
+        modes += [BenchMode(f"draft model K={k}", "model", k) for k in (2, 4)]
+    if "ngram" in chosen:
+        modes.append(BenchMode(f"n-gram K={NGRAM_DRAFT_TOKENS}", "ngram", NGRAM_DRAFT_TOKENS))
+    if "auto" in chosen:
+        modes.append(BenchMode("auto", "auto", 0))
+        if exact:
+            modes.append(BenchMode("auto, exact", "auto", 0, exact=True))
+    return modes
 
 
 def load_prompt_suite(categories: list[str] | None = None) -> list[BenchPrompt]:
@@ -114,31 +170,42 @@ def run_modes(
     yardsticks: Sequence[Yardstick] = (),
     progress: bool = True,
 ) -> dict[str, dict[str, ModeTotals]]:
-    """Run every mode on every prompt, alternating modes prompt by prompt."""
+    """Run every mode on every prompt, alternating modes prompt by prompt.
+
+    The order of the modes rotates by one from run to run (a run: one prompt in one
+    repeat), so over the runs each mode takes every place in the order as often as
+    the others: a mode is not favoured by always following the same one, or by
+    always coming first after a prompt is read.
+    """
     results: dict[str, dict[str, ModeTotals]] = {}
     params = SamplingParams(temperature=0.0)
     _warm_up(engine, prompts[0], modes, yardsticks, params)
+    runners: list[BenchMode | Yardstick] = [*modes, *yardsticks]
+    run = 0
     for repeat in range(repeats):
         for prompt in prompts:
             tokens = tuple(engine.chat_prompt([ChatMessage("user", prompt.text)]))
             by_mode = results.setdefault(prompt.category, {})
-            for mode in modes:
-                stats = _run_mode(engine, mode, tokens, params, max_tokens)
-                totals = by_mode.setdefault(mode.label, ModeTotals())
-                totals.generated_tokens += stats.generated_tokens
-                totals.decode_seconds += stats.decode_seconds
-                totals.drafted += stats.drafted
-                totals.accepted += stats.accepted
-                totals.speculative_rounds += stats.speculative_rounds
-                totals.target_passes += stats.target_passes
-                _progress(progress, repeat, repeats, prompt, mode.label, totals, stats)
-            for yardstick in yardsticks:
-                count, seconds = yardstick.decode_speed(tokens, max_tokens)
-                totals = by_mode.setdefault(yardstick.name, ModeTotals())
-                totals.generated_tokens += count
-                totals.decode_seconds += seconds
-                _progress(progress, repeat, repeats, prompt, yardstick.name, totals, None)
+            shift = run % len(runners)
+            for runner in runners[shift:] + runners[:shift]:
+                if isinstance(runner, BenchMode):
+                    label, sample = (
+                        runner.label,
+                        _run_mode(engine, runner, tokens, params, max_tokens),
+                    )
+                else:
+                    label, sample = runner.name, _run_yardstick(runner, tokens, max_tokens)
+                totals = by_mode.setdefault(label, ModeTotals())
+                totals.add(sample)
+                _progress(progress, repeat, repeats, prompt, label, totals, sample)
+            run += 1
     return results
+
+
+def paired_ratios(by_mode: dict[str, ModeTotals], label: str) -> list[float]:
+    """Per run, this mode's speed over plain decoding's on the same prompt and repeat."""
+    plain = by_mode["plain"].run_rates
+    return [rate / base for rate, base in zip(by_mode[label].run_rates, plain, strict=True) if base]
 
 
 def _run_mode(
@@ -147,8 +214,8 @@ def _run_mode(
     tokens: tuple[int, ...],
     params: SamplingParams,
     max_tokens: int,
-) -> SpeculativeStats:
-    """One generation in ``mode``; its final statistics.
+) -> RunSample:
+    """One generation in ``mode``; what it measured.
 
     Each "auto" mode keeps its own acceptance memory across prompts, as a chat session
     does across replies, so no mode profits from what another learned on the same text.
@@ -167,7 +234,20 @@ def _run_mode(
     for event in engine.generate(request):
         last = event
     assert last is not None
-    return last.stats
+    stats = last.stats
+    return RunSample(
+        generated_tokens=stats.generated_tokens,
+        decode_seconds=stats.decode_seconds,
+        drafted=stats.drafted,
+        accepted=stats.accepted,
+        speculative_rounds=stats.speculative_rounds,
+        target_passes=stats.target_passes,
+    )
+
+
+def _run_yardstick(yardstick: Yardstick, tokens: tuple[int, ...], max_tokens: int) -> RunSample:
+    count, seconds = yardstick.decode_speed(tokens, max_tokens)
+    return RunSample(generated_tokens=count, decode_seconds=seconds)
 
 
 def _warm_up(
@@ -192,11 +272,11 @@ def _progress(
     prompt: BenchPrompt,
     label: str,
     totals: ModeTotals,
-    stats: SpeculativeStats | None,
+    sample: RunSample,
 ) -> None:
     if not enabled:
         return
-    detail = f"accepted {stats.accepted}/{stats.drafted}" if stats is not None else ""
+    detail = f"accepted {sample.accepted}/{sample.drafted}" if sample.drafted else ""
     print(
         f"  [{repeat + 1}/{repeats}] {prompt.category:<9} {label:<32} "
         f"{totals.tokens_per_second:6.1f} tok/s so far  {detail}",
@@ -256,8 +336,8 @@ def format_report(
         lines += [
             "",
             f"{category}",
-            f"  {'mode':<32} {'tok/s':>7} {'vs plain':>9} {'accepted':>9} {'mean len':>9}"
-            f" {'projected*':>11}",
+            f"  {'mode':<32} {'tok/s':>7} {'vs plain':>9} {'per run**':>11} {'accepted':>9}"
+            f" {'mean len':>9} {'projected*':>11}",
         ]
         for label in labels:
             totals = by_mode.get(label)
@@ -268,9 +348,11 @@ def format_report(
             mean = f"{totals.mean_accepted_length:.2f}" if totals.drafted else "-"
             projection = projections.get(category, {}).get(label)
             projected = f"{projection:.2f}x" if projection is not None else "-"
+            runs = paired_ratios(by_mode, label)
+            spread = f"{min(runs):.2f}-{max(runs):.2f}" if len(runs) > 1 else "-"
             lines.append(
-                f"  {label:<32} {totals.tokens_per_second:7.1f} {ratio:8.2f}x {accepted:>9}"
-                f" {mean:>9} {projected:>11}"
+                f"  {label:<32} {totals.tokens_per_second:7.1f} {ratio:8.2f}x {spread:>11}"
+                f" {accepted:>9} {mean:>9} {projected:>11}"
             )
             merged = overall.setdefault(label, ModeTotals())
             merged.generated_tokens += totals.generated_tokens
@@ -281,6 +363,8 @@ def format_report(
         "  acceptance measured here and a cost model in which a verify of K+1 tokens costs",
         "  one target step and a draft step costs (draft bytes / target bytes) of one.",
         "  A projection, not a measurement.",
+        "** per run: the lowest and highest of this mode's speed over plain decoding's on",
+        "  the same prompt in the same repeat: how far single runs scatter on this machine.",
         "",
     ]
     base = overall["plain"].tokens_per_second
@@ -294,9 +378,16 @@ def format_report(
             for category, by_mode in results.items()
             if label in by_mode and by_mode["plain"].tokens_per_second
         )
+        runs = [
+            r
+            for by_mode in results.values()
+            if label in by_mode
+            for r in paired_ratios(by_mode, label)
+        ]
         lines.append(
             f"{label}: {ratio:.2f}x plain over all categories ({verdict} here); "
-            f"worst {worst_ratio:.2f}x ({worst_category})."
+            f"worst {worst_ratio:.2f}x ({worst_category}); "
+            f"median run {statistics.median(runs):.2f}x of {len(runs)}."
         )
     return "\n".join(lines)
 
@@ -309,6 +400,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
     settings = load_settings()
     pair = args.pair or settings.default_pair
     prompts = load_prompt_suite(args.category or None)
+    chosen = parse_mode_choice(args.modes)
     print(f"draftpen bench: loading {pair} ...", file=sys.stderr)
     n_ctx = args.context or settings.context_length
     exact_kernels = settings.exact_output if args.exact is None else args.exact
@@ -317,14 +409,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
     )
     yardsticks: list[Yardstick] = []
     try:
-        modes = [BenchMode("plain", "none", 0)]
-        if engine.draft is not None:
-            modes += [BenchMode(f"draft model K={k}", "model", k) for k in (2, 4)]
-        modes.append(BenchMode(f"n-gram K={NGRAM_DRAFT_TOKENS}", "ngram", NGRAM_DRAFT_TOKENS))
-        modes.append(BenchMode("auto", "auto", 0))
-        if exact_kernels:
-            modes.append(BenchMode("auto, exact", "auto", 0, exact=True))
-        if not args.no_yardsticks:
+        modes = bench_modes(chosen, has_draft=engine.draft is not None, exact=exact_kernels)
+        if "reference" in chosen and not args.no_yardsticks:
             yardsticks = _load_yardsticks(engine, n_ctx)
         print("measuring forward costs ...", file=sys.stderr)
         costs = measure_costs(
@@ -376,6 +462,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
                     **asdict(totals),
                     "tokens_per_second": totals.tokens_per_second,
                     "ratio_to_plain": totals.tokens_per_second / by_mode["plain"].tokens_per_second,
+                    "paired_ratios": paired_ratios(by_mode, label),
                     "acceptance_rate": totals.acceptance_rate,
                     "mean_accepted_length": totals.mean_accepted_length,
                     "projected_memory_bound_speedup": projections[category][label],

@@ -295,6 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="load exact kernels and add an 'auto, exact' mode (default: the exact_output setting)",
     )
+    bench.add_argument(
+        "--modes",
+        default=None,
+        help="compare only these, comma-separated: draft, ngram, auto, reference "
+        "(llama-cpp-python's decoders); plain always runs (default: all)",
+    )
     bench.add_argument("--max-tokens", type=int, default=128, help="tokens per generation")
     bench.add_argument("--repeats", type=int, default=1, help="alternating repeats per prompt")
     bench.add_argument("--category", action="append", default=[], help="only these categories")

@@ -6,8 +6,22 @@ import json
 
 import pytest
 
-from app.bench import ModeTotals, load_prompt_suite, projected_speedup
+from app.bench import (
+    BenchMode,
+    BenchPrompt,
+    ModeTotals,
+    RunSample,
+    bench_modes,
+    load_prompt_suite,
+    paired_ratios,
+    parse_mode_choice,
+    projected_speedup,
+    run_modes,
+)
 from app.errors import DraftpenError
+from backends.controller import CostModel
+from backends.engine import Engine
+from tests.fakes import HashModel, draft_model_for
 from tests.model_files import SMOLLM2_KEY, require_model
 from tests.test_cli_generate import run_draftpen
 
@@ -28,6 +42,72 @@ def test_projection_charges_draft_model_steps_but_not_ngram_lookups():
     assert projected_speedup(totals, 0.25, "model") == pytest.approx(3.0 / 2.0)
     assert projected_speedup(totals, 0.25, "ngram") == pytest.approx(3.0)
     assert projected_speedup(ModeTotals(), 0.25, "model") is None
+
+
+class RecordingYardstick:
+    """An outside decoder that notes when it ran and claims a fixed speed."""
+
+    def __init__(self, name: str, order: list[str]) -> None:
+        self.name = name
+        self.order = order
+
+    def decode_speed(self, prompt_tokens, max_tokens):
+        self.order.append(self.name)
+        return max_tokens, max_tokens / 50.0
+
+    def close(self) -> None:
+        pass
+
+
+def test_modes_rotate_so_each_takes_every_place_in_the_order(monkeypatch):
+    import app.bench as bench
+
+    order: list[str] = []
+    real_run_mode = bench._run_mode
+
+    def recording_run_mode(engine, mode, tokens, params, max_tokens):
+        order.append(mode.label)
+        return real_run_mode(engine, mode, tokens, params, max_tokens)
+
+    monkeypatch.setattr(bench, "_run_mode", recording_run_mode)
+    target = HashModel()
+    engine = Engine(target, draft_model_for(target), costs=CostModel({1: 0.02, 4: 0.021}, 0.004))
+    modes = [BenchMode("plain", "none", 0), BenchMode("auto", "auto", 0)]
+    yardstick = RecordingYardstick("outside", order)
+    prompts = [BenchPrompt("code", "the cat sat on the mat"), BenchPrompt("chat", "hello there")]
+    results = run_modes(
+        engine, prompts, modes, max_tokens=6, repeats=3, yardsticks=[yardstick], progress=False
+    )
+    order = order[3:]  # the untimed warm-up runs each once, in the listed order
+    runs = [order[i : i + 3] for i in range(0, len(order), 3)]
+    assert len(runs) == 6
+    assert [run[0] for run in runs] == ["plain", "auto", "outside"] * 2
+    assert all(sorted(run) == ["auto", "outside", "plain"] for run in runs)
+    # Three runs per category (one per repeat), each paired with plain's run.
+    assert len(results["code"]["auto"].run_rates) == 3
+    ratios = paired_ratios(results["code"], "outside")
+    plain_rates = results["code"]["plain"].run_rates
+    assert ratios == pytest.approx([50.0 / rate for rate in plain_rates])
+
+
+def test_totals_add_runs_and_keep_each_runs_speed():
+    totals = ModeTotals()
+    totals.add(RunSample(generated_tokens=10, decode_seconds=2.0, drafted=4, accepted=3))
+    totals.add(RunSample(generated_tokens=30, decode_seconds=2.0, target_passes=7))
+    assert totals.tokens_per_second == pytest.approx(10.0)
+    assert totals.run_rates == pytest.approx([5.0, 15.0])
+    assert (totals.drafted, totals.accepted, totals.target_passes) == (4, 3, 7)
+
+
+def test_modes_option_picks_groups_and_refuses_unknown_ones():
+    assert parse_mode_choice(None) == {"draft", "ngram", "auto", "reference"}
+    chosen = parse_mode_choice("auto, reference")
+    labels = [mode.label for mode in bench_modes(chosen, has_draft=True, exact=True)]
+    assert labels == ["plain", "auto", "auto, exact"]
+    all_labels = [m.label for m in bench_modes(parse_mode_choice(""), has_draft=False, exact=False)]
+    assert all_labels == ["plain", "n-gram K=10", "auto"]  # no draft model, no draft modes
+    with pytest.raises(DraftpenError, match="Choose from draft, ngram, auto, reference"):
+        parse_mode_choice("auto,turbo")
 
 
 @pytest.mark.real_model
@@ -52,6 +132,7 @@ def test_bench_runs_every_mode_and_writes_results(tmp_path):
     assert {"plain", "n-gram K=10", "auto", "auto, exact", "llama-cpp-python"} <= set(modes)
     assert report["exact_batch_limit"] >= 1 and "bit-identical" in result.stdout
     assert modes["plain"]["ratio_to_plain"] == pytest.approx(1.0)
+    assert modes["auto"]["paired_ratios"] and "per run" in result.stdout
     assert all(mode["generated_tokens"] > 0 for mode in modes.values())
     assert report["costs_ms"]["target_forward"]["1"] > 0
     assert "ceiling" in result.stdout and "projected" in result.stdout
