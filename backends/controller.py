@@ -13,7 +13,9 @@ and the same draft model wins. So the controller measures instead of assuming:
 
 and before each round picks the drafter and K that maximise expected tokens per
 second, ``E[tokens | K] / (verify(K + 1) + draft(K))``, with K = 0 (plain decoding)
-as the baseline it must beat. With ``exact`` K stays below the largest
+as the baseline it must beat. A draft model whose cache lags the context (a new
+prompt, or rounds it sat out) is charged for reading what it missed, spread over the
+reply still to come. With ``exact`` K stays below the largest
 verify batch that calibration found bit-identical to one-token decoding, so greedy
 output equals plain decoding exactly, not just up to rounding. The n-gram drafter is
 also *shadowed* while it is not used: its proposal is compared with what plain
