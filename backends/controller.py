@@ -42,15 +42,19 @@ SMOOTHING = 0.15  # weight of the newest measured cost in the running estimate
 DECAY = 0.9  # per round, old acceptance evidence fades (recent text weighs more)
 PRIOR_WEIGHT = 1.0  # the prior counts as this many rounds of evidence
 # Priors, overruled by a few rounds of evidence. N-gram matches are tracked per match
-# length: a 2-token match is often chance, a 4-token one usually a real repeat.
+# length: a 2-token match is often chance, a 4-token one often a real repeat, and an
+# 8-token one usually a stretch being copied (in a code edit, it ran on for ~10
+# tokens on average), so that one earns long drafts without dragging the others up.
 PRIOR_ACCEPTANCE = {
     "model": 0.7,
     "prediction": 0.8,
     "ngram:2": 0.3,
     "ngram:3": 0.5,
     "ngram:4": 0.6,
+    "ngram:6": 0.65,
+    "ngram:8": 0.7,
 }
-NGRAM_LONGEST_BUCKET = 4
+NGRAM_LONGEST_BUCKET = 8
 MIN_PAYING_SPEEDUP = 1.02  # choose speculation only when it is expected to pay this much
 MODEL_PROBE_INTERVAL = 64  # rounds without the draft model before trying it again
 MODEL_PROBE_LENGTH = 2

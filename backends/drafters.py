@@ -228,7 +228,7 @@ class NgramDrafter:
 
     name = "ngram"
 
-    def __init__(self, sizes: Sequence[int] = (4, 3, 2), min_match: int = 2) -> None:
+    def __init__(self, sizes: Sequence[int] = (8, 6, 4, 3, 2), min_match: int = 2) -> None:
         self.index = NgramIndex(sizes)
         self.min_match = min_match
         self.last_match_size = 0

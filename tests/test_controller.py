@@ -271,3 +271,18 @@ def test_a_long_catch_up_keeps_a_marginal_draft_model_out_but_not_a_clear_winner
     # A draft that is nearly always right still pays for the same catch-up.
     policy.acceptance["model"] = AcceptanceEstimate(0.97)
     assert policy.plan(context).drafter is not None
+
+
+def test_an_eight_token_match_is_judged_apart_from_a_chance_three_token_one():
+    # Copied stretches (8-token matches) were accepted; 3-token matches were chance.
+    estimates = {"ngram:8": AcceptanceEstimate(0.95), "ngram:3": AcceptanceEstimate(0.1)}
+    policy = AdaptiveDraftPolicy([NgramDrafter()], CostModel(dict(CPU_COSTS)), acceptance=estimates)
+    line = list(range(100, 120))
+    copying = [*line, 7, *line[:8]]  # the last 8 tokens occurred before: a copy in progress
+    policy.begin(copying)
+    plan = policy.plan(copying)
+    assert plan.drafter is not None and plan.drafter.name == "ngram"
+    assert plan.draft_length >= 3 and plan.estimated_speedup > 1.05
+    chance = [*line, 7, 55, 56, *line[:3]]  # only 3 tokens repeat
+    policy.begin(chance)
+    assert policy.plan(chance).drafter is None
