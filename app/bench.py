@@ -39,6 +39,8 @@ CEILING_DRAFT_LENGTHS = (1, 2, 3, 6, 7, 15)
 # llama-cpp-python's LlamaPromptLookupDecoding proposes 10 tokens; match it.
 NGRAM_DRAFT_TOKENS = 10
 WARM_UP_TOKENS = 16
+# A mode's own draft-free rounds make a baseline only when there are this many.
+MIN_OWN_PLAIN_ROUNDS = 16
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class RunSample:
     accepted: int = 0
     speculative_rounds: int = 0
     target_passes: int = 0
+    plain_rounds: int = 0
+    plain_round_seconds: float = 0.0
 
 
 @dataclass
@@ -83,6 +87,8 @@ class ModeTotals:
     accepted: int = 0
     speculative_rounds: int = 0
     target_passes: int = 0
+    plain_rounds: int = 0
+    plain_round_seconds: float = 0.0
     run_rates: list[float] = field(default_factory=list)  # tok/s per run, in run order
 
     def add(self, sample: RunSample) -> None:
@@ -93,6 +99,8 @@ class ModeTotals:
         self.accepted += sample.accepted
         self.speculative_rounds += sample.speculative_rounds
         self.target_passes += sample.target_passes
+        self.plain_rounds += sample.plain_rounds
+        self.plain_round_seconds += sample.plain_round_seconds
         rate = sample.generated_tokens / sample.decode_seconds if sample.decode_seconds else 0.0
         self.run_rates.append(rate)
 
@@ -100,6 +108,18 @@ class ModeTotals:
     def tokens_per_second(self) -> float:
         """Decode speed over every run of this mode."""
         return self.generated_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    @property
+    def speedup_over_own_plain_rounds(self) -> float | None:
+        """Speed over this mode's own draft-free rounds (None: too few to judge by).
+
+        Those rounds are plain decoding timed within the same runs, so drift of the
+        machine's speed between runs cancels out of this ratio.
+        """
+        if self.plain_rounds < MIN_OWN_PLAIN_ROUNDS or not self.decode_seconds:
+            return None
+        per_token = self.plain_round_seconds / self.plain_rounds
+        return self.generated_tokens * per_token / self.decode_seconds
 
     @property
     def acceptance_rate(self) -> float:
@@ -242,6 +262,8 @@ def _run_mode(
         accepted=stats.accepted,
         speculative_rounds=stats.speculative_rounds,
         target_passes=stats.target_passes,
+        plain_rounds=stats.plain_rounds,
+        plain_round_seconds=stats.plain_round_seconds,
     )
 
 
@@ -336,8 +358,8 @@ def format_report(
         lines += [
             "",
             f"{category}",
-            f"  {'mode':<32} {'tok/s':>7} {'vs plain':>9} {'per run**':>11} {'accepted':>9}"
-            f" {'mean len':>9} {'projected*':>11}",
+            f"  {'mode':<32} {'tok/s':>7} {'vs plain':>9} {'per run**':>11}"
+            f" {'vs own***':>10} {'accepted':>9} {'mean len':>9} {'projected*':>11}",
         ]
         for label in labels:
             totals = by_mode.get(label)
@@ -350,9 +372,11 @@ def format_report(
             projected = f"{projection:.2f}x" if projection is not None else "-"
             runs = paired_ratios(by_mode, label)
             spread = f"{min(runs):.2f}-{max(runs):.2f}" if len(runs) > 1 else "-"
+            own_ratio = totals.speedup_over_own_plain_rounds if label != "plain" else None
+            own = f"{own_ratio:.2f}x" if own_ratio is not None else "-"
             lines.append(
                 f"  {label:<32} {totals.tokens_per_second:7.1f} {ratio:8.2f}x {spread:>11}"
-                f" {accepted:>9} {mean:>9} {projected:>11}"
+                f" {own:>10} {accepted:>9} {mean:>9} {projected:>11}"
             )
             merged = overall.setdefault(label, ModeTotals())
             merged.generated_tokens += totals.generated_tokens
@@ -365,6 +389,9 @@ def format_report(
         "  A projection, not a measurement.",
         "** per run: the lowest and highest of this mode's speed over plain decoding's on",
         "  the same prompt in the same repeat: how far single runs scatter on this machine.",
+        "*** vs own: its speed over that of its own draft-free (one-token) rounds, timed",
+        f"  in the same runs (shown from {MIN_OWN_PLAIN_ROUNDS} such rounds): unmoved by drift",
+        "  between runs, but it assumes such a round costs what one of plain decoding does.",
         "",
     ]
     base = overall["plain"].tokens_per_second
@@ -463,6 +490,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
                     "tokens_per_second": totals.tokens_per_second,
                     "ratio_to_plain": totals.tokens_per_second / by_mode["plain"].tokens_per_second,
                     "paired_ratios": paired_ratios(by_mode, label),
+                    "speedup_over_own_plain_rounds": totals.speedup_over_own_plain_rounds,
                     "acceptance_rate": totals.acceptance_rate,
                     "mean_accepted_length": totals.mean_accepted_length,
                     "projected_memory_bound_speedup": projections[category][label],

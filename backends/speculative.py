@@ -57,6 +57,23 @@ class SpeculativeStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     time_to_first_token: float = 0.0
+    # Rounds that drafted nothing (one-token forwards), and their wall time from the
+    # end of the round before: plain decoding timed inside this very generation.
+    plain_rounds: int = 0
+    plain_round_seconds: float = 0.0
+
+    @property
+    def speedup_over_own_plain_rounds(self) -> float | None:
+        """Decode speed over what its own draft-free rounds ran at (None: there were none).
+
+        A baseline measured in the same seconds as the speculation, so a machine whose
+        speed drifts between runs does not move it; it assumes a draft-free round of
+        this generation costs what plain decoding's would.
+        """
+        if not self.plain_rounds or not self.decode_seconds:
+            return None
+        per_token = self.plain_round_seconds / self.plain_rounds
+        return self.generated_tokens * per_token / self.decode_seconds
 
     @property
     def acceptance_rate(self) -> float:
@@ -98,6 +115,8 @@ class SpeculativeStats:
             "decode_seconds": round(self.decode_seconds, 4),
             "decode_tokens_per_second": round(self.decode_tokens_per_second, 3),
             "time_to_first_token": round(self.time_to_first_token, 4),
+            "plain_rounds": self.plain_rounds,
+            "plain_round_seconds": round(self.plain_round_seconds, 4),
         }
 
 
@@ -207,6 +226,8 @@ class _StatsAccumulator:
     decode_started: float = 0.0
     decode_seconds: float = 0.0
     time_to_first_token: float = 0.0
+    plain_rounds: int = 0
+    plain_round_seconds: float = 0.0
 
     def record_accepted_length(self, accepted: int) -> None:
         while len(self.histogram) <= accepted:
@@ -228,6 +249,8 @@ class _StatsAccumulator:
             prefill_seconds=self.prefill_seconds,
             decode_seconds=self.decode_seconds,
             time_to_first_token=self.time_to_first_token,
+            plain_rounds=self.plain_rounds,
+            plain_round_seconds=self.plain_round_seconds,
         )
 
 
@@ -349,6 +372,7 @@ def speculative_generate(
     stats.cached_prompt_tokens = reuse
     stats.prefill_seconds = time.perf_counter() - started
     stats.decode_started = time.perf_counter()
+    previous_round_end = stats.decode_started
 
     policy.begin(prompt_tokens)
     context = list(prompt_tokens)  # committed tokens; the last one is pending
@@ -458,6 +482,10 @@ def speculative_generate(
         if stats.time_to_first_token == 0.0 and (kept_tokens or finish):
             stats.time_to_first_token = now - started
         stats.decode_seconds = now - stats.decode_started
+        if not drafts:
+            stats.plain_rounds += 1
+            stats.plain_round_seconds += now - previous_round_end
+        previous_round_end = now
         if finish is None and stats.generated_tokens >= max_tokens:
             finish = FINISH_LENGTH
         if finish is not None:

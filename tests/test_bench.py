@@ -97,6 +97,14 @@ def test_totals_add_runs_and_keep_each_runs_speed():
     assert totals.tokens_per_second == pytest.approx(10.0)
     assert totals.run_rates == pytest.approx([5.0, 15.0])
     assert (totals.drafted, totals.accepted, totals.target_passes) == (4, 3, 7)
+    assert totals.speedup_over_own_plain_rounds is None  # no plain rounds to compare with
+    # 40 tokens in 4 s, 20 of them from plain rounds that took 0.15 s each: 40 tokens
+    # at that pace would have taken 6 s.
+    totals.add(RunSample(0, 0.0, plain_rounds=20, plain_round_seconds=3.0))
+    assert totals.speedup_over_own_plain_rounds == pytest.approx(1.5)
+    few = ModeTotals()
+    few.add(RunSample(10, 1.0, plain_rounds=5, plain_round_seconds=0.5))
+    assert few.speedup_over_own_plain_rounds is None  # too few rounds to judge by
 
 
 def test_modes_option_picks_groups_and_refuses_unknown_ones():
@@ -133,6 +141,7 @@ def test_bench_runs_every_mode_and_writes_results(tmp_path):
     assert report["exact_batch_limit"] >= 1 and "bit-identical" in result.stdout
     assert modes["plain"]["ratio_to_plain"] == pytest.approx(1.0)
     assert modes["auto"]["paired_ratios"] and "per run" in result.stdout
+    assert "vs own" in result.stdout
     assert all(mode["generated_tokens"] > 0 for mode in modes.values())
     assert report["costs_ms"]["target_forward"]["1"] > 0
     assert "ceiling" in result.stdout and "projected" in result.stdout

@@ -104,6 +104,8 @@ def assert_invariants(record: GenerationRecord, max_draft: int) -> None:
         assert sum(length * count for length, count in enumerate(histogram)) == stats.accepted
         assert stats.accepted <= stats.drafted
         assert stats.target_passes == stats.rounds
+        assert stats.plain_rounds == stats.rounds - stats.speculative_rounds
+        assert 0.0 <= stats.plain_round_seconds <= stats.decode_seconds
         assert stats.prompt_tokens == len(record.prompt)
         committed.extend(event.tokens)
         assert stats.generated_tokens == len(committed) - len(record.prompt)
@@ -347,6 +349,28 @@ def test_stats_and_cache_invariants_hold_after_every_event(
         assert [length for length, _ in policy.plans] == expected_contexts[: stats.rounds]
         if isinstance(drafter, ModelDrafter):
             assert drafter.model.forward_calls == stats.draft_passes
+
+
+def test_plain_decoding_is_its_own_baseline_and_a_mix_is_timed_by_its_plain_rounds() -> None:
+    target = new_target()
+    prompt = chat_prompt(target, PROMPTS[0])
+    record = run_generation(target, prompt, plain(), GREEDY, max_tokens=40)
+    stats = record.stats
+    assert stats.plain_rounds == stats.rounds == 40
+    # Every round of plain decoding is a plain round, so their times add up to it all.
+    assert stats.plain_round_seconds == pytest.approx(stats.decode_seconds, rel=1e-9)
+    assert stats.speedup_over_own_plain_rounds == pytest.approx(1.0)
+    # N-gram drafts on a cycling text: some rounds draft, the others are plain.
+    mixed = run_generation(
+        new_target(), prompt, FixedDraftPolicy(NgramDrafter(), 4), GREEDY, max_tokens=90
+    )
+    assert 0 < mixed.stats.plain_rounds < mixed.stats.rounds
+    assert mixed.stats.plain_round_seconds < mixed.stats.decode_seconds
+    assert mixed.stats.speedup_over_own_plain_rounds is not None
+    # Drafts in every round leave no plain round to compare with.
+    always = FixedDraftPolicy(ModelDrafter(draft_model_for(target, noise_scale=0.0)), 4)
+    drafted = run_generation(new_target(), prompt, always, GREEDY, max_tokens=40).stats
+    assert drafted.plain_rounds == 0 and drafted.speedup_over_own_plain_rounds is None
 
 
 def test_rejected_tokens_are_rolled_back() -> None:
