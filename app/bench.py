@@ -32,6 +32,7 @@ from backends.calibration import measure_costs
 from backends.controller import AcceptanceEstimate, ConfidenceFloor, CostModel
 from backends.engine import Engine, GenerationRequest
 from backends.sampling import SamplingParams
+from backends.speculative import speedup_over_plain_rounds
 
 FORWARD_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16)
 COST_REPEATS = 3
@@ -116,10 +117,11 @@ class ModeTotals:
         Those rounds are plain decoding timed within the same runs, so drift of the
         machine's speed between runs cancels out of this ratio.
         """
-        if self.plain_rounds < MIN_OWN_PLAIN_ROUNDS or not self.decode_seconds:
+        if self.plain_rounds < MIN_OWN_PLAIN_ROUNDS:
             return None
-        per_token = self.plain_round_seconds / self.plain_rounds
-        return self.generated_tokens * per_token / self.decode_seconds
+        return speedup_over_plain_rounds(
+            self.generated_tokens, self.decode_seconds, self.plain_rounds, self.plain_round_seconds
+        )
 
     @property
     def acceptance_rate(self) -> float:

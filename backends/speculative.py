@@ -40,6 +40,18 @@ FINISH_LENGTH = "length"
 FINISH_CANCELLED = "cancelled"
 
 
+def speedup_over_plain_rounds(
+    generated_tokens: int, decode_seconds: float, plain_rounds: int, plain_round_seconds: float
+) -> float | None:
+    """Tokens at the pace of the draft-free rounds, over the time they actually took.
+
+    None when there is no draft-free round (or no time) to compare with.
+    """
+    if not plain_rounds or not decode_seconds:
+        return None
+    return generated_tokens * (plain_round_seconds / plain_rounds) / decode_seconds
+
+
 @dataclass(frozen=True)
 class SpeculativeStats:
     """Running totals of one generation. Frozen: each event carries a snapshot."""
@@ -70,10 +82,9 @@ class SpeculativeStats:
         speed drifts between runs does not move it; it assumes a draft-free round of
         this generation costs what plain decoding's would.
         """
-        if not self.plain_rounds or not self.decode_seconds:
-            return None
-        per_token = self.plain_round_seconds / self.plain_rounds
-        return self.generated_tokens * per_token / self.decode_seconds
+        return speedup_over_plain_rounds(
+            self.generated_tokens, self.decode_seconds, self.plain_rounds, self.plain_round_seconds
+        )
 
     @property
     def acceptance_rate(self) -> float:
