@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.errors import DraftpenError
 from app.machine import machine_description
@@ -40,6 +40,15 @@ CEILING_DRAFT_LENGTHS = (1, 2, 3, 6, 7, 15)
 # llama-cpp-python's LlamaPromptLookupDecoding proposes 10 tokens; match it.
 NGRAM_DRAFT_TOKENS = 10
 WARM_UP_TOKENS = 16
+# What bench sums from a generation's statistics, besides tokens and seconds.
+COUNTED_STATS = (
+    "drafted",
+    "accepted",
+    "speculative_rounds",
+    "target_passes",
+    "plain_rounds",
+    "plain_round_seconds",
+)
 # A mode's own draft-free rounds make a baseline only when there are this many.
 MIN_OWN_PLAIN_ROUNDS = 16
 
@@ -64,23 +73,9 @@ class BenchMode:
     confidence_floor: ConfidenceFloor = field(default_factory=ConfidenceFloor, compare=False)
 
 
-@dataclass(frozen=True)
-class RunSample:
-    """What one generation of one mode measured."""
-
-    generated_tokens: int
-    decode_seconds: float
-    drafted: int = 0
-    accepted: int = 0
-    speculative_rounds: int = 0
-    target_passes: int = 0
-    plain_rounds: int = 0
-    plain_round_seconds: float = 0.0
-
-
 @dataclass
 class ModeTotals:
-    """Summed results of one mode over one category, and each run's speed."""
+    """Summed results of one mode over one category (or one run), and each run's speed."""
 
     generated_tokens: int = 0
     decode_seconds: float = 0.0
@@ -92,18 +87,17 @@ class ModeTotals:
     plain_round_seconds: float = 0.0
     run_rates: list[float] = field(default_factory=list)  # tok/s per run, in run order
 
-    def add(self, sample: RunSample) -> None:
-        """Count one more run."""
-        self.generated_tokens += sample.generated_tokens
-        self.decode_seconds += sample.decode_seconds
-        self.drafted += sample.drafted
-        self.accepted += sample.accepted
-        self.speculative_rounds += sample.speculative_rounds
-        self.target_passes += sample.target_passes
-        self.plain_rounds += sample.plain_rounds
-        self.plain_round_seconds += sample.plain_round_seconds
-        rate = sample.generated_tokens / sample.decode_seconds if sample.decode_seconds else 0.0
-        self.run_rates.append(rate)
+    @classmethod
+    def of_run(cls, generated_tokens: int, decode_seconds: float, **counts: Any) -> ModeTotals:
+        """The results of a single run (``counts``: any of the other summed fields)."""
+        rate = generated_tokens / decode_seconds if decode_seconds else 0.0
+        return cls(generated_tokens, decode_seconds, run_rates=[rate], **counts)
+
+    def add(self, other: ModeTotals) -> None:
+        """Count in more runs: sums add up, run speeds are appended."""
+        for name in (f.name for f in dataclasses.fields(self) if f.name != "run_rates"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.run_rates.extend(other.run_rates)
 
     @property
     def tokens_per_second(self) -> float:
@@ -236,7 +230,7 @@ def _run_mode(
     tokens: tuple[int, ...],
     params: SamplingParams,
     max_tokens: int,
-) -> RunSample:
+) -> ModeTotals:
     """One generation in ``mode``; what it measured.
 
     Each "auto" mode keeps its own acceptance memory across prompts, as a chat session
@@ -257,21 +251,13 @@ def _run_mode(
         last = event
     assert last is not None
     stats = last.stats
-    return RunSample(
-        generated_tokens=stats.generated_tokens,
-        decode_seconds=stats.decode_seconds,
-        drafted=stats.drafted,
-        accepted=stats.accepted,
-        speculative_rounds=stats.speculative_rounds,
-        target_passes=stats.target_passes,
-        plain_rounds=stats.plain_rounds,
-        plain_round_seconds=stats.plain_round_seconds,
-    )
+    counts = {name: getattr(stats, name) for name in COUNTED_STATS}
+    return ModeTotals.of_run(stats.generated_tokens, stats.decode_seconds, **counts)
 
 
-def _run_yardstick(yardstick: Yardstick, tokens: tuple[int, ...], max_tokens: int) -> RunSample:
+def _run_yardstick(yardstick: Yardstick, tokens: tuple[int, ...], max_tokens: int) -> ModeTotals:
     count, seconds = yardstick.decode_speed(tokens, max_tokens)
-    return RunSample(generated_tokens=count, decode_seconds=seconds)
+    return ModeTotals.of_run(count, seconds)
 
 
 def _warm_up(
@@ -296,7 +282,7 @@ def _progress(
     prompt: BenchPrompt,
     label: str,
     totals: ModeTotals,
-    sample: RunSample,
+    sample: ModeTotals,
 ) -> None:
     if not enabled:
         return
@@ -380,9 +366,7 @@ def format_report(
                 f"  {label:<32} {totals.tokens_per_second:7.1f} {ratio:8.2f}x {spread:>11}"
                 f" {own:>10} {accepted:>9} {mean:>9} {projected:>11}"
             )
-            merged = overall.setdefault(label, ModeTotals())
-            merged.generated_tokens += totals.generated_tokens
-            merged.decode_seconds += totals.decode_seconds
+            overall.setdefault(label, ModeTotals()).add(totals)
     lines += [
         "",
         "* projected: the speedup on a memory-bound machine (GPU, Apple Silicon), from the",

@@ -10,7 +10,6 @@ from app.bench import (
     BenchMode,
     BenchPrompt,
     ModeTotals,
-    RunSample,
     bench_modes,
     load_prompt_suite,
     paired_ratios,
@@ -92,18 +91,18 @@ def test_modes_rotate_so_each_takes_every_place_in_the_order(monkeypatch):
 
 def test_totals_add_runs_and_keep_each_runs_speed():
     totals = ModeTotals()
-    totals.add(RunSample(generated_tokens=10, decode_seconds=2.0, drafted=4, accepted=3))
-    totals.add(RunSample(generated_tokens=30, decode_seconds=2.0, target_passes=7))
+    totals.add(ModeTotals.of_run(10, 2.0, drafted=4, accepted=3))
+    totals.add(ModeTotals.of_run(30, 2.0, target_passes=7))
     assert totals.tokens_per_second == pytest.approx(10.0)
     assert totals.run_rates == pytest.approx([5.0, 15.0])
     assert (totals.drafted, totals.accepted, totals.target_passes) == (4, 3, 7)
     assert totals.speedup_over_own_plain_rounds is None  # no plain rounds to compare with
     # 40 tokens in 4 s, 20 of them from plain rounds that took 0.15 s each: 40 tokens
     # at that pace would have taken 6 s.
-    totals.add(RunSample(0, 0.0, plain_rounds=20, plain_round_seconds=3.0))
+    totals.add(ModeTotals(plain_rounds=20, plain_round_seconds=3.0))
     assert totals.speedup_over_own_plain_rounds == pytest.approx(1.5)
     few = ModeTotals()
-    few.add(RunSample(10, 1.0, plain_rounds=5, plain_round_seconds=0.5))
+    few.add(ModeTotals.of_run(10, 1.0, plain_rounds=5, plain_round_seconds=0.5))
     assert few.speedup_over_own_plain_rounds is None  # too few rounds to judge by
 
 
