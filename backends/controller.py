@@ -300,11 +300,14 @@ class AdaptiveDraftPolicy:
         best = Decision("none", 0, 1.0, self._plain_reason())
         best_rate = plain_rate * MIN_PAYING_SPEEDUP
         best_key = ""
+        # What the draft model has not read yet: counted once, used by both choices below.
+        missed = self._catch_up_tokens(context)
+        catch_up_seconds = self._catch_up_seconds(missed)
         for name in self.drafters:
             key = self._estimate_key(name, context)
             if key is None:
                 continue
-            catch_up = self._catch_up_seconds(context) if name == "model" else 0.0
+            catch_up = catch_up_seconds if name == "model" else 0.0
             draft_tokens, rate = self._best_length(name, key, catch_up)
             if (
                 catch_up > 0
@@ -313,7 +316,11 @@ class AdaptiveDraftPolicy:
                 and self._best_length(name, key)[1] > best_rate
             ):
                 # Say why when the catch-up alone keeps the draft model out.
-                best = dataclasses.replace(best, reason=self._catch_up_reason(context))
+                best = dataclasses.replace(
+                    best,
+                    reason=f"speculation off: the draft model would first have to read "
+                    f"{missed} tokens it missed",
+                )
             if draft_tokens > 0 and rate > best_rate:
                 best_rate, best_key = rate, key
                 best = Decision(
@@ -329,7 +336,7 @@ class AdaptiveDraftPolicy:
             if (
                 self._rounds_without_model >= MODEL_PROBE_INTERVAL
                 and self._model_can_pay()
-                and self._catch_up_seconds(context) < MODEL_PROBE_MAX_CATCH_UP * plain_seconds
+                and catch_up_seconds < MODEL_PROBE_MAX_CATCH_UP * plain_seconds
             ):
                 # Acceptance may have changed since the model was last tried.
                 self._rounds_without_model = 0
@@ -419,14 +426,14 @@ class AdaptiveDraftPolicy:
         step = self.costs.draft_step_seconds or plain
         return min(0.95, max(0.05, (step + marginal_verify) / plain))
 
-    def _catch_up_seconds(self, context: Sequence[int]) -> float:
+    def _catch_up_seconds(self, missing: int) -> float:
         """Estimated time for the idle draft model to evaluate what it has not seen.
 
-        While the draft model sits out, its cache falls behind; a probe first pays for
-        evaluating the missing tokens (in batches, so at the target's batch efficiency).
-        The pending token, which every round's first draft step reads, is not counted.
+        While the draft model sits out, its cache falls behind; the next round that uses
+        it first pays for evaluating the missing tokens (in batches, so at the target's
+        batch efficiency).
+        ``missing`` comes from :meth:`_catch_up_tokens`.
         """
-        missing = self._catch_up_tokens(context)
         if missing == 0:
             return 0.0
         batch_efficiency = self.costs.verify(16) / (16 * self.costs.verify(1))
@@ -434,18 +441,15 @@ class AdaptiveDraftPolicy:
         return missing * step * batch_efficiency
 
     def _catch_up_tokens(self, context: Sequence[int]) -> int:
-        """Tokens of ``context`` the draft model has not read, beyond the pending one."""
+        """Tokens of ``context`` the draft model has not read, beyond the pending one.
+
+        The pending token is read by every round's first draft step, so it is no catch-up.
+        """
         drafter = self.drafters.get("model")
         model = getattr(drafter, "model", None)
         if model is None:
             return 0
         return max(0, len(context) - 1 - common_prefix_length(model.cached_tokens, context))
-
-    def _catch_up_reason(self, context: Sequence[int]) -> str:
-        return (
-            f"speculation off: the draft model would first have to read "
-            f"{self._catch_up_tokens(context)} tokens it missed"
-        )
 
     def _model_can_pay(self) -> bool:
         """Would the draft model pay here even if every draft token were accepted?"""

@@ -75,18 +75,6 @@ class SpeculativeStats:
     plain_round_seconds: float = 0.0
 
     @property
-    def speedup_over_own_plain_rounds(self) -> float | None:
-        """Decode speed over what its own draft-free rounds ran at (None: there were none).
-
-        A baseline measured in the same seconds as the speculation, so a machine whose
-        speed drifts between runs does not move it; it assumes a draft-free round of
-        this generation costs what plain decoding's would.
-        """
-        return speedup_over_plain_rounds(
-            self.generated_tokens, self.decode_seconds, self.plain_rounds, self.plain_round_seconds
-        )
-
-    @property
     def acceptance_rate(self) -> float:
         """Accepted draft tokens over drafted ones (0 when nothing was drafted)."""
         return self.accepted / self.drafted if self.drafted else 0.0
