@@ -1,0 +1,13 @@
+"""draftpen's product: everything a person or an agent touches.
+
+Packages, each a job (arrows point down; front ends never import each other):
+
+- ``tui``, ``cli``, ``server``: the front ends (the chat app, the commands, the agent API).
+- ``bench``: measuring speculation on this machine (a command of the CLI).
+- ``models``: the catalog, the store, downloads and their sources, fit for this machine.
+- ``chats``: conversations, their history in SQLite, export.
+- cross-cutting modules here: ``settings``, ``errors``, ``machine``, ``rates``,
+  ``loading`` (a pair's files to a loaded engine) and ``calibration_store``.
+
+Everything here may import ``backends``; ``backends`` never imports ``app``.
+"""

@@ -9,10 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from app.calibration_store import ensure_calibrated
-from app.catalog import load_catalog
-from app.downloads import resolve_pair
-from app.model_store import ModelStore
-from app.settings import models_dir
+from app.models.pair_files import pair_files
 from backends.engine import Engine
 from backends.select import choose_runtime, load_model
 
@@ -33,9 +30,8 @@ def load_engine(
     measured in seconds), which the "auto" drafter needs. ``exact_output`` loads the
     target with kernels whose verify batches round like plain decoding.
     """
-    catalog = load_catalog()
     chosen_runtime = choose_runtime(runtime)
-    resolved = resolve_pair(catalog, pair_name, ModelStore(models_dir()), chosen_runtime)
+    resolved = pair_files(pair_name, chosen_runtime)
     report = on_progress or (lambda message: None)
     target_path, draft_path = resolved.target_path, resolved.draft_path
     report(f"loading target {target_path.name}")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from app.catalog import load_catalog
-from app.model_store import ModelStore
+from app.models.catalog_file import load_catalog
+from app.models.store import ModelStore
 
 TARGET_KEY = "qwen2.5-coder-1.5b-instruct-q4_k_m"
 DRAFT_KEY = "qwen2.5-coder-0.5b-instruct-q5_0"

@@ -6,17 +6,16 @@ import json
 
 import pytest
 
-from app.bench import (
+from app.bench.modes import (
     BenchMode,
-    BenchPrompt,
     ModeTotals,
     bench_modes,
-    load_prompt_suite,
     paired_ratios,
     parse_mode_choice,
-    projected_speedup,
     run_modes,
 )
+from app.bench.report import projected_speedup
+from app.bench.suite import BenchPrompt, load_prompt_suite
 from app.errors import DraftpenError
 from backends.controller import CostModel
 from backends.engine import Engine
@@ -59,7 +58,7 @@ class RecordingYardstick:
 
 
 def test_modes_rotate_so_each_takes_every_place_in_the_order(monkeypatch):
-    import app.bench as bench
+    import app.bench.command as bench
 
     order: list[str] = []
     real_run_mode = bench._run_mode

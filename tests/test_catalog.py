@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.catalog import HuggingFaceRepo, PairVariant, load_catalog, parse_catalog
 from app.errors import CatalogError, PairVariantMissingError, UnknownPairError
+from app.models.catalog import HuggingFaceRepo, PairVariant
+from app.models.catalog_file import load_catalog, parse_catalog
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

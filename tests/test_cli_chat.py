@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from app.cli import build_parser, chat_settings
+from app.main import build_parser
+from app.options import chat_settings
 from app.settings import Settings, save_settings
 
 
@@ -20,7 +21,7 @@ def test_chat_flags_override_settings_for_this_run_only() -> None:
 
 def test_a_bad_chat_flag_is_one_line_that_names_the_problem() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "--temperature", "-1"],
+        [sys.executable, "-m", "app.main", "--temperature", "-1"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 def run_draftpen(*args: str, env: dict[str, str] | None = None, stdin: str | None = None):
     """Run the CLI as a user would; returns the CompletedProcess."""
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
+        [sys.executable, "-m", "app.main", *args],
         cwd=REPO,
         env={**os.environ, **(env or {})},
         input=stdin,
@@ -88,7 +88,7 @@ def test_corrupt_model_in_the_store_is_refused_and_never_loaded(tmp_path):
 def test_pair_that_fails_the_tokenizer_check_is_refused(tmp_path):
     require_model(TARGET_KEY)
     require_model(SMOLLM2_KEY)
-    catalog = (REPO / "app" / "models.toml").read_text()
+    catalog = (REPO / "app" / "models" / "models.toml").read_text()
     catalog += (
         '\n[pairs.mismatched]\ndescription = "a deliberately wrong pair"\n'
         f'[pairs.mismatched.llamacpp]\ntarget = "{TARGET_KEY}"\ndraft = "{SMOLLM2_KEY}"\n'

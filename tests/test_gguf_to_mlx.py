@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.gguf_to_mlx import (
+from app.models.sources.gguf_to_mlx import (
     FACTS_NAME,
     _hf_name,
     _unpermute_rotary,

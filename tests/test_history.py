@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.chat_export import chat_to_markdown, last_code_block
+from app.chats.export import chat_to_markdown, last_code_block
+from app.chats.history import MIGRATIONS, WRITING, History
 from app.errors import HistoryError
-from app.history import MIGRATIONS, WRITING, History
 from app.rates import RollingRate
 
 

@@ -21,9 +21,7 @@ import huggingface_hub
 import huggingface_hub.constants
 import pytest
 
-from app import cli_models
-from app.catalog import Catalog, load_catalog, parse_catalog
-from app.downloads import pair_state, resolve_pair
+from app.cli import models as cli_models
 from app.errors import (
     ChecksumMismatchError,
     DiskSpaceError,
@@ -31,10 +29,14 @@ from app.errors import (
     DownloadError,
     ModelNotDownloadedError,
 )
-from app.fit import MachineMemory, pair_fit
-from app.model_store import ModelStore, format_bytes
-from app.pair_download import PullEvent, PullTracker, download_pair
-from app.pair_overview import pair_overview
+from app.models.catalog import Catalog
+from app.models.catalog_file import load_catalog, parse_catalog
+from app.models.disk import format_bytes
+from app.models.fit import MachineMemory, pair_fit
+from app.models.overview import pair_overview
+from app.models.pair_download import PullEvent, PullTracker, download_pair
+from app.models.pair_files import pair_state, resolve_pair
+from app.models.store import ModelStore
 from tests.conftest import TEST_MODELS_DIR
 from tests.hub_server import FakeHub
 
@@ -443,7 +445,7 @@ def test_a_full_disk_is_a_clear_message_and_the_download_can_continue(
 ) -> None:
     import errno
 
-    from app import hub as hub_module
+    from app.models import hub as hub_module
 
     real_write = hub_module._WatchedFile.write
     written = 0

@@ -87,3 +87,131 @@ def test_runtimes_are_imported_only_by_their_own_backend_module() -> None:
             if runtime in names:
                 home = REPO / "backends" / RUNTIME_HOMES[runtime]
                 assert path == home, f"{path.relative_to(REPO)} imports {runtime}"
+
+
+# -- the house inside app/: front ends on top, shared packages below --------------------
+
+FRONT_ENDS = ("tui", "cli", "server", "bench")
+LOWER_PACKAGES = ("models", "chats")
+ENTRY_POINT = "app.main"
+
+
+def app_modules() -> dict[str, Path]:
+    """Every module under app/, by dotted name (packages by their own name)."""
+    modules = {}
+    for path in sorted((REPO / "app").rglob("*.py")):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def app_imports(path: Path, known: set[str]) -> set[str]:
+    """The app modules a file imports, anywhere in it (TYPE_CHECKING blocks and
+    function bodies too): ``from app.cli import doctor`` counts as ``app.cli.doctor``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("app"))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if not (node.module == "app" or node.module.startswith("app.")):
+                continue
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in known else node.module)
+    return found & known
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = app_modules()
+    known = set(modules)
+    return {name: app_imports(path, known) - {name} for name, path in modules.items()}
+
+
+def part_of(module: str) -> str:
+    """``app.models.store`` -> ``models``; a module directly in app/ is its own part."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "app"
+
+
+def test_front_ends_never_import_each_other() -> None:
+    graph = import_graph()
+    crossings = [
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if part_of(module) in FRONT_ENDS
+        for target in targets
+        if part_of(target) in FRONT_ENDS and part_of(target) != part_of(module)
+    ]
+    assert crossings == []
+
+
+def test_lower_packages_never_import_a_front_end_or_the_entry_point() -> None:
+    graph = import_graph()
+    upward = [
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if module != ENTRY_POINT and part_of(module) not in FRONT_ENDS
+        for target in targets
+        if part_of(target) in FRONT_ENDS or target == ENTRY_POINT
+    ]
+    assert upward == []
+    assert graph[ENTRY_POINT], "the entry point should hand commands to the front ends"
+
+
+def test_models_and_chats_stand_apart() -> None:
+    graph = import_graph()
+    sideways = [
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if part_of(module) in LOWER_PACKAGES
+        for target in targets
+        if part_of(target) in LOWER_PACKAGES and part_of(target) != part_of(module)
+    ]
+    assert sideways == []
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm: the groups of modules that import each other in a loop."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_app_has_no_import_circles() -> None:
+    assert strongly_connected(import_graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    # The negative control: a loop of three and a self-contained chain.
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert strongly_connected(graph) == [["a", "b", "c"]]

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from app.catalog import load_catalog
-from app.downloads import ResolvedPair, resolve_pair
-from app.model_store import ModelStore
-from app.pair_download import check_pair_tokenizers
+from app.models.catalog_file import load_catalog
+from app.models.pair_download import check_pair_tokenizers
+from app.models.pair_files import ResolvedPair, resolve_pair
+from app.models.store import ModelStore
 from tests.conftest import TEST_MODELS_DIR
 from tests.model_files import require_model
 

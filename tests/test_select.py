@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.doctor import DoctorReport, render_report
+from app.cli.doctor import DoctorReport, render_report
 from backends.errors import RuntimeUnavailableError
 from backends.select import RuntimeFacts, choose_runtime, decide_runtime
 

@@ -30,8 +30,8 @@ import openai
 import pytest
 
 from app.errors import ServerAlreadyRunningError
-from app.server import AgentServer
-from app.server_socket import (
+from app.server.runner import AgentServer
+from app.server.unix_socket import (
     bind_unix_socket,
     default_socket_path,
     peer_uid,
@@ -94,7 +94,7 @@ def start_server(home: Path, socket_path: Path, *options: str) -> RunningServer:
     require_model(SMOLLM2_KEY)
     log_path = home / f"serve-{socket_path.stem}.log"
     with log_path.open("w") as log:
-        command = [sys.executable, "-m", "app.cli", "serve", "--pair", PAIR]
+        command = [sys.executable, "-m", "app.main", "serve", "--pair", PAIR]
         process = subprocess.Popen(
             [*command, "--socket", str(socket_path), *options],
             cwd=REPO,

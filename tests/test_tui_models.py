@@ -10,11 +10,11 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 
-from app.catalog import parse_catalog
-from app.downloads import resolve_pair
-from app.fit import MachineMemory
-from app.model_store import ModelStore
-from app.pair_download import PullEventCallback
+from app.models.catalog_file import parse_catalog
+from app.models.fit import MachineMemory
+from app.models.pair_download import PullEventCallback
+from app.models.pair_files import resolve_pair
+from app.models.store import ModelStore
 from app.tui.models_service import ModelsService
 from app.tui.screens.models import ModelsScreen
 from tests.hub_server import FakeHub

@@ -95,7 +95,7 @@ def test_draftpen_with_no_command_opens_the_app_and_ctrl_q_quits(tmp_path: Path)
     main_fd, child_fd = pty.openpty()
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli"],
+        [sys.executable, "-m", "app.main"],
         stdin=child_fd,
         stdout=child_fd,
         stderr=child_fd,

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from app.history import History
+from app.chats.history import History
 from app.settings import Settings
 from app.tui.app import DraftpenApp
 from app.tui.models_service import PairListing

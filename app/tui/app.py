@@ -15,8 +15,8 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 
+from app.chats.history import History
 from app.errors import DraftpenError, ModelNotDownloadedError
-from app.history import History
 from app.settings import Settings, load_settings, save_settings
 from app.tui.models_service import ModelsService
 from app.tui.screens.chat import ChatScreen

@@ -6,7 +6,7 @@ import argparse
 import logging
 from collections.abc import Callable
 
-from app.history import History
+from app.chats.history import History
 from app.loading import load_engine
 from app.settings import Settings
 from app.tui.app import DraftpenApp

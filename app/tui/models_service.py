@@ -9,11 +9,14 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from app.catalog import Catalog, PairVariant, load_catalog
-from app.fit import MachineMemory, machine_memory
-from app.model_store import ModelStore, format_bytes
-from app.pair_download import PullEventCallback, download_pair
-from app.pair_overview import pair_overview
+from app.models.catalog import Catalog, PairVariant
+from app.models.catalog_file import load_catalog
+from app.models.disk import format_bytes
+from app.models.fit import MachineMemory, machine_memory
+from app.models.overview import pair_overview
+from app.models.pair_download import PullEventCallback, download_pair
+from app.models.pair_files import pair_models
+from app.models.store import ModelStore
 from app.settings import models_dir
 from backends.select import choose_runtime
 
@@ -116,5 +119,5 @@ class ModelsService:
 
     def remove(self, pair_name: str) -> int:
         """Delete the pair's files (partial downloads too); returns the bytes freed."""
-        entries = self.catalog.models_of(self.variant(pair_name))
+        entries = pair_models(self.catalog, pair_name, self.runtime)
         return sum(self.store.remove(entry) for entry in entries)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -24,10 +24,10 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from app.chat_export import chat_to_markdown, export_path, last_code_block
-from app.conversation import fit_conversation
+from app.chats.conversation import fit_conversation
+from app.chats.export import chat_to_markdown, export_path, last_code_block
+from app.chats.history import COMPLETE, FAILED, STOPPED, WRITING, History, StoredMessage
 from app.errors import DraftpenError, HistoryError
-from app.history import COMPLETE, FAILED, STOPPED, WRITING, StoredMessage
 from app.rates import RollingRate
 from app.settings import Settings, data_dir
 from app.tui.reply import ReplyFigures, merge_segments
@@ -41,8 +41,23 @@ from backends.engine import Engine, GenerationRequest
 from backends.errors import BackendError
 from backends.speculative import FINISH_CANCELLED, GenerationEvent
 
-if TYPE_CHECKING:
-    from app.tui.app import DraftpenApp
+
+class ChatHost(Protocol):
+    """What the chat screen needs of the app that shows it (the app implements it).
+
+    Declared here, not imported from ``app.tui.app``, so the app imports the screen
+    and never the other way round.
+    """
+
+    history: History
+    settings: Settings
+    pair_name: str
+    engine: Engine | None
+    engine_status: str
+
+    def load_pair(self, pair_name: str) -> None:
+        """Load ``pair_name`` behind the UI, replacing the current pair."""
+        ...
 
 NEW_CHAT_TITLE = "New chat"
 SAVE_INTERVAL_SECONDS = 0.5
@@ -101,8 +116,8 @@ class ChatScreen(Screen[None]):
         self.last_export: Path | None = None
 
     @property
-    def draftpen(self) -> DraftpenApp:
-        """The app, typed."""
+    def draftpen(self) -> ChatHost:
+        """The app, as the host this screen relies on."""
         return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:

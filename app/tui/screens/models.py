@@ -20,8 +20,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, ProgressBar
 
 from app.errors import DownloadCancelledError, DraftpenError
-from app.model_store import format_bytes
-from app.pair_download import PullEvent
+from app.models.disk import format_bytes
+from app.models.pair_download import PullEvent
 from app.tui.models_service import ModelsService, PairListing
 from app.tui.screens.dialogs import ConfirmDialog
 from backends.errors import BackendError

@@ -10,7 +10,7 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import Label, ListItem, ListView
 
-from app.history import Chat
+from app.chats.history import Chat
 
 
 class ChatListItem(ListItem):

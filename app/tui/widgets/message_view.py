@@ -10,8 +10,8 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.widgets import Label, Markdown, Static
 
-from app.chat_export import last_code_block
-from app.history import FAILED, INTERRUPTED, STOPPED
+from app.chats.export import last_code_block
+from app.chats.history import FAILED, INTERRUPTED, STOPPED
 from app.tui.reply import ReplyFigures
 
 ROLE_LABELS = {"user": "You", "assistant": "draftpen", "system": "System"}

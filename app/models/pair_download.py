@@ -17,10 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from app.catalog import Catalog, ModelEntry
-from app.downloads import ResolvedPair, pair_variant, pull_pair
 from app.errors import DownloadCancelledError
-from app.model_store import ModelSource, ModelStore, ProgressStage, disk_free_bytes
+from app.models.catalog import Catalog, ModelEntry
+from app.models.disk import disk_free_bytes
+from app.models.downloads import pull_pair
+from app.models.pair_files import ResolvedPair, pair_models, pair_variant
+from app.models.source import ModelSource
+from app.models.store import ModelStore, ProgressStage
 from app.rates import RollingRate
 from backends.pair_check import PairCheck, check_pair
 from backends.select import load_vocabulary
@@ -86,7 +89,7 @@ class PullTracker:
         self._rate = RollingRate(SPEED_WINDOW_SECONDS, self.clock)
 
     def __call__(self, model_key: str, stage: ProgressStage, done: int, total: int) -> None:
-        """A :data:`~app.model_store.ProgressCallback`."""
+        """A :data:`~app.models.store.ProgressCallback`."""
         if self.cancel is not None and self.cancel.is_set():
             raise DownloadCancelledError(
                 f"Download of pair {self.pair!r} cancelled; what was downloaded is kept, and "
@@ -225,5 +228,5 @@ def models_to_fetch(
     catalog: Catalog, pair_name: str, store: ModelStore, runtime: str | None
 ) -> tuple[ModelEntry, ...]:
     """The models of the pair variant that are not downloaded yet (cheap: no hashing)."""
-    variant = pair_variant(catalog.pair(pair_name), runtime)
-    return tuple(m for m in catalog.models_of(variant) if store.state(m) != "downloaded")
+    models = pair_models(catalog, pair_name, runtime)
+    return tuple(model for model in models if store.state(model) != "downloaded")

@@ -18,8 +18,8 @@ from typing import Literal
 
 import psutil
 
-from app.catalog import ModelEntry
-from app.model_store import format_bytes
+from app.models.catalog import ModelEntry
+from app.models.disk import format_bytes
 from app.settings import Settings
 
 DEFAULT_CONTEXT = Settings().context_length

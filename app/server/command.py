@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.errors import DraftpenError
-from app.server_queue import DEFAULT_QUEUE_LIMIT
+from app.server.queue import DEFAULT_QUEUE_LIMIT
 from backends.select import RUNTIMES
 
 
@@ -71,8 +71,8 @@ def parse_tcp_address(value: str) -> tuple[str, int]:
 def run_serve(args: argparse.Namespace) -> int:
     """``draftpen serve``: load the pair, listen, serve until stopped."""
     from app.loading import load_engine
-    from app.server import AgentServer
-    from app.server_socket import default_socket_path, ensure_not_running, prepare_socket_dir
+    from app.server.runner import AgentServer
+    from app.server.unix_socket import default_socket_path, ensure_not_running, prepare_socket_dir
     from app.settings import load_settings
 
     settings = load_settings()

@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 
+from app.cli.stats_line import format_stats
 from app.errors import DraftpenError
 from app.settings import Settings
 from backends.base import ChatMessage
@@ -24,7 +25,6 @@ HELP = "Type a message and press Enter. /new starts over, /exit (or Ctrl+D) leav
 
 def run_plain_chat(args: argparse.Namespace, settings: Settings) -> int:
     """Chat until the user leaves; ``settings`` already carry this run's flags."""
-    from app.cli import format_stats
     from app.loading import load_engine
 
     pair = args.pair or settings.default_pair

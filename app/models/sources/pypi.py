@@ -14,23 +14,16 @@ import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from app.catalog import (
+from app.errors import (
+    DownloadError,
+)
+from app.models.catalog import (
     ModelEntry,
     PyPIMirror,
     WheelMember,
 )
-from app.errors import (
-    DownloadError,
-)
-from app.model_store import (
-    HASH_CHUNK_BYTES,
-    ModelStore,
-    ProgressCallback,
-    disk_free_bytes,
-    ensure_free_space,
-    scratch_prefix,
-    tree_size,
-)
+from app.models.disk import disk_free_bytes, ensure_free_space, tree_size
+from app.models.store import HASH_CHUNK_BYTES, ModelStore, ProgressCallback, scratch_prefix
 
 
 class PyPIMirrorSource:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.catalog import Catalog, ModelEntry, PairVariant
-from app.downloads import pair_state
-from app.fit import DEFAULT_CONTEXT, FitVerdict, MachineMemory, machine_memory, pair_fit
-from app.model_store import ModelState, ModelStore
+from app.models.catalog import Catalog, ModelEntry, PairVariant
+from app.models.fit import DEFAULT_CONTEXT, FitVerdict, MachineMemory, machine_memory, pair_fit
+from app.models.pair_files import pair_state
+from app.models.store import ModelState, ModelStore
 from backends.select import choose_runtime
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from app.history import INTERRUPTED, STOPPED, Chat, StoredMessage
+from app.chats.history import INTERRUPTED, STOPPED, Chat, StoredMessage
 
 _FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _ROLE_HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant"}

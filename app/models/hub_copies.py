@@ -21,9 +21,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from app.catalog import HuggingFaceFile, HuggingFaceRepo, ModelEntry
 from app.errors import ChecksumMismatchError
-from app.hub import HASH_CHUNK_BYTES, HubCache, HubFile, verify_blob
+from app.models.catalog import HuggingFaceFile, HuggingFaceRepo, ModelEntry
+from app.models.hub import HASH_CHUNK_BYTES, HubCache, HubFile, verify_blob
 
 RECORDS_DIR = "hub"
 

@@ -11,13 +11,15 @@ import sys
 from collections.abc import Callable
 from typing import ClassVar, TextIO
 
-from app.catalog import Catalog, PairVariant, load_catalog
-from app.downloads import pair_variant
 from app.errors import ChecksumMismatchError, DraftpenError
-from app.fit import DEFAULT_CONTEXT, MachineMemory, machine_memory
-from app.model_store import ModelStore, ProgressStage, format_bytes
-from app.pair_download import PullEvent, download_pair
-from app.pair_overview import VariantRow, pair_overview
+from app.models.catalog import Catalog, PairVariant
+from app.models.catalog_file import load_catalog
+from app.models.disk import format_bytes
+from app.models.fit import DEFAULT_CONTEXT, MachineMemory, machine_memory
+from app.models.overview import VariantRow, pair_overview
+from app.models.pair_download import PullEvent, download_pair
+from app.models.pair_files import pair_variant
+from app.models.store import ModelStore, ProgressStage
 from app.settings import models_dir
 from backends.errors import BackendError
 

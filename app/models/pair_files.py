@@ -1,0 +1,99 @@
+"""Which files a pair uses on this machine: the one place that answers it.
+
+A pair's variant for a runtime names its models; the store says which of them are
+downloaded and verified. Loading a pair, the models screen, the ``models`` commands and
+the server all ask here (through :func:`pair_files`, or :func:`resolve_pair` with a
+catalog and store of their own), never the store directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.errors import (
+    ChecksumMismatchError,
+    ModelNotDownloadedError,
+)
+from app.models.catalog import Catalog, ModelEntry, PairEntry, PairVariant
+from app.models.catalog_file import load_catalog
+from app.models.store import (
+    ModelState,
+    ModelStore,
+)
+from app.settings import models_dir
+from backends.select import choose_runtime
+
+
+@dataclass(frozen=True)
+class ResolvedPair:
+    """A pair whose models are all present and verified, for one runtime.
+
+    Paths are files for llamacpp (gguf) and directories for mlx.
+    """
+
+    target_path: Path
+    draft_path: Path | None
+    entry: PairEntry
+    runtime: str
+
+    @property
+    def variant(self) -> PairVariant:
+        """The pair's models for :attr:`runtime`."""
+        return self.entry.variant(self.runtime)
+
+
+def pair_variant(pair: PairEntry, runtime: str | None) -> PairVariant:
+    """``pair``'s variant for ``runtime`` (default: what this machine would run)."""
+    return pair.variant(runtime if runtime is not None else choose_runtime(None))
+
+
+def resolve_pair(
+    catalog: Catalog, pair_name: str, store: ModelStore, runtime: str | None = None
+) -> ResolvedPair:
+    """The verified files of a pair for ``runtime`` (default: this machine's choice).
+
+    Raises :class:`ModelNotDownloadedError` naming the fix, or
+    :class:`PairVariantMissingError` when the pair has no variant for the runtime.
+    """
+    pair = catalog.pair(pair_name)
+    variant = pair_variant(pair, runtime)
+    paths: list[Path] = []
+    for entry in catalog.models_of(variant):
+        try:
+            path = store.path_if_verified(entry)
+        except ChecksumMismatchError as error:
+            raise error.for_pair(pair.key) from error
+        if path is None:
+            raise ModelNotDownloadedError(pair.key)
+        paths.append(path)
+    return ResolvedPair(
+        target_path=paths[0],
+        draft_path=paths[1] if len(paths) > 1 else None,
+        entry=pair,
+        runtime=variant.runtime,
+    )
+
+
+def pair_state(
+    catalog: Catalog, pair: PairEntry, store: ModelStore, runtime: str | None = None
+) -> ModelState:
+    """``downloaded`` when every model of the pair's variant is, ``absent`` when none is."""
+    states = {store.state(entry) for entry in catalog.models_of(pair_variant(pair, runtime))}
+    return states.pop() if len(states) == 1 else "partial"
+
+
+def pair_models(
+    catalog: Catalog, pair_name: str, runtime: str | None = None
+) -> tuple[ModelEntry, ...]:
+    """The models (target first, then the draft if any) of a pair's variant for ``runtime``."""
+    return catalog.models_of(pair_variant(catalog.pair(pair_name), runtime))
+
+
+def pair_files(pair_name: str, runtime: str | None = None) -> ResolvedPair:
+    """The verified files of ``pair_name`` for ``runtime`` (default: this machine's choice).
+
+    Reads the user's catalog and model store. Raises :class:`ModelNotDownloadedError`
+    naming the ``draftpen models pull`` command when a file is missing.
+    """
+    return resolve_pair(load_catalog(), pair_name, ModelStore(models_dir()), runtime)

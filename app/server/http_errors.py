@@ -1,0 +1,51 @@
+"""Errors as OpenAI-style JSON: from the engine, from routing, and unexpected ones."""
+
+from __future__ import annotations
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from app.server.schema import (
+    ApiError,
+)
+from backends.errors import BackendError, ContextOverflowError
+
+
+def generation_error(error: Exception) -> ApiError:
+    """The API error for an exception raised by the engine while generating."""
+    if isinstance(error, ContextOverflowError):
+        return ApiError(400, str(error), code="context_length_exceeded")
+    if isinstance(error, BackendError):
+        return ApiError(500, str(error), error_type="server_error", code="generation_failed")
+    return ApiError(
+        500,
+        f"Generation failed: {error!r}. The server log has the details.",
+        error_type="server_error",
+        code="internal_error",
+    )
+
+
+async def api_error_response(request: Request, error: Exception) -> Response:
+    assert isinstance(error, ApiError)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def http_error_response(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    if error.status_code == 404:
+        message = (
+            f"There is no {request.url.path} here. draftpen serves GET /v1/models, "
+            "POST /v1/chat/completions, POST /v1/completions and GET /health."
+        )
+    elif error.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}."
+    else:
+        message = str(error.detail)
+    api_error = ApiError(error.status_code, message, code="unknown_url")
+    return JSONResponse(api_error.body(), status_code=error.status_code, headers=error.headers)
+
+
+async def internal_error_response(request: Request, error: Exception) -> Response:
+    api_error = generation_error(error)
+    return JSONResponse(api_error.body(), status_code=api_error.status)
