@@ -58,7 +58,7 @@ class RecordingYardstick:
 
 
 def test_modes_rotate_so_each_takes_every_place_in_the_order(monkeypatch):
-    import app.bench.command as bench
+    import app.bench.modes as bench
 
     order: list[str] = []
     real_run_mode = bench._run_mode

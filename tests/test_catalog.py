@@ -149,7 +149,8 @@ def test_smollm2_is_a_single_model_from_one_wheel() -> None:
 
 
 def test_repository_root_models_toml_is_the_packaged_catalog() -> None:
-    assert (REPO_ROOT / "models.toml").resolve() == (REPO_ROOT / "app" / "models.toml").resolve()
+    packaged = REPO_ROOT / "app" / "models" / "models.toml"
+    assert (REPO_ROOT / "models.toml").resolve() == packaged.resolve()
 
 
 def test_unknown_pair_error_lists_the_known_names() -> None:

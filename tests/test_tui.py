@@ -67,7 +67,7 @@ def test_reply_streams_in_and_stats_bar_shows_the_loops_statistics() -> None:
             assert f"mean accepted length {stats.mean_accepted_length:.2f}" in shown
             # The same figures stay attached to the message, and are stored with it.
             assert view.footer_text in shown
-            stored = app.chats.history.messages(app.chat_screen.chat_id)[-1]
+            stored = app.history.messages(app.chat_screen.chat_id)[-1]
             assert stored.content == CODE_REPLY and stored.state == "complete"
             assert stored.stats is not None
             assert stored.stats["loop"]["generated_tokens"] == stats.generated_tokens  # type: ignore[index]
@@ -99,7 +99,7 @@ def test_escape_stops_the_reply_at_once_and_keeps_what_was_written() -> None:
             # Stopped within the round that was running: far short of the whole reply.
             assert 100 <= written.stats.generated_tokens < len(CODE_REPLY)
             assert view.content == CODE_REPLY[: written.stats.generated_tokens]
-            stored = app.chats.history.messages(app.chat_screen.chat_id)[-1]
+            stored = app.history.messages(app.chat_screen.chat_id)[-1]
             assert (stored.state, stored.content) == (STOPPED, view.content)
             assert "stopped" in str(view.query_one(".heading").render())
 
@@ -191,7 +191,7 @@ def test_chats_switch_and_survive_a_restart() -> None:
         app = make_app({"fake": scripted_engine(["unused"])})
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_until_ready(app, pilot)
-            chats = app.chats.history.chats()
+            chats = app.history.chats()
             assert [chat.title for chat in chats] == ["beta question", "alpha question"]
             # The most recent chat opens; its messages are back.
             shown = [view.content for view in app.chat_screen.query(MessageView)]
@@ -216,13 +216,13 @@ def test_rename_and_delete_a_chat_from_the_list() -> None:
             title_input.value = "Greetings"
             await pilot.press("enter")
             await pilot.pause()
-            assert [chat.title for chat in app.chats.history.chats()] == ["Greetings"]
+            assert [chat.title for chat in app.history.chats()] == ["Greetings"]
             app.chat_screen.query_one(ChatList).focus()
             await pilot.press("delete")
             await pilot.pause()
             await pilot.press("y")
             await pilot.pause()
-            assert app.chats.history.chats() == []
+            assert app.history.chats() == []
             assert not list(app.chat_screen.query(MessageView))
 
     run(body)
@@ -328,7 +328,7 @@ def test_a_missing_pair_opens_the_models_screen_on_that_pair() -> None:
             assert "draftpen models pull missing" in stats_text(app)
             await send(pilot, "hello?")
             await pilot.pause()
-            assert app.chats.history.chats() == []  # nothing was sent to a model that is not there
+            assert app.history.chats() == []  # nothing was sent to a model that is not there
 
     run(body)
 
@@ -417,7 +417,7 @@ def test_a_chat_longer_than_the_context_leaves_out_its_oldest_turns() -> None:
             assert "question number 3" in prompt and "question number 0" not in prompt
             assert len(engine.requests[-1].prompt_tokens) <= 200 - 40
             # The history keeps every message.
-            assert len(app.chats.history.messages(app.chat_screen.chat_id)) == 8
+            assert len(app.history.messages(app.chat_screen.chat_id)) == 8
 
     run(body)
 
@@ -428,14 +428,14 @@ def test_a_history_that_cannot_be_written_keeps_the_typed_message_and_says_so() 
     async def body() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_until_ready(app, pilot)
-            database = app.chats.history._db
+            database = app.history._db
             # Every write now fails inside SQLite, as on a full disk or a read-only file.
             database.execute("PRAGMA query_only = ON")
             await send(pilot, "a message worth keeping")
             await pilot.pause()
             assert app.chat_screen.query_one("#prompt").text == "a message worth keeping"
             assert app.chat_screen.reply is None and not list(app.chat_screen.query(MessageView))
-            assert app.chats.history.chats() == []
+            assert app.history.chats() == []
             database.execute("PRAGMA query_only = OFF")  # space freed
             await pilot.press("enter")
             await settle(app, pilot)
