@@ -1,0 +1,104 @@
+"""Grammar constraints (llguidance) over a model's own vocabulary: masks, rollback, forced tokens."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from backends.constraints import GrammarError, GrammarSpec, GrammarVocabulary, mask_logits
+from tests.fakes import EOS, HashModel
+from tests.model_files import TARGET_KEY, require_model
+
+# Words of the fake vocabulary: "the" / "an" / "re" repeated, then "ing", then the end.
+WORDS_REGEX = "(the|an|re)+ing"
+
+
+@pytest.fixture(scope="module")
+def vocabulary() -> GrammarVocabulary:
+    return GrammarVocabulary(HashModel())
+
+
+def tokens_of(text: str) -> list[int]:
+    return HashModel().tokenize(text, add_special=False)
+
+
+def test_the_mask_allows_exactly_the_tokens_the_grammar_accepts(vocabulary):
+    state = vocabulary.compile(GrammarSpec("regex", WORDS_REGEX)).start()
+    state.consume(tokens_of("the"))
+    allowed = state.allowed()
+    one_by_one = np.array([state.valid_prefix([token]) == 1 for token in range(allowed.size)])
+    assert allowed.any() and not allowed.all()
+    assert np.array_equal(allowed, one_by_one)
+    assert not allowed[EOS]  # "the" alone does not match: the end is not allowed yet
+
+
+def test_the_end_token_is_allowed_only_once_the_output_is_complete(vocabulary):
+    state = vocabulary.compile(GrammarSpec("regex", WORDS_REGEX)).start()
+    state.consume(tokens_of("anreing"))
+    assert state.accepting
+    assert state.allowed()[EOS]
+
+
+def test_rollback_restores_the_mask_of_the_earlier_position(vocabulary):
+    state = vocabulary.compile(GrammarSpec("regex", "an(the)+ing|anre")).start()
+    state.consume(tokens_of("an"))
+    before = state.allowed()
+    state.consume(tokens_of("the"))
+    assert not np.array_equal(state.allowed(), before)  # "re" is no longer allowed
+    state.rollback(len(tokens_of("the")))
+    assert np.array_equal(state.allowed(), before)
+    assert state.consumed == len(tokens_of("an"))
+
+
+def test_consuming_a_token_the_grammar_refuses_raises(vocabulary):
+    state = vocabulary.compile(GrammarSpec("regex", WORDS_REGEX)).start()
+    with pytest.raises(GrammarError):
+        state.consume(tokens_of("ing"))
+
+
+def test_a_single_continuation_is_reported_as_forced_tokens(vocabulary):
+    state = vocabulary.compile(GrammarSpec("regex", "theing|thean")).start()
+    forced = state.forced()
+    assert forced and HashModel().token_text(forced[0]).startswith("the")
+
+
+def test_masked_logits_keep_allowed_values_and_drop_the_rest():
+    logits = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    masked = mask_logits(logits, np.array([True, False, True]))
+    assert masked[0] == 1.0 and masked[2] == 3.0 and masked[1] == -np.inf
+    assert logits[1] == 2.0  # the runtime's row is left as it was
+
+
+def test_an_invalid_json_schema_is_a_grammar_error(vocabulary):
+    with pytest.raises(GrammarError):
+        vocabulary.compile(GrammarSpec.json_schema({"type": "no-such-type"}))
+
+
+@pytest.mark.real_model
+def test_a_json_schema_constrains_the_real_vocabulary_and_forces_its_keys():
+    from backends.select import load_model
+
+    model = load_model(require_model(TARGET_KEY), runtime="llamacpp", n_ctx=512)
+    try:
+        vocabulary = GrammarVocabulary(model)
+        schema = {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"],
+            "additionalProperties": False,
+        }
+        state = vocabulary.compile(GrammarSpec.json_schema(schema)).start()
+        forced_text = "".join(model.token_text(t) for t in state.forced())
+        assert forced_text == '{"name'
+        answer = model.tokenize(
+            json.dumps({"name": "Bo", "age": 3}, separators=(",", ":")), add_special=False
+        )
+        assert state.valid_prefix(answer) == len(answer)
+        state.consume(answer)
+        assert state.finished
+        allowed = np.flatnonzero(state.allowed())
+        assert allowed.size and all(model.is_end_of_generation(int(t)) for t in allowed)
+    finally:
+        model.close()
