@@ -1,4 +1,4 @@
-"""Grammar constraints (llguidance) over a model's own vocabulary: masks, rollback, forced tokens."""
+"""Grammar constraints (llguidance) on a model's own vocabulary: masks, rollback, forced tokens."""
 
 from __future__ import annotations
 
