@@ -156,3 +156,13 @@ def render_chat(
             f"The model's chat template could not be rendered ({error}). "
             "Use --raw to send the prompt text as it is."
         ) from error
+
+
+def model_chat_template(model: object) -> str | None:
+    """The Jinja template a runtime renders with (its ``chat_template``), None if none.
+
+    llama.cpp and MLX models keep it as ``chat_template``; the tool-call syntax is read
+    from this text.
+    """
+    template = getattr(model, "chat_template", None)
+    return template if isinstance(template, str) and template else None
