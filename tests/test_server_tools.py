@@ -8,6 +8,7 @@ starter pair (Qwen2.5-Coder, whose own template takes tools).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator, Sequence
@@ -375,6 +376,41 @@ def test_tools_on_a_template_without_tools_get_a_400_and_tool_choice_none_passes
     assert "does not show tools" in refused.json()["error"]["message"]
     assert answered.status_code == 200
     assert answered.json()["choices"][0]["message"]["content"] == "ok"
+
+
+def test_the_openai_agents_sdk_runs_a_tool_task_over_the_socket(tmp_path: Path):
+    agents = pytest.importorskip("agents", reason="openai-agents is in the test extra")
+    asked: list[str] = []
+
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        asked.append(city)
+        return "18 C, sunny"
+
+    async def run(path: Path) -> tuple[str, str]:
+        client = openai.AsyncOpenAI(
+            api_key="unused",
+            base_url="http://draftpen/v1",
+            http_client=httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(path))),
+            max_retries=0,
+        )
+        agent = agents.Agent(
+            name="weather",
+            instructions="Answer with the weather tool.",
+            tools=[agents.function_tool(get_weather)],
+            model=agents.OpenAIChatCompletionsModel(model="scripted", openai_client=client),
+        )
+        whole = await agents.Runner.run(agent, "Weather in Paris?", max_turns=3)
+        streamed = agents.Runner.run_streamed(agent, "Weather in Paris?", max_turns=3)
+        async for _ in streamed.stream_events():
+            pass
+        return whole.final_output, streamed.final_output
+
+    agents.set_tracing_disabled(True)
+    with scripted_server(tmp_path, [PARIS_CALL, ANSWER]):
+        outputs = asyncio.run(run(tmp_path / "tools.sock"))
+    assert outputs == (ANSWER, ANSWER)
+    assert asked == ["Paris", "Paris"]
 
 
 # -- the real starter pair (Qwen2.5-Coder 1.5B + 0.5B) -----------------------------------
