@@ -362,6 +362,9 @@ class ToolCallParser:
                     self._buffer = ""
                 return False  # only whitespace yet: a bare call may still follow
             if buffer[start] == "{":
+                leading = buffer[:start]
+                if not leading.strip(_WHITESPACE):
+                    self._held_space += leading  # given back if this is not a call
                 self._open(self._bare, buffer[start:], out)
                 return True
         found = [

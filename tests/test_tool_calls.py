@@ -101,6 +101,7 @@ def test_parallel_calls_off_keeps_the_first_and_leaks_nothing():
         'Here is JSON:\n```json\n{"name": "Ada", "age": 36}\n```\n',
         '```json\n{"name": "unknown_tool", "arguments": {}}\n```',
         '{"name": "Ada", "arguments": 3}',
+        '\n {"city": "Paris"}',
         "  indented text that ends in spaces  ",
         "",
     ],
