@@ -9,9 +9,9 @@ a runtime may return a view into its own buffer, valid only until its next call 
 from __future__ import annotations
 
 import codecs
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -29,11 +29,42 @@ class VocabInfo:
 
 
 @dataclass(frozen=True)
+class ToolSpec:
+    """A function the model may call: its name, what it does, its JSON-schema parameters."""
+
+    name: str
+    description: str | None = None
+    # A JSON Schema object; an empty one when the function takes no arguments.
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the assistant made: an id to answer it by, the function and its arguments.
+
+    ``arguments`` is JSON text, as OpenAI's API carries it (and as the model wrote it).
+    """
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    """One turn of a conversation."""
+    """One turn of a conversation.
+
+    Roles are ``system``, ``user``, ``assistant`` and ``tool``. An assistant turn may
+    carry the ``tool_calls`` it made (its ``content`` is then often empty); a ``tool``
+    turn answers the call ``tool_call_id``, and ``name`` is that call's function.
+    """
 
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 @runtime_checkable
@@ -69,8 +100,13 @@ class Model(Protocol):
         """Whether this token ends a reply (EOS, EOT, <|im_end|>, ...)."""
         ...
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
-        """The prompt text for a conversation, ending where the assistant speaks."""
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolSpec] = ()
+    ) -> str:
+        """The prompt text for a conversation, ending where the assistant speaks.
+
+        ``tools`` reach the template as its ``tools`` variable (transformers' convention).
+        """
         ...
 
     def vocab_info(self) -> VocabInfo:

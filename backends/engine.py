@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from backends.base import ChatMessage, Model
+from backends.base import ChatMessage, Model, ToolSpec
 from backends.calibration import measure_costs
 from backends.controller import (
     AcceptanceEstimate,
@@ -21,6 +21,7 @@ from backends.controller import (
 )
 from backends.drafters import Drafter, ModelDrafter, NgramDrafter, PredictionDrafter
 from backends.errors import BackendError
+from backends.output_constraints import ConstraintSpec
 from backends.pair_check import check_pair
 from backends.sampling import SamplingParams
 from backends.speculative import (
@@ -48,6 +49,9 @@ class GenerationRequest:
     # one-token decoding; False lets it use any size (faster on some machines; greedy
     # output may then differ from plain decoding where two tokens nearly tie).
     exact: bool = False
+    # What the reply must look like (response_format, tool_choice): the grammar intent
+    # for constrained decoding. The loop does not apply it yet; None is plain text.
+    constraint: ConstraintSpec | None = None
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTER_CHOICES:
@@ -95,8 +99,13 @@ class Engine:
         self.costs = measure_costs(self.target, self.draft)
         return self.costs
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """Token ids for a conversation rendered with the target's chat template."""
+    def chat_prompt(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
+    ) -> list[int]:
+        """Token ids for a conversation (and the tools it may call), in the chat template."""
+        if tools:
+            return self.text_prompt(self.target.apply_chat_template(messages, tools=tools))
+        # Without tools the call is the one every runtime (and every fake) has always had.
         return self.text_prompt(self.target.apply_chat_template(messages))
 
     def text_prompt(self, text: str) -> list[int]:

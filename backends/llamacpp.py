@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import ChatMessage, VocabInfo
+from backends.base import ChatMessage, ToolSpec, VocabInfo
 from backends.chat_template import render_chat
 from backends.errors import (
     ContextOverflowError,
@@ -286,12 +286,14 @@ class LlamaCppModel:
         """Tokenizer facts for the pair check."""
         return _vocab_facts(self._vocab, self.n_vocab)
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolSpec] = ()
+    ) -> str:
         """Render the conversation with the template stored in the GGUF file."""
         info = self.vocab_info()
         bos = self.token_text(info.bos_id) if info.bos_id >= 0 else ""
         eos = self.token_text(info.eos_id) if info.eos_id >= 0 else ""
-        return render_chat(self.chat_template, messages, bos_token=bos, eos_token=eos)
+        return render_chat(self.chat_template, messages, tools=tools, bos_token=bos, eos_token=eos)
 
     # -- evaluation ----------------------------------------------------------
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import ChatMessage, VocabInfo
+from backends.base import ChatMessage, ToolSpec, VocabInfo
 from backends.chat_template import render_chat
 from backends.errors import (
     ContextOverflowError,
@@ -244,12 +244,14 @@ class MlxModel:
         """EOS and the other tokens that end a reply (<|im_end|>, <|endoftext|>, ...)."""
         return token in self._end_ids
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolSpec] = ()
+    ) -> str:
         """Render the conversation with the model's own chat template."""
         info = self._info
         bos = self.token_text(info.bos_id) if info.bos_id >= 0 else ""
         eos = self.token_text(info.eos_id) if info.eos_id >= 0 else ""
-        return render_chat(self.chat_template, messages, bos_token=bos, eos_token=eos)
+        return render_chat(self.chat_template, messages, tools=tools, bos_token=bos, eos_token=eos)
 
     # -- evaluation ----------------------------------------------------------
 

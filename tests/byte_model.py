@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from backends.base import ChatMessage, VocabInfo
+from backends.base import ChatMessage, ToolSpec, VocabInfo
 from backends.errors import DecodeError
 from tests.fakes import fake_chat_template
 
@@ -85,8 +85,10 @@ class ScriptedByteModel:
         """EOS ends a reply."""
         return token == EOS
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
-        """The fakes' chat template (:func:`tests.fakes.fake_chat_template`)."""
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolSpec] = ()
+    ) -> str:
+        """The fakes' chat template (:func:`tests.fakes.fake_chat_template`), no tools."""
         return fake_chat_template(messages)
 
     def vocab_info(self) -> VocabInfo:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from backends.base import ChatMessage, VocabInfo
+from backends.base import ChatMessage, ToolSpec, VocabInfo
 from backends.drafters import EMPTY_PROPOSAL, DraftProposal
 from backends.errors import DecodeError
 from backends.sampling import SamplingParams
@@ -181,8 +181,10 @@ class HashModel:
         """Only EOS ends a reply."""
         return token == EOS
 
-    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
-        """The fakes' chat template (:func:`fake_chat_template`)."""
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolSpec] = ()
+    ) -> str:
+        """The fakes' chat template (:func:`fake_chat_template`). Tools are not shown."""
         return fake_chat_template(messages)
 
     def vocab_info(self) -> VocabInfo:

@@ -89,12 +89,13 @@ class RunningServer:
             raise
 
 
-def start_server(home: Path, socket_path: Path, *options: str) -> RunningServer:
-    """Start ``draftpen serve --pair smollm2`` and wait until it listens."""
-    require_model(SMOLLM2_KEY)
+def start_server(home: Path, socket_path: Path, *options: str, pair: str = PAIR) -> RunningServer:
+    """Start ``draftpen serve --pair smollm2`` (or ``pair``) and wait until it listens."""
+    if pair == PAIR:
+        require_model(SMOLLM2_KEY)
     log_path = home / f"serve-{socket_path.stem}.log"
     with log_path.open("w") as log:
-        command = [sys.executable, "-m", "app.main", "serve", "--pair", PAIR]
+        command = [sys.executable, "-m", "app.main", "serve", "--pair", pair]
         process = subprocess.Popen(
             [*command, "--socket", str(socket_path), *options],
             cwd=REPO,
@@ -370,7 +371,9 @@ BAD_REQUESTS = [
     pytest.param(chat("hi", temperature="hot"), 400, "invalid_type", "temperature", id="type"),
     pytest.param(chat("hi", max_tokens=2.5), 400, "invalid_type", "max_tokens", id="float-int"),
     pytest.param(chat("hi", top_p=3), 400, "invalid_value", "top_p", id="range"),
-    pytest.param(chat("hi", tools=[]), 400, "unknown_parameter", "tools", id="unknown-field"),
+    pytest.param(
+        chat("hi", functions=[]), 400, "unknown_parameter", "functions", id="unknown-field"
+    ),
     pytest.param({"model": PAIR}, 400, "missing_required_parameter", "messages", id="missing"),
     pytest.param({**chat("hi"), "model": "gpt-4o"}, 404, "model_not_found", "model", id="model"),
     pytest.param(

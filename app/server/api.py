@@ -23,6 +23,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -51,14 +52,18 @@ from app.server.schema import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerationFields,
+    NamedToolChoice,
+    ResponseFormatField,
     parse_request,
 )
 from app.server.tally import GenerationTally
 from app.settings import Settings
-from backends.base import ChatMessage
-from backends.chat_template import ChatTemplateError
+from backends.base import ToolSpec
+from backends.chat_template import ChatTemplateError, model_chat_template, template_takes_tools
 from backends.engine import Engine, GenerationRequest
+from backends.output_constraints import ConstraintSpec, JsonOutput, ToolCallOutput
 from backends.sampling import SamplingParams
+from backends.tool_calls import ToolCallParser, tool_call_syntax
 
 logger = logging.getLogger("draftpen.server")
 
@@ -142,14 +147,13 @@ class AgentApi:
         """``POST /v1/chat/completions``."""
         parsed = parse_request(ChatCompletionRequest, await self._read_json(request))
         self._check_model(parsed.model)
-        messages = [
-            ChatMessage("system" if message.role == "developer" else message.role, message.content)
-            for message in parsed.messages
-        ]
+        plan = self._reply_plan(parsed)
         try:
             # Tokenizing only reads the vocabulary, which llama.cpp allows while another
             # thread decodes (llama-server does the same); it runs off the event loop.
-            prompt = await asyncio.to_thread(self.engine.chat_prompt, messages)
+            prompt = await asyncio.to_thread(
+                self.engine.chat_prompt, parsed.chat_messages(), plan.prompt_tools
+            )
         except ChatTemplateError as error:
             raise ApiError(
                 400,
@@ -157,8 +161,12 @@ class AgentApi:
                 param="messages",
                 code="invalid_value",
             ) from None
-        formatter = ChatFormat(self.model_id, include_usage=parsed.include_usage)
-        return await self._respond(request, parsed, prompt, formatter, prompt_param="messages")
+        formatter = ChatFormat(
+            self.model_id, include_usage=parsed.include_usage, tool_parser=plan.tool_parser
+        )
+        return await self._respond(
+            request, parsed, prompt, formatter, prompt_param="messages", constraint=plan.constraint
+        )
 
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``: raw text in, no chat template."""
@@ -179,6 +187,46 @@ class AgentApi:
             "created": self.created,
             "owned_by": "draftpen",
         }
+
+    def _reply_plan(self, parsed: ChatCompletionRequest) -> _ReplyPlan:
+        """What the prompt shows of the tools, how the reply is read, what it must be."""
+        text = _json_output(parsed.response_format)
+        tools = parsed.tool_specs
+        choice = parsed.tool_choice
+        if not tools or choice == "none":
+            # "none": the model is not shown the tools, so it answers in text.
+            return _ReplyPlan((), None, ConstraintSpec(text=text) if text else None)
+        template = model_chat_template(self.engine.target)
+        if not template_takes_tools(template):
+            raise ApiError(
+                400,
+                f"The chat template of '{self.model_id}' does not show tools to the model, so "
+                "it cannot call them. Leave tools out (or send tool_choice 'none'), or serve "
+                "a pair whose template takes tools, such as starter.",
+                param="tools",
+                code="invalid_value",
+            )
+        syntax = tool_call_syntax(template)
+        if syntax is None:
+            raise ApiError(
+                400,
+                f"The chat template of '{self.model_id}' teaches a tool-call syntax draftpen "
+                "does not read yet (it reads Hermes/Qwen <tool_call> blocks and Llama 3.1 JSON "
+                "calls). Leave tools out or send tool_choice 'none', or serve another pair.",
+                param="tools",
+                code="invalid_value",
+            )
+        if isinstance(choice, NamedToolChoice):
+            allowed = tuple(tool for tool in tools if tool.name == choice.function.name)
+        else:
+            allowed = tools
+        mode = "auto" if choice in (None, "auto") else "required"
+        parallel = parsed.parallel_tool_calls is not False
+        parser = ToolCallParser(
+            syntax, [tool.name for tool in tools], max_calls=None if parallel else 1
+        )
+        calls = ToolCallOutput(allowed, syntax, mode=mode, parallel=parallel)
+        return _ReplyPlan(tools, parser, ConstraintSpec(text=text, tool_calls=calls))
 
     def _check_model(self, model: str) -> None:
         if model != self.model_id:
@@ -220,7 +268,11 @@ class AgentApi:
             ) from None
 
     def _generation_request(
-        self, parsed: GenerationFields, prompt: list[int], prompt_param: str
+        self,
+        parsed: GenerationFields,
+        prompt: list[int],
+        prompt_param: str,
+        constraint: ConstraintSpec | None,
     ) -> GenerationRequest:
         n_ctx = self.engine.target.n_ctx
         if len(prompt) >= n_ctx:
@@ -275,6 +327,7 @@ class AgentApi:
                     if speculative and speculative.exact is not None
                     else settings.exact_output
                 ),
+                constraint=constraint,
             )
         except ValueError as error:
             raise ApiError(400, str(error), code="invalid_value") from None
@@ -287,8 +340,9 @@ class AgentApi:
         formatter: ResponseFormat,
         *,
         prompt_param: str,
+        constraint: ConstraintSpec | None = None,
     ) -> Response:
-        generation = self._generation_request(parsed, prompt, prompt_param)
+        generation = self._generation_request(parsed, prompt, prompt_param, constraint)
         try:
             job = self.queue.submit(generation, asyncio.get_running_loop(), job_id=formatter.id)
         except QueueFullError:
@@ -385,6 +439,25 @@ class _JobStreamResponse(StreamingResponse):
         finally:
             if not self.job.delivered:
                 self.queue.cancel(self.job, "client disconnected")
+
+
+@dataclass(frozen=True)
+class _ReplyPlan:
+    """How a chat request's tools shape its prompt, its parsing and its constraint."""
+
+    prompt_tools: tuple[ToolSpec, ...]
+    tool_parser: ToolCallParser | None
+    constraint: ConstraintSpec | None
+
+
+def _json_output(response_format: ResponseFormatField | None) -> JsonOutput | None:
+    """The JSON a ``response_format`` asks for; None for text."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.json_schema is None:
+        return JsonOutput()  # json_object: any JSON object
+    spec = response_format.json_schema
+    return JsonOutput(schema=spec.schema_, strict=bool(spec.strict), name=spec.name)
 
 
 def _size_text(size: int) -> str:

@@ -1,7 +1,11 @@
 """OpenAI's response shapes: the whole response, stream chunks and server-sent events.
 
 Chat completions and text completions differ only in how a choice looks; both carry
-the running speculative statistics in a ``draftpen`` field.
+the running speculative statistics in a ``draftpen`` field. A chat reply to a request
+with tools runs through a :class:`~backends.tool_calls.ToolCallParser`, streaming or
+not: its calls become ``tool_calls`` (``delta.tool_calls`` in a stream, as OpenAI sends
+them: index, id, type and name first, then ``arguments`` fragments), and
+``finish_reason`` is ``"tool_calls"``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,14 @@ from typing import Any
 
 from app.server.tally import GenerationTally
 from backends.speculative import GenerationEvent
+from backends.tool_calls import (
+    ArgumentsPiece,
+    ContentPiece,
+    ParsedPiece,
+    ParsedReply,
+    ToolCallParser,
+    ToolCallStart,
+)
 
 
 class ResponseFormat:
@@ -84,13 +96,90 @@ class ResponseFormat:
 
 
 class ChatFormat(ResponseFormat):
+    """Chat completions; with a ``tool_parser``, tool calls are read out of the reply."""
+
     id_prefix = "chatcmpl"
     response_object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
+    def __init__(
+        self, model_id: str, *, include_usage: bool, tool_parser: ToolCallParser | None = None
+    ) -> None:
+        super().__init__(model_id, include_usage=include_usage)
+        self.tool_parser = tool_parser
+
+    def stream_chunks(self, event: GenerationEvent, tally: GenerationTally) -> list[dict[str, Any]]:
+        """Without tools, the plain text chunks; with them, content and call deltas."""
+        parser = self.tool_parser
+        if parser is None:
+            return super().stream_chunks(event, tally)
+        pieces = parser.feed(event.text)
+        if event.finish_reason is not None:
+            pieces += parser.finish()
+        chunks = []
+        for delta in _deltas(pieces):
+            if self._first_chunk:
+                delta = {"role": "assistant", "content": None, **delta}
+                self._first_chunk = False
+            chunks.append(self._chunk(_delta_choice(delta), tally))
+        if self._first_chunk:
+            # The first chunk goes out at once (clients see the reply has begun), even
+            # while a possible call is still being read.
+            chunks.append(self._chunk(_delta_choice({"role": "assistant", "content": None}), tally))
+            self._first_chunk = False
+        if event.finish_reason is not None:
+            finish_reason = self._finish_reason(event.finish_reason)
+            chunks.append(self._chunk(self._finish_choice(finish_reason), tally))
+        return chunks
+
+    def response(self, tally: GenerationTally) -> dict[str, Any]:
+        """The whole response; the reply runs through the same parser as a stream's."""
+        parser = self.tool_parser
+        if parser is None:
+            return super().response(tally)
+        reply = ParsedReply()
+        for piece in tally.pieces:
+            reply.add(parser.feed(piece))
+        reply.add(parser.finish())
+        calls = reply.tool_calls
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": reply.content if reply.content or not calls else None,
+            "refusal": None,
+        }
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in calls
+            ]
+        return {
+            **self._envelope(self.response_object),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": self._finish_reason(tally.finish_reason),
+                }
+            ],
+            "usage": tally.usage(),
+            "draftpen": tally.draftpen(),
+        }
+
+    def _finish_reason(self, finish_reason: str | None) -> str | None:
+        # A reply that ended by itself after calling tools finished "to call tools";
+        # one cut off by max_tokens or cancelled says so instead.
+        if finish_reason == "stop" and self.tool_parser is not None and self.tool_parser.made_calls:
+            return "tool_calls"
+        return finish_reason
+
     def _text_choice(self, text: str, first: bool) -> dict[str, Any]:
         delta = {"role": "assistant", "content": text} if first else {"content": text}
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return _delta_choice(delta)
 
     def _finish_choice(self, finish_reason: str) -> dict[str, Any]:
         return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
@@ -98,6 +187,42 @@ class ChatFormat(ResponseFormat):
     def _whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         message = {"role": "assistant", "content": text, "refusal": None}
         return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _delta_choice(delta: dict[str, Any]) -> dict[str, Any]:
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+
+
+def _deltas(pieces: list[ParsedPiece]) -> list[dict[str, Any]]:
+    """Stream deltas for parsed pieces: content, a call's start, its argument fragments.
+
+    Neighbouring pieces of one kind are merged, so a round's text is one delta.
+    """
+    deltas: list[dict[str, Any]] = []
+    for piece in pieces:
+        last = deltas[-1] if deltas else None
+        if isinstance(piece, ContentPiece):
+            if last is not None and "content" in last and "tool_calls" not in last:
+                last["content"] += piece.text
+            else:
+                deltas.append({"content": piece.text})
+        elif isinstance(piece, ToolCallStart):
+            call = {
+                "index": piece.index,
+                "id": piece.id,
+                "type": "function",
+                "function": {"name": piece.name, "arguments": ""},
+            }
+            deltas.append({"tool_calls": [call]})
+        elif isinstance(piece, ArgumentsPiece):
+            calls = last.get("tool_calls") if last is not None else None
+            # A call's first delta keeps arguments "" (as OpenAI's); fragments follow it.
+            if calls and calls[-1]["index"] == piece.index and "id" not in calls[-1]:
+                calls[-1]["function"]["arguments"] += piece.text
+            else:
+                fragment = {"index": piece.index, "function": {"arguments": piece.text}}
+                deltas.append({"tool_calls": [fragment]})
+    return deltas
 
 
 class CompletionFormat(ResponseFormat):

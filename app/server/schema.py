@@ -3,21 +3,44 @@
 Requests are validated strictly with pydantic: wrong types are not coerced ("5" is not
 an integer), unknown fields are refused by name, and every failure becomes one
 OpenAI-style error object, ``{"error": {"message", "type", "param", "code"}}``, whose
-message says what is wrong and what is accepted. A few OpenAI fields draftpen cannot
-honour are accepted only at their neutral values (``n: 1``, penalties of 0, no
-logprobs), so clients that always send them keep working.
+message says what is wrong and what is accepted. JSON Schemas (tool parameters,
+``response_format``) are checked against their meta-schema with ``jsonschema``.
+
+Fields that change nothing for a local model (``user``, ``metadata``, ``store``, ...)
+are accepted and ignored. Fields the decoding loop does not honour yet (log-probabilities,
+penalties) are parsed and range-checked like the others, so their values are in the
+request model, and refused at anything but their neutral value by :data:`NOT_YET_HONOURED`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
+import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from backends.base import ChatMessage, ToolCall, ToolSpec
 from backends.engine import DRAFTER_CHOICES
 
 MAX_STOP_STRINGS = 16
 MAX_DRAFT_TOKENS = 32
+MAX_TOOLS = 128
+# OpenAI's rule for function and schema names.
+NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+# Fields the decoding loop does not honour yet, and what to send instead. They are typed
+# and range-checked in the request models like every other field; a value other than
+# their neutral one (absent, false, 0) gets a 400 naming the field.
+NOT_YET_HONOURED: dict[str, str] = {
+    "logprobs": "draftpen does not return log-probabilities yet; leave logprobs out or send "
+    "false (null on /v1/completions)",
+    "top_logprobs": "draftpen does not return log-probabilities yet; leave top_logprobs out "
+    "or send 0",
+    "presence_penalty": "penalties are not applied yet; leave presence_penalty out or send 0 "
+    "(temperature, top_p, top_k and min_p are supported)",
+    "frequency_penalty": "penalties are not applied yet; leave frequency_penalty out or send 0 "
+    "(temperature, top_p, top_k and min_p are supported)",
+}
 
 
 class ApiError(Exception):
@@ -77,17 +100,135 @@ def _text_of(value: object, what: str) -> object:
     return value
 
 
-class Message(_Strict):
-    """One chat message; ``developer`` is treated as ``system``."""
+def _checked_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` if it is a well-formed JSON Schema (by its meta-schema), else ValueError."""
+    validator = jsonschema.validators.validator_for(
+        schema, default=jsonschema.validators.Draft202012Validator
+    )
+    try:
+        validator.check_schema(schema)
+    except jsonschema.SchemaError as error:
+        where = "/".join(str(part) for part in error.absolute_path)
+        at = f" at '{where}'" if where else ""
+        raise ValueError(f"is not a valid JSON Schema: {error.message}{at}") from None
+    return schema
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str
+
+class FunctionCallIn(_Strict):
+    """The function an earlier assistant turn called, arguments as JSON text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallIn(_Strict):
+    """An earlier assistant turn's tool call, sent back in the conversation."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCallIn
+
+
+class Message(_Strict):
+    """One chat message; ``developer`` is treated as ``system``.
+
+    Assistant turns may carry ``tool_calls`` (their ``content`` may then be null);
+    ``tool`` turns answer one of those calls by ``tool_call_id``.
+    """
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    # Sent back by clients that replay OpenAI's assistant messages; not shown to the model.
+    refusal: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
     def _content_parts(cls, value: object) -> object:
         return _text_of(value, "content")
+
+
+class FunctionDefinition(_Strict):
+    """A function the model may call: OpenAI's ``tools[].function``."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return value
+        if value.get("type", "object") != "object":
+            raise ValueError(
+                'must be a JSON Schema of "type": "object" (arguments are named), '
+                f"not {value.get('type')!r}"
+            )
+        return _checked_json_schema(value)
+
+
+class Tool(_Strict):
+    """One entry of ``tools``; functions are the only kind."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+    def spec(self) -> ToolSpec:
+        """The backend's description of this function."""
+        function = self.function
+        return ToolSpec(
+            name=function.name,
+            description=function.description,
+            parameters=function.parameters or {"type": "object", "properties": {}},
+            strict=bool(function.strict),
+        )
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice`` naming the one function to call."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Strict):
+    """``response_format.json_schema``: a named schema the reply must match."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _well_formed(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return value if value is None else _checked_json_schema(value)
+
+
+class ResponseFormatField(_Strict):
+    """``response_format``: free text, any JSON object, or JSON matching a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormatField:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError(
+                "response_format of type 'json_schema' needs a 'json_schema' object: "
+                '{"name": ..., "schema": {...}, "strict": true}'
+            )
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise ValueError("response_format.json_schema goes with type 'json_schema' only")
+        return self
 
 
 class Prediction(_Strict):
@@ -142,9 +283,12 @@ class GenerationFields(_Strict):
     speculative: Speculative | None = None
     # Accepted at their neutral values only, because common clients always send them.
     n: int | None = None
+    logit_bias: dict[str, float] | None = None
+    # Not honoured yet (see NOT_YET_HONOURED): parsed so they can reach the loop.
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    # Change nothing for a local model; accepted and ignored.
     user: str | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -166,11 +310,11 @@ class GenerationFields(_Strict):
             raise ValueError("must be 1: draftpen writes one choice per request")
         return value
 
-    @field_validator("presence_penalty", "frequency_penalty")
+    @field_validator("logit_bias")
     @classmethod
-    def _no_penalty(cls, value: float | None) -> float | None:
-        if value not in (None, 0, 0.0):
-            raise ValueError("penalties are not supported; leave it out or send 0")
+    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("token biases are not supported; leave logit_bias out or send {}")
         return value
 
     @model_validator(mode="after")
@@ -191,26 +335,139 @@ class GenerationFields(_Strict):
         """Whether a streamed response ends with a usage chunk."""
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def check(self) -> None:
+        """Rules across fields, after the types: raises :class:`ApiError` naming the field."""
+        for name, advice in NOT_YET_HONOURED.items():
+            value = getattr(self, name, None)
+            if value not in (None, False, 0):
+                raise ApiError(
+                    400,
+                    f"'{name}' is not supported yet: {advice}.",
+                    param=name,
+                    code="unsupported_parameter",
+                )
+
 
 class ChatCompletionRequest(GenerationFields):
     """``POST /v1/chat/completions``."""
 
     messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormatField | None = None
+    # Not honoured yet (see NOT_YET_HONOURED).
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    # Change nothing for a local model; accepted and ignored.
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    modalities: list[str] | None = None
 
-    @field_validator("logprobs")
+    @field_validator("modalities")
     @classmethod
-    def _no_logprobs(cls, value: bool | None) -> bool | None:
-        if value:
-            raise ValueError("logprobs are not supported; leave it out or send false")
+    def _text_only(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and value != ["text"]:
+            raise ValueError('draftpen writes text only; send ["text"] or leave it out')
         return value
+
+    def check(self) -> None:
+        """The field rules, then the conversation's and the tools' rules."""
+        super().check()
+        self._check_messages()
+        self._check_tools()
+
+    def _check_messages(self) -> None:
+        call_ids: set[str] = set()
+        for index, message in enumerate(self.messages):
+            where = f"messages[{index}]"
+            if message.tool_calls and message.role != "assistant":
+                raise _invalid(f"{where}.tool_calls", "only assistant messages carry tool_calls")
+            if message.role == "tool":
+                if message.tool_call_id is None:
+                    raise ApiError(
+                        400,
+                        f"Missing required parameter '{where}.tool_call_id': a tool message "
+                        "answers one of the earlier assistant message's tool_calls by its id.",
+                        param=f"{where}.tool_call_id",
+                        code="missing_required_parameter",
+                    )
+                if message.tool_call_id not in call_ids:
+                    raise _invalid(
+                        f"{where}.tool_call_id",
+                        f"{message.tool_call_id!r} answers no tool call of an earlier assistant "
+                        "message; send the id from that message's tool_calls",
+                    )
+            elif message.tool_call_id is not None:
+                raise _invalid(f"{where}.tool_call_id", "only tool messages carry tool_call_id")
+            if message.content is None and not (message.role == "assistant" and message.tool_calls):
+                raise ApiError(
+                    400,
+                    f"Missing required parameter '{where}.content' (only an assistant message "
+                    "with tool_calls may leave it null).",
+                    param=f"{where}.content",
+                    code="missing_required_parameter",
+                )
+            call_ids.update(call.id for call in message.tool_calls or ())
+
+    def _check_tools(self) -> None:
+        names = [tool.function.name for tool in self.tools or ()]
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                raise _invalid(f"tools[{index}].function.name", f"{name!r} is named twice")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            offered = ", ".join(repr(name) for name in names) or "none"
+            raise _invalid(
+                "tool_choice",
+                f"names the function {choice.function.name!r}, which is not in tools "
+                f"(offered: {offered})",
+            )
+        if choice == "required" and not names:
+            raise _invalid("tool_choice", "'required' needs at least one function in tools")
+
+    @property
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        """The functions offered, for the chat template and the constraint."""
+        return tuple(tool.spec() for tool in self.tools or ())
+
+    def chat_messages(self) -> list[ChatMessage]:
+        """The conversation in the backend's terms; tool results name their function."""
+        functions: dict[str, str] = {}
+        converted = []
+        for message in self.messages:
+            calls = tuple(
+                ToolCall(call.id, call.function.name, call.function.arguments)
+                for call in message.tool_calls or ()
+            )
+            functions.update((call.id, call.name) for call in calls)
+            role = "system" if message.role == "developer" else message.role
+            name = message.name
+            if message.role == "tool" and message.tool_call_id is not None:
+                name = functions.get(message.tool_call_id, name)
+            converted.append(
+                ChatMessage(
+                    role,
+                    message.content or "",
+                    tool_calls=calls,
+                    tool_call_id=message.tool_call_id,
+                    name=name,
+                )
+            )
+        return converted
 
 
 class CompletionRequest(GenerationFields):
     """``POST /v1/completions``: raw prompt text, no chat template."""
 
     prompt: str
-    logprobs: int | None = None
+    # Not honoured yet (see NOT_YET_HONOURED): how many top tokens to report per position.
+    logprobs: int | None = Field(None, ge=0, le=5)
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -219,13 +476,6 @@ class CompletionRequest(GenerationFields):
             if len(value) == 1 and isinstance(value[0], str):
                 return value[0]
             raise ValueError("must be a string (or a list holding exactly one string)")
-        return value
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise ValueError("logprobs are not supported; leave it out or send null")
         return value
 
 
@@ -241,9 +491,17 @@ def parse_request(model: type[RequestT], data: object) -> RequestT:
             code="invalid_type",
         )
     try:
-        return model.model_validate(data)
+        parsed = model.model_validate(data)
     except ValidationError as error:
         raise _api_error(model, error) from None
+    parsed.check()
+    return parsed
+
+
+def _invalid(param: str, message: str) -> ApiError:
+    return ApiError(
+        400, f"Invalid value for '{param}': {message}.", param=param, code="invalid_value"
+    )
 
 
 # pydantic names union members and wrappers in an error's location; they are not

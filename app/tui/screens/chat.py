@@ -59,6 +59,7 @@ class ChatHost(Protocol):
         """Load ``pair_name`` behind the UI, replacing the current pair."""
         ...
 
+
 NEW_CHAT_TITLE = "New chat"
 SAVE_INTERVAL_SECONDS = 0.5
 # The reply's text and the stats bar are redrawn together, on one timer: every redraw

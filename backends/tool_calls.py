@@ -1,0 +1,568 @@
+"""Reading tool calls out of a model's reply, as it streams.
+
+Models write tool calls in their family's own syntax, the one their chat template
+teaches them:
+
+- Hermes, Qwen2.5, Qwen3: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
+  one block per call. Small Qwen2.5-Coder models often leave the tags out: they write
+  the object in a fenced ```` ```json ```` block, or bare at the start of the reply,
+  and doubled as ``{{...}}`` (Qwen2.5's template shows the format that way). Those
+  forms are also ordinary text, so they count as a call only when they name one of
+  the request's tools.
+- Llama 3.1 and later: a bare JSON object ``{"name": ..., "parameters": {...}}`` that
+  begins the reply, after ``<|python_tag|>`` or not; several are separated by ``;``.
+
+The family is chosen from the template text (:func:`tool_call_syntax`), never from a
+pair's name. :class:`ToolCallParser` is fed the reply's text in pieces as they come and
+returns what can already be told apart: content text, the start of a call (its index,
+id and function name) and fragments of its ``arguments``. Text that may be the start
+of a call marker is held back until it is known, so call syntax never reaches content.
+The server's streaming and non-streaming answers both run this one parser.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import string
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from enum import Enum, auto
+
+from backends.base import ToolCall
+
+
+@dataclass(frozen=True)
+class CallWrapper:
+    """How one form of call is delimited around its JSON object.
+
+    ``opener`` is the text that opens a call; an empty opener means a bare JSON object
+    at the start of the reply. ``closer`` follows the object (empty: the object's end
+    closes the call). ``known_names_only`` wrappers are also ordinary text (a fenced
+    JSON block), so they make a call only when the name is one of the tools.
+    """
+
+    opener: str
+    closer: str = ""
+    known_names_only: bool = False
+
+
+@dataclass(frozen=True)
+class ToolCallSyntax:
+    """A model family's way of writing tool calls."""
+
+    family: str
+    wrappers: tuple[CallWrapper, ...]
+    # The key that holds the arguments, after "name" (both are read for every family).
+    argument_keys: tuple[str, ...] = ("arguments", "parameters")
+    # Text allowed between two calls besides whitespace.
+    separators: str = ""
+
+
+HERMES = ToolCallSyntax(
+    "hermes",
+    (
+        CallWrapper("<tool_call>", "</tool_call>"),
+        CallWrapper("```json", "```", known_names_only=True),
+        CallWrapper("", known_names_only=True),
+    ),
+)
+LLAMA3_JSON = ToolCallSyntax(
+    "llama3_json",
+    (CallWrapper("<|python_tag|>"), CallWrapper("")),
+    argument_keys=("parameters", "arguments"),
+    separators=";",
+)
+
+
+def tool_call_syntax(template: str | None) -> ToolCallSyntax | None:
+    """The call syntax a chat template teaches, or None when it is not one we read."""
+    if not template:
+        return None
+    if "<tool_call>" in template and "<function=" not in template:
+        return HERMES
+    if "<|python_tag|>" in template or (
+        "<|start_header_id|>" in template and '"parameters"' in template
+    ):
+        return LLAMA3_JSON
+    return None
+
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def new_call_id() -> str:
+    """A call id in OpenAI's form: ``call_`` and 24 random letters and digits."""
+    return "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
+
+
+@dataclass(frozen=True)
+class ContentPiece:
+    """Reply text that is not a tool call."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallStart:
+    """A call began: its position among the reply's calls, its id and function name."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgumentsPiece:
+    """More of call ``index``'s arguments (JSON text; the pieces concatenate)."""
+
+    index: int
+    text: str
+
+
+ParsedPiece = ContentPiece | ToolCallStart | ArgumentsPiece
+
+
+class _State(Enum):
+    TEXT = auto()
+    HEAD = auto()  # inside a wrapper, before the arguments: which function?
+    WHOLE = auto()  # the head was unusual: read the whole call, then decide
+    ARGUMENTS = auto()  # the arguments' JSON value, passed on as it comes
+    TAIL = auto()  # after the arguments, up to the wrapper's closer
+
+
+class _Head:
+    """Outcome of reading ``{"name": "...", "arguments":`` at the start of a call."""
+
+    PENDING = "pending"
+    MISMATCH = "mismatch"
+
+
+_WHITESPACE = " \t\r\n"
+
+
+def _skip_whitespace(text: str, position: int) -> int:
+    while position < len(text) and text[position] in _WHITESPACE:
+        position += 1
+    return position
+
+
+def _string_end(text: str, start: int) -> int | None:
+    """The index after the JSON string opening at ``start``, None while unterminated."""
+    position = start + 1
+    while position < len(text):
+        char = text[position]
+        if char == "\\":
+            position += 2
+            continue
+        if char == '"':
+            return position + 1
+        position += 1
+    return None
+
+
+def _read_head(text: str, argument_keys: Sequence[str]) -> tuple[str, int, int] | str:
+    """The function name, where its arguments begin and how many braces opened the call.
+
+    Or PENDING (not enough text yet) or MISMATCH (not a call's head).
+    """
+    position = _skip_whitespace(text, 0)
+    if position >= len(text):
+        return _Head.PENDING
+    if text[position] != "{":
+        return _Head.MISMATCH
+    position = _skip_whitespace(text, position + 1)
+    if position >= len(text):
+        return _Head.PENDING
+    braces = 1
+    if text[position] == "{":
+        braces, position = 2, position + 1
+    expected: list[str | tuple[str, ...] | None] = [
+        ("name",),
+        ":",
+        None,  # the name itself
+        ",",
+        tuple(argument_keys),
+        ":",
+    ]
+    name = ""
+    for step in expected:
+        position = _skip_whitespace(text, position)
+        if position >= len(text):
+            return _Head.PENDING
+        if isinstance(step, str):
+            if text[position] != step:
+                return _Head.MISMATCH
+            position += 1
+            continue
+        if text[position] != '"':
+            return _Head.MISMATCH
+        end = _string_end(text, position)
+        if end is None:
+            return _Head.PENDING
+        try:
+            value = json.loads(text[position:end])
+        except ValueError:
+            return _Head.MISMATCH
+        if step is None:
+            name = value
+        elif value not in step:
+            return _Head.MISMATCH
+        position = end
+    return name, _skip_whitespace(text, position), braces
+
+
+class _JsonValueScanner:
+    """Finds where one JSON value ends in text that arrives in pieces.
+
+    It counts brackets outside strings; it does not check the JSON, it only has to
+    know when the model has finished writing the value.
+    """
+
+    def __init__(self) -> None:
+        self.started = False
+        self.first_char = ""
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+
+    def end_in(self, text: str) -> int | None:
+        """Feed ``text``; the index just after the value's end in it, or None."""
+        for position, char in enumerate(text):
+            if not self.started:
+                if char in _WHITESPACE:
+                    continue
+                self.started = True
+                self.first_char = char
+            elif self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == '"':
+                    self._in_string = False
+                    if self._depth == 0:
+                        return position + 1
+                continue
+            if char == '"':
+                self._in_string = True
+            elif char in "{[":
+                self._depth += 1
+            elif char in "}]":
+                if self._depth == 0:
+                    return position  # a bare number or literal, ended by its container
+                self._depth -= 1
+                if self._depth == 0:
+                    return position + 1
+            elif self._depth == 0 and char != self.first_char and char in "," + _WHITESPACE:
+                return position  # a bare number or literal ended
+        return None
+
+
+def _partial_suffix(text: str, markers: Collection[str]) -> int:
+    """The length of the longest end of ``text`` that begins some marker."""
+    longest = 0
+    for marker in markers:
+        for size in range(min(len(marker) - 1, len(text)), longest, -1):
+            if text.endswith(marker[:size]):
+                longest = size
+                break
+    return longest
+
+
+class ToolCallParser:
+    """Splits a reply into content and tool calls while it streams.
+
+    ``feed`` each new piece of text in order, then call ``finish`` once; each returns
+    the pieces it could decide. The result does not depend on how the text was cut
+    into pieces. ``tool_names`` are the request's functions (fenced blocks must name
+    one); with ``max_calls`` (1 when parallel calls are off) later calls are dropped.
+    """
+
+    def __init__(
+        self,
+        syntax: ToolCallSyntax,
+        tool_names: Collection[str],
+        *,
+        max_calls: int | None = None,
+        new_id: Callable[[], str] = new_call_id,
+    ) -> None:
+        self.syntax = syntax
+        self.tool_names = frozenset(tool_names)
+        self.max_calls = max_calls
+        self._new_id = new_id
+        self._openers = [wrapper.opener for wrapper in syntax.wrappers if wrapper.opener]
+        self._bare = next((w for w in syntax.wrappers if not w.opener), None)
+        self._state = _State.TEXT
+        self._buffer = ""  # text read but not yet decided
+        self._held_space = ""  # whitespace that may precede a call (dropped if one follows)
+        self._space_before_call = ""
+        self._wrapper = syntax.wrappers[0]
+        self._scanner = _JsonValueScanner()
+        # A bare call may begin the reply, or follow another call.
+        self._call_may_begin = True
+        self._braces = 1
+        self._dropping = False
+        self._quoted_arguments = ""
+        self.calls_started = 0
+        self._finished = False
+
+    @property
+    def made_calls(self) -> bool:
+        """Whether any tool call has been emitted."""
+        return self.calls_started > 0
+
+    def feed(self, text: str) -> list[ParsedPiece]:
+        """Take the next piece of the reply; return what it decided."""
+        if self._finished:
+            raise RuntimeError("feed() after finish()")
+        self._buffer += text
+        out: list[ParsedPiece] = []
+        while self._step(out, final=False):
+            pass
+        return out
+
+    def finish(self) -> list[ParsedPiece]:
+        """The reply ended: decide whatever is still held back."""
+        out: list[ParsedPiece] = []
+        while self._step(out, final=True):
+            pass
+        if self._state is _State.ARGUMENTS and self._quoted_arguments:
+            self._arguments_piece(out, self._quoted_arguments)  # a string value cut off
+        if self._held_space and not self.made_calls:
+            self._content(out, self._held_space, keep_space=True)
+        self._buffer = self._held_space = ""
+        self._finished = True
+        return out
+
+    # -- the states ----------------------------------------------------------------
+
+    def _step(self, out: list[ParsedPiece], *, final: bool) -> bool:
+        """Advance one state on the buffer; whether anything moved."""
+        if not self._buffer:
+            return False
+        if self._state is _State.TEXT:
+            return self._text(out, final)
+        if self._state is _State.HEAD:
+            return self._head(out, final)
+        if self._state is _State.WHOLE:
+            return self._whole(out, final)
+        if self._state is _State.ARGUMENTS:
+            return self._arguments(out)
+        return self._tail()
+
+    def _text(self, out: list[ParsedPiece], final: bool) -> bool:
+        buffer = self._buffer
+        if self._bare is not None and self._call_may_begin:
+            start = len(buffer) - len(buffer.lstrip(_WHITESPACE + self.syntax.separators))
+            if start == len(buffer):
+                if final:
+                    self._content(out, buffer)
+                    self._buffer = ""
+                return False  # only whitespace yet: a bare call may still follow
+            if buffer[start] == "{":
+                leading = buffer[:start]
+                if not leading.strip(_WHITESPACE):
+                    self._held_space += leading  # given back if this is not a call
+                self._open(self._bare, buffer[start:], out)
+                return True
+        found = [
+            (position, opener) for opener in self._openers if (position := buffer.find(opener)) >= 0
+        ]
+        if found:
+            position, opener = min(found)
+            self._content(out, buffer[:position])
+            wrapper = next(w for w in self.syntax.wrappers if w.opener == opener)
+            self._open(wrapper, buffer[position + len(opener) :], out)
+            return True
+        hold = 0 if final else _partial_suffix(buffer, self._openers)
+        self._content(out, buffer[: len(buffer) - hold])
+        self._buffer = buffer[len(buffer) - hold :]
+        return False
+
+    def _open(self, wrapper: CallWrapper, rest: str, out: list[ParsedPiece]) -> None:
+        # Whitespace just before a call belongs to neither the content nor the call; it
+        # is kept aside in case this turns out not to be a call.
+        self._space_before_call, self._held_space = self._held_space, ""
+        self._wrapper = wrapper
+        self._buffer = rest
+        self._state = _State.HEAD
+
+    def _head(self, out: list[ParsedPiece], final: bool) -> bool:
+        head = _read_head(self._buffer, self.syntax.argument_keys)
+        if head == _Head.PENDING:
+            if final:
+                self._state = _State.WHOLE
+                return True
+            return False
+        wrapper = self._wrapper
+        if head == _Head.MISMATCH or (wrapper.known_names_only and head[0] not in self.tool_names):
+            if wrapper.known_names_only:
+                # A fenced block or an object that is not a call is the model's text:
+                # its opener is content, and what follows is read as text again.
+                self._held_space = self._space_before_call
+                self._content(out, wrapper.opener)
+                self._call_may_begin = False
+                self._state = _State.TEXT
+            else:
+                self._state = _State.WHOLE
+            return True
+        name, arguments_at, self._braces = head
+        self._buffer = self._buffer[arguments_at:]
+        self._scanner = _JsonValueScanner()
+        self._state = _State.ARGUMENTS
+        self._start_call(name, out)
+        return True
+
+    def _start_call(self, name: str, out: list[ParsedPiece]) -> None:
+        # Past max_calls a call is still read (its syntax must not become content), but
+        # nothing of it is returned.
+        self._dropping = self.max_calls is not None and self.calls_started >= self.max_calls
+        self._quoted_arguments = ""
+        if not self._dropping:
+            out.append(ToolCallStart(self.calls_started, self._new_id(), name))
+            self.calls_started += 1
+
+    def _arguments(self, out: list[ParsedPiece]) -> bool:
+        scanner = self._scanner
+        if not scanner.started:
+            self._buffer = self._buffer.lstrip(_WHITESPACE)
+            if not self._buffer:
+                return False
+        end = scanner.end_in(self._buffer)
+        if scanner.first_char == '"':
+            # Arguments written as a JSON string holding the object: held until the
+            # string ends, then unquoted (OpenAI's arguments are that inner text).
+            self._quoted_arguments += self._buffer if end is None else self._buffer[:end]
+            if end is None:
+                self._buffer = ""
+                return False
+            written = self._quoted_arguments
+            with contextlib.suppress(ValueError):
+                written = str(json.loads(written))
+        else:
+            written = self._buffer if end is None else self._buffer[:end]
+        self._arguments_piece(out, written)
+        if end is None:
+            self._buffer = ""
+            return False
+        self._buffer = self._buffer[end:]
+        self._state = _State.TAIL
+        return True
+
+    def _arguments_piece(self, out: list[ParsedPiece], text: str) -> None:
+        if text and not self._dropping:
+            out.append(ArgumentsPiece(self.calls_started - 1, text))
+
+    def _tail(self) -> bool:
+        closer = self._wrapper.closer
+        if not closer:
+            # The object's own closing brace (or two) ends a bare call.
+            while self._braces:
+                brace = self._buffer.find("}")
+                if brace < 0:
+                    self._buffer = ""  # stray text inside a call: not content, not arguments
+                    return False
+                self._buffer = self._buffer[brace + 1 :]
+                self._braces -= 1
+            self._state = _State.TEXT
+            self._call_may_begin = True
+            return True
+        position = self._buffer.find(closer)
+        if position < 0:
+            keep = _partial_suffix(self._buffer, [closer])
+            self._buffer = self._buffer[len(self._buffer) - keep :]
+            return False
+        self._buffer = self._buffer[position + len(closer) :]
+        self._state = _State.TEXT
+        return True
+
+    def _whole(self, out: list[ParsedPiece], final: bool) -> bool:
+        """A call with an unusual head: wait for all of it, then read it as JSON."""
+        wrapper = self._wrapper
+        closer = ""
+        if wrapper.closer:
+            position = self._buffer.find(wrapper.closer)
+            if position < 0:
+                if not final:
+                    return False
+                position = len(self._buffer)
+            else:
+                closer = wrapper.closer
+            body, rest = self._buffer[:position], self._buffer[position + len(closer) :]
+        else:
+            end = _JsonValueScanner().end_in(self._buffer)
+            if end is None:
+                if not final:
+                    return False
+                end = len(self._buffer)
+            body, rest = self._buffer[:end], self._buffer[end:]
+        call = self._call_from_json(body)
+        if call is None:
+            # Not a call after all: the model's text, as it wrote it.
+            self._held_space = self._space_before_call
+            self._content(out, wrapper.opener + body + closer)
+        else:
+            name, arguments = call
+            self._start_call(name, out)
+            self._arguments_piece(out, arguments)
+        self._buffer = rest
+        self._state = _State.TEXT
+        return True
+
+    def _call_from_json(self, body: str) -> tuple[str, str] | None:
+        text = body.strip(_WHITESPACE)
+        if text.startswith("{{") and text.endswith("}}"):
+            text = text[1:-1]  # the doubled braces Qwen2.5's template shows
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+            return None
+        if self._wrapper.known_names_only and value["name"] not in self.tool_names:
+            return None
+        key = next((key for key in self.syntax.argument_keys if key in value), None)
+        arguments = value[key] if key is not None else {}
+        if isinstance(arguments, str):
+            return value["name"], arguments
+        return value["name"], json.dumps(arguments, ensure_ascii=False)
+
+    def _content(self, out: list[ParsedPiece], text: str, *, keep_space: bool = False) -> None:
+        if not text:
+            return
+        if not keep_space:
+            # Trailing whitespace waits: if a call follows, it is dropped with it.
+            stripped = text.rstrip(_WHITESPACE)
+            if not stripped:
+                self._held_space += text
+                return
+            text, trailing = self._held_space + stripped, text[len(stripped) :]
+            self._held_space = trailing
+        else:
+            self._held_space = ""
+        self._call_may_begin = False
+        out.append(ContentPiece(text))
+
+
+@dataclass
+class ParsedReply:
+    """A reply's content and calls, put together from parsed pieces."""
+
+    content: str = ""
+    tool_calls: list[ToolCall] | None = None
+
+    def add(self, pieces: Sequence[ParsedPiece]) -> None:
+        """Add pieces in the order the parser returned them."""
+        for piece in pieces:
+            if isinstance(piece, ContentPiece):
+                self.content += piece.text
+            elif isinstance(piece, ToolCallStart):
+                self.tool_calls = [*(self.tool_calls or []), ToolCall(piece.id, piece.name, "")]
+            else:
+                assert self.tool_calls is not None
+                call = self.tool_calls[piece.index]
+                self.tool_calls[piece.index] = ToolCall(
+                    call.id, call.name, call.arguments + piece.text
+                )
