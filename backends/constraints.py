@@ -27,8 +27,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from backends.base import Model
+from backends.base import Model, ToolSpec
 from backends.errors import BackendError
+from backends.output_constraints import ConstraintSpec, ToolCallOutput
 
 GrammarKind = Literal["json_schema", "lark", "regex"]
 # llguidance marks special tokens (those a tokenizer never produces from text) with a
@@ -67,6 +68,58 @@ class GrammarSpec:
         if self.kind == "lark":
             return llguidance.LLMatcher.grammar_from_lark(str(self.source))
         return llguidance.LLMatcher.grammar_from_regex(str(self.source))
+
+
+def grammar_for(spec: ConstraintSpec | None) -> GrammarSpec | None:
+    """The grammar a request's constraint asks for; None when it asks for none here.
+
+    ``response_format`` JSON (a schema, or any object) and tool calls that must happen
+    (``required`` or a named function) are grammars. A tool call the model *may* make
+    (``auto``) is not constrained: the reply stays free text that the parser reads.
+    """
+    if spec is None or spec.is_empty:
+        return None
+    if spec.tool_calls is not None and spec.tool_calls.mode == "required":
+        return GrammarSpec("lark", _tool_call_lark(spec.tool_calls))
+    if spec.text is not None:
+        schema = dict(spec.text.schema) if spec.text.schema is not None else {"type": "object"}
+        return GrammarSpec.json_schema(schema)
+    return None
+
+
+def _tool_call_lark(output: ToolCallOutput) -> str:
+    """One or more calls (``parallel``) in the model's own wrapper, arguments per schema."""
+    wrapper = output.syntax.canonical_wrapper
+    call_schema: dict[str, Any] = (
+        _call_schema(output.tools[0], output)
+        if len(output.tools) == 1
+        else {"anyOf": [_call_schema(tool, output) for tool in output.tools]}
+    )
+    # Compact JSON: no whitespace choices, so the grammar forces more of each call.
+    call_schema["x-guidance"] = {"whitespace_flexible": False}
+    body = "%json " + json.dumps(call_schema)
+    # Hermes writes a newline inside the tags; a bare JSON object stands alone.
+    inner = f'"{_lark_text(wrapper.opener)}\\n" call_json "\\n{_lark_text(wrapper.closer)}"'
+    call = inner if wrapper.opener else "call_json"
+    separator = f'"{_lark_text(output.syntax.separators or "")}\\n"'
+    start = "call (sep call)*" if output.parallel else "call"
+    return f"start: {start}\ncall: {call}\nsep: {separator}\ncall_json: {body}\n"
+
+
+def _call_schema(tool: ToolSpec, output: ToolCallOutput) -> dict[str, Any]:
+    arguments_key = output.syntax.argument_keys[0]
+    parameters = dict(tool.parameters) or {"type": "object"}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, arguments_key: parameters},
+        "required": ["name", arguments_key],
+        "additionalProperties": False,
+    }
+
+
+def _lark_text(text: str) -> str:
+    """``text`` for inside a double-quoted Lark string."""
+    return json.dumps(text)[1:-1]
 
 
 class GrammarVocabulary:

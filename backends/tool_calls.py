@@ -58,6 +58,13 @@ class ToolCallSyntax:
     argument_keys: tuple[str, ...] = ("arguments", "parameters")
     # Text allowed between two calls besides whitespace.
     separators: str = ""
+    # The wrapper the template itself teaches: what constrained decoding writes.
+    canonical: int = 0
+
+    @property
+    def canonical_wrapper(self) -> CallWrapper:
+        """The form of call a grammar spells out (the template's own)."""
+        return self.wrappers[self.canonical]
 
 
 HERMES = ToolCallSyntax(
@@ -73,6 +80,7 @@ LLAMA3_JSON = ToolCallSyntax(
     (CallWrapper("<|python_tag|>"), CallWrapper("")),
     argument_keys=("parameters", "arguments"),
     separators=";",
+    canonical=1,  # the bare JSON object; <|python_tag|> is for built-in tools
 )
 
 

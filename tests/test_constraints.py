@@ -7,7 +7,17 @@ import json
 import numpy as np
 import pytest
 
-from backends.constraints import GrammarError, GrammarSpec, GrammarVocabulary, mask_logits
+from backends.base import ToolSpec
+from backends.constraints import (
+    GrammarError,
+    GrammarSpec,
+    GrammarVocabulary,
+    grammar_for,
+    mask_logits,
+)
+from backends.output_constraints import ConstraintSpec, JsonOutput, ToolCallOutput
+from backends.tool_calls import HERMES, LLAMA3_JSON
+from tests.byte_model import ScriptedByteModel
 from tests.fakes import EOS, HashModel
 from tests.model_files import TARGET_KEY, require_model
 
@@ -102,3 +112,68 @@ def test_a_json_schema_constrains_the_real_vocabulary_and_forces_its_keys():
         assert allowed.size and all(model.is_end_of_generation(int(t)) for t in allowed)
     finally:
         model.close()
+
+
+# -- grammars from a request's constraint -----------------------------------------------
+
+WEATHER = ToolSpec(
+    "get_weather",
+    None,
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
+CLOCK = ToolSpec("now", None, {"type": "object", "properties": {}})
+
+
+@pytest.fixture(scope="module")
+def byte_vocabulary() -> tuple[ScriptedByteModel, GrammarVocabulary]:
+    model = ScriptedByteModel(["unused"])
+    return model, GrammarVocabulary(model)
+
+
+def test_a_required_hermes_call_forces_its_wrapper_and_checks_the_arguments(byte_vocabulary):
+    model, vocabulary = byte_vocabulary
+    spec = grammar_for(
+        ConstraintSpec(tool_calls=ToolCallOutput((WEATHER, CLOCK), HERMES, "required"))
+    )
+    state = vocabulary.compile(spec).start()
+    forced = b"".join(model.token_bytes(token) for token in state.forced())
+    assert forced == b'<tool_call>\n{"name":"'
+    good = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>'
+    tokens = model.tokenize(good, add_special=False)
+    assert state.valid_prefix(tokens) == len(tokens)
+    missing_city = model.tokenize(
+        '<tool_call>\n{"name":"get_weather","arguments":{}}', add_special=False
+    )
+    assert state.valid_prefix(missing_city) < len(missing_city)
+    unknown = model.tokenize('<tool_call>\n{"name":"get_time"', add_special=False)
+    assert state.valid_prefix(unknown) < len(unknown)
+
+
+def test_parallel_calls_off_allows_one_call_only(byte_vocabulary):
+    model, vocabulary = byte_vocabulary
+    output = ToolCallOutput((CLOCK,), HERMES, "required", parallel=False)
+    state = vocabulary.compile(grammar_for(ConstraintSpec(tool_calls=output))).start()
+    state.consume(
+        model.tokenize(
+            '<tool_call>\n{"name":"now","arguments":{}}\n</tool_call>', add_special=False
+        )
+    )
+    assert state.finished
+
+
+def test_llama3_calls_are_bare_json_objects_with_parameters(byte_vocabulary):
+    model, vocabulary = byte_vocabulary
+    output = ToolCallOutput((CLOCK,), LLAMA3_JSON, "required")
+    state = vocabulary.compile(grammar_for(ConstraintSpec(tool_calls=output))).start()
+    call = model.tokenize('{"name":"now","parameters":{}}', add_special=False)
+    assert state.valid_prefix(call) == len(call)
+
+
+def test_json_response_formats_become_json_grammars_and_auto_tools_none():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert grammar_for(ConstraintSpec(text=JsonOutput(schema))) == GrammarSpec.json_schema(schema)
+    assert grammar_for(ConstraintSpec(text=JsonOutput())) == GrammarSpec.json_schema(
+        {"type": "object"}
+    )
+    assert grammar_for(ConstraintSpec(tool_calls=ToolCallOutput((CLOCK,), HERMES, "auto"))) is None
+    assert grammar_for(None) is None
