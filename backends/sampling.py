@@ -150,6 +150,7 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
 
     # Top-p alone: find the nucleus among the top candidates, widening when needed.
     wanted = _FIRST_CANDIDATES
+    row_mass: float | None = None  # the whole row's float32 mass, once summed
     while True:
         ids = _upper_set(row, wanted)
         weights = _unnormalised(row, ids, temperature)
@@ -162,7 +163,11 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
         bound = (n_vocab - ids.size) * float(weights.min()) * (1.0 + _BOUND_MARGIN)
         found = _nucleus_in(ids, weights, top_p, (0.0, bound))
         if found is _UNDECIDED:
-            outside = _outside_mass(row, top, temperature, ids)
+            if row_mass is None:
+                row_mass = _row_mass(row, top, temperature)
+            # The float32 buffer still holds every weight: the candidates' float32
+            # share comes off the row's sum, and their float64 weights count instead.
+            outside = _without(row_mass, ids)
             found = _nucleus_in(ids, weights, top_p, (outside, outside))
         if isinstance(found, tuple):
             return _finish(*found, 0.0)
@@ -216,6 +221,11 @@ _SAMPLE_SIZE = 2048
 _THRESHOLD_SLACK = 1e-5
 # Bounds on the mass outside the candidates are widened by this, for rounding.
 _BOUND_MARGIN = 1e-9
+# Candidate sets larger than this are not sorted whole (see _smallest_top_set).
+_SORT_LIMIT = 1024
+_LEVELS_PER_NAT = 4.0
+_LAST_LEVEL = 4096
+_TINY = 1e-300
 # Large distributions are sampled block by block (see _inverse_cdf).
 _SAMPLE_BLOCK = 1024
 
@@ -284,8 +294,9 @@ def _outside_mass(row: np.ndarray, top: float, temperature: float, ids: np.ndarr
     """The sum of ``exp((x - top) / T)`` over the tokens of the row not in ``ids``.
 
     Small rows are summed in float64. A large row takes one float32 pass into a
-    reused buffer, with the candidates zeroed so the sum (float64 accumulation) holds
-    only the least likely tokens: its rounding (~1e-7 of that share) can move a top-p
+    reused buffer (:func:`_row_mass`) and the candidates' float32 share comes off that
+    sum, so what is left holds only the least likely tokens: its rounding (~1e-7 of
+    that share; the subtraction is exact to ~1e-16) can move a top-p
     decision only where the cumulative mass lies within about that much of
     ``top_p``. Plain and speculative decoding call this same function, so they still
     sample the very same distribution.
@@ -295,12 +306,26 @@ def _outside_mass(row: np.ndarray, top: float, temperature: float, ids: np.ndarr
         weights = np.exp(scaled - float(top) / temperature)
         weights[ids] = 0.0
         return float(weights.sum())
+    return _without(_row_mass(row, top, temperature), ids)
+
+
+def _row_mass(row: np.ndarray, top: float, temperature: float) -> float:
+    """Sum of ``exp((x - top) / T)`` over a large row, in float32 (float64 sum).
+
+    Leaves every token's weight in the thread's float32 buffer, so the share of any
+    candidate set can be taken off again without another pass (:func:`_without`).
+    """
     buffer = _float32_buffer(row.shape[0])
     np.subtract(row, top, out=buffer, casting="unsafe")
     np.multiply(buffer, np.float32(1.0 / temperature), out=buffer)
     np.exp(buffer, out=buffer)
-    buffer[ids] = 0.0
     return float(buffer.sum(dtype=np.float64))
+
+
+def _without(row_mass: float, ids: np.ndarray) -> float:
+    """``row_mass`` less the float32 weights of ``ids`` still in the buffer."""
+    share = float(_float32_buffer(_scratch.row.shape[0])[ids].sum(dtype=np.float64))
+    return max(row_mass - share, 0.0)
 
 
 class _Verdict:
@@ -326,17 +351,40 @@ def _nucleus_in(
     weighs between ``outside[0]`` and ``outside[1]`` on the same scale. The nucleus
     is returned only when every total in that range gives the same one.
     """
-    order = np.argsort(-weights, kind="stable")
-    cumulative = np.cumsum(weights[order])
-    inside = float(cumulative[-1])
+    inside = float(weights.sum())
     low, high = top_p * (inside + outside[0]), top_p * (inside + outside[1])
     if inside < high:
         return _BEYOND if inside < low else _UNDECIDED
-    count = int(np.searchsorted(cumulative, high)) + 1
-    if high != low and int(np.searchsorted(cumulative, low)) + 1 != count:
+    kept = _smallest_top_set(weights, high)
+    if high != low and _smallest_top_set(weights, low).size != kept.size:
         return _UNDECIDED
-    kept = order[:count]
     return ids[kept], weights[kept]
+
+
+def _smallest_top_set(weights: np.ndarray, goal: float) -> np.ndarray:
+    """Indices of the fewest largest ``weights`` whose sum reaches ``goal``.
+
+    A few hundred weights are simply sorted. More are first grouped by magnitude
+    (buckets a quarter of a nat wide, by one ``bincount``), so only the bucket where
+    the running sum crosses ``goal`` needs sorting: sorting thousands of candidates
+    would cost more than everything else in a round.
+    """
+    size = weights.size
+    if size <= _SORT_LIMIT:
+        order = np.argsort(-weights, kind="stable")
+        count = int(np.searchsorted(np.cumsum(weights[order]), goal)) + 1
+        return order[: min(count, size)]
+    # weights are exp(x - max) in (0, 1]: larger weight, lower level; ties share one.
+    levels = -np.log(np.maximum(weights, _TINY)) * _LEVELS_PER_NAT
+    levels = np.minimum(levels, _LAST_LEVEL).astype(np.int64)
+    cumulative = np.cumsum(np.bincount(levels, weights=weights))
+    crossing = min(int(np.searchsorted(cumulative, goal)), cumulative.size - 1)
+    before = float(cumulative[crossing - 1]) if crossing else 0.0
+    above = np.flatnonzero(levels < crossing)
+    at = np.flatnonzero(levels == crossing)
+    at = at[np.argsort(-weights[at], kind="stable")]
+    count = int(np.searchsorted(before + np.cumsum(weights[at]), goal)) + 1
+    return np.concatenate((above, at[: min(count, at.size)]))
 
 
 def _finish(ids: np.ndarray, weights: np.ndarray, min_p: float) -> SparseDistribution:

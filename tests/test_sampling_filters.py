@@ -373,13 +373,13 @@ def test_top_p_is_decided_with_and_without_a_pass_over_the_rest_of_the_row(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     passes: list[int] = []
-    real_outside_mass = sampling._outside_mass
+    real_row_mass = sampling._row_mass
 
     def counting(*args: object) -> float:
         passes.append(1)
-        return real_outside_mass(*args)  # type: ignore[arg-type]
+        return real_row_mass(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sampling, "_outside_mass", counting)
+    monkeypatch.setattr(sampling, "_row_mass", counting)
     params = SamplingParams(temperature=0.7, top_p=0.9)
     rng = np.random.default_rng(24)
     decided_by_bound = needed_a_pass = 0
