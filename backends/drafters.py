@@ -36,6 +36,8 @@ class DraftProposal:
     ``top_probs`` holds the drafter's own confidence in each token where it has one.
     ``step_seconds`` is the mean time of the one-token forwards a model drafter made;
     a first forward that caught its cache up on several tokens is left out of it.
+    ``runtime_seconds`` is all the time spent inside the draft model's forward and
+    rollback calls (catch-up included), so the loop can tell host time from runtime.
     """
 
     tokens: list[int]
@@ -43,6 +45,7 @@ class DraftProposal:
     top_probs: list[float] = field(default_factory=list)
     passes: int = 0
     step_seconds: float | None = None
+    runtime_seconds: float = 0.0
 
 
 EMPTY_PROPOSAL = DraftProposal(tokens=[])
@@ -118,13 +121,16 @@ class ModelDrafter:
             return EMPTY_PROPOSAL
         model = self.model
         keep = min(common_prefix_length(model.cached_tokens, context), len(context) - 1)
+        rollback_started = time.perf_counter()
         model.rollback(keep)
         missing = context[keep:]
         started = time.perf_counter()
         row = model.forward(missing, last_only=True)[0]
+        finished = time.perf_counter()
+        runtime_seconds = finished - rollback_started
         # A catch-up over many tokens (a reply's first model round feeds the whole
         # prompt) is not a draft step: timing it as one would make the draft look slow.
-        step_times = [time.perf_counter() - started] if len(missing) == 1 else []
+        step_times = [finished - started] if len(missing) == 1 else []
         passes = 1
         tokens: list[int] = []
         distributions: list[SparseDistribution] = []
@@ -150,6 +156,7 @@ class ModelDrafter:
             started = time.perf_counter()
             row = model.forward([token], last_only=True)[0]
             step_times.append(time.perf_counter() - started)
+            runtime_seconds += step_times[-1]
             passes += 1
         return DraftProposal(
             tokens=tokens,
@@ -157,6 +164,7 @@ class ModelDrafter:
             top_probs=top_probs,
             passes=passes,
             step_seconds=sum(step_times) / len(step_times) if step_times else None,
+            runtime_seconds=runtime_seconds,
         )
 
 

@@ -12,12 +12,11 @@ Only with every filter off does a distribution span the full vocabulary.
 
 from __future__ import annotations
 
+import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
-
-# First guess at how many top tokens hold the nucleus; grows x8 when it does not.
-_NUCLEUS_FIRST_GUESS = 64
 
 
 @dataclass(frozen=True)
@@ -76,9 +75,7 @@ class SparseDistribution:
         """Draw one token."""
         if self.ids.size == 1:
             return int(self.ids[0])
-        cumulative = np.cumsum(self.probs)
-        index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
-        return int(self.ids[min(index, self.ids.size - 1)])
+        return int(self.ids[_inverse_cdf(self.probs, rng.random())])
 
     @property
     def top_prob(self) -> float:
@@ -96,34 +93,85 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
 
     At temperature 0 use :func:`greedy_token`; this function treats it as a point
     mass on the argmax so callers that need a distribution still get one.
+
+    Cost: the vocabulary is never sorted. Each filter only ever keeps an *upper set*
+    (every token at least as likely as any kept one), so a cheap pass finds a
+    candidate set of the top few hundred tokens (see :func:`_upper_set`) and the
+    filters run in float64 on those alone, exactly as on the full row. Top-p without
+    top-k also depends on the mass of the rest of the row: a bound (the rest's size
+    times its largest possible weight) usually settles the nucleus; otherwise one
+    float32 pass sums it (see :func:`_outside_mass`). When the nucleus does not fit
+    in the candidates, the set widens x8 and, at the end, becomes the whole row, so
+    the result never depends on the first guess.
     """
     if params.greedy:
         return SparseDistribution.point(greedy_token(logits_row))
-    n_vocab = logits_row.shape[0]
-    scaled = logits_row.astype(np.float64) / params.temperature
+    row = np.asarray(logits_row)
+    n_vocab = row.shape[0]
+    temperature = params.temperature
+    top_k = params.top_k if 0 < params.top_k < n_vocab else 0
+    top_p = params.top_p
+    min_p = params.min_p
 
-    if 0 < params.top_k < n_vocab:
-        candidates = np.argpartition(scaled, n_vocab - params.top_k)[n_vocab - params.top_k :]
-        probs = _softmax(scaled[candidates])
-    else:
-        candidates = None
+    if top_k:
+        # The k most likely tokens, then the old full-row arithmetic on those k.
+        ids = _top_k_ids(row, top_k)
+        scaled = row[ids].astype(np.float64) / temperature
         probs = _softmax(scaled)
+        if top_p < 1.0:
+            kept, probs = _nucleus(probs, top_p)
+            ids = ids[kept]
+        return _finish(ids, probs, min_p)
 
-    if params.top_p < 1.0:
-        kept, kept_probs = _nucleus(probs, params.top_p)
-        candidates = kept if candidates is None else candidates[kept]
-        probs = kept_probs
-    if params.min_p > 0.0:
-        keep = probs >= params.min_p * probs.max()
-        probs = probs[keep]
-        candidates = np.flatnonzero(keep) if candidates is None else candidates[keep]
+    if top_p >= 1.0 and min_p == 0.0:
+        return _full_softmax(row, temperature)
 
-    if candidates is None:
-        return SparseDistribution(np.arange(n_vocab, dtype=np.int64), probs / probs.sum())
-    order = np.argsort(candidates)
-    ids = candidates[order].astype(np.int64)
-    probs = probs[order]
-    return SparseDistribution(ids, probs / probs.sum())
+    top = row.max()
+    if min_p > 0.0:
+        # A token survives min-p iff exp((x - top) / T) >= min_p, whatever filter ran
+        # before (top-p always keeps the most likely token). The float32 threshold is
+        # loosened a little so rounding can only let extra tokens in; the exact test
+        # in _finish removes them again.
+        threshold = float(top) + temperature * math.log(min_p)
+        threshold -= _THRESHOLD_SLACK * (1.0 + abs(threshold))
+        ids = np.flatnonzero(row >= threshold)
+        weights = _unnormalised(row, ids, temperature)
+        if top_p < 1.0:
+            # Every other token is below the threshold, so weighs less than this.
+            below = math.exp((threshold - float(top)) / temperature) * (1.0 + _BOUND_MARGIN)
+            found = _nucleus_in(ids, weights, top_p, (0.0, (n_vocab - ids.size) * below))
+            if found is _UNDECIDED:
+                outside = _outside_mass(row, top, temperature, ids)
+                found = _nucleus_in(ids, weights, top_p, (outside, outside))
+            if isinstance(found, tuple):
+                ids, weights = found
+            # _BEYOND: the nucleus holds every candidate and more, min-p decides alone.
+        return _finish(ids, weights, min_p)
+
+    # Top-p alone: find the nucleus among the top candidates, widening when needed.
+    wanted = _FIRST_CANDIDATES
+    row_mass: float | None = None  # the whole row's float32 mass, once summed
+    while True:
+        ids = _upper_set(row, wanted)
+        weights = _unnormalised(row, ids, temperature)
+        if ids.size == n_vocab:
+            found = _nucleus_in(ids, weights, top_p, (0.0, 0.0))
+            assert isinstance(found, tuple)  # the whole row reaches any top_p <= 1
+            return _finish(*found, 0.0)
+        # Tokens outside an upper set each weigh less than its least likely member: a
+        # bound that usually decides the nucleus without a pass over the whole row.
+        bound = (n_vocab - ids.size) * float(weights.min()) * (1.0 + _BOUND_MARGIN)
+        found = _nucleus_in(ids, weights, top_p, (0.0, bound))
+        if found is _UNDECIDED:
+            if row_mass is None:
+                row_mass = _row_mass(row, top, temperature)
+            # The float32 buffer still holds every weight: the candidates' float32
+            # share comes off the row's sum, and their float64 weights count instead.
+            outside = _without(row_mass, ids)
+            found = _nucleus_in(ids, weights, top_p, (outside, outside))
+        if isinstance(found, tuple):
+            return _finish(*found, 0.0)
+        wanted *= _WIDEN
 
 
 def residual(target: SparseDistribution, draft: SparseDistribution) -> SparseDistribution:
@@ -162,21 +210,229 @@ def _softmax(values: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum()
 
 
-def _nucleus(probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
-    """Indices and probabilities of the smallest top set whose mass reaches ``top_p``.
+# How many top tokens the first candidate set for top-p aims to hold; it grows x8
+# while the nucleus does not fit.
+_FIRST_CANDIDATES = 256
+_WIDEN = 8
+# Rows up to this size are selected exactly (np.partition of the whole row is cheap);
+# larger ones estimate a cut-off from a strided sample of about this many logits.
+_SAMPLE_SIZE = 2048
+# Relative loosening of float32 thresholds, far above float32 rounding (~6e-8).
+_THRESHOLD_SLACK = 1e-5
+# Bounds on the mass outside the candidates are widened by this, for rounding.
+_BOUND_MARGIN = 1e-9
+# Candidate sets larger than this are not sorted whole (see _smallest_top_set).
+_SORT_LIMIT = 1024
+_LEVELS_PER_NAT = 4.0
+_LAST_LEVEL = 4096
+_TINY = 1e-300
+# Large distributions are sampled block by block (see _inverse_cdf).
+_SAMPLE_BLOCK = 1024
 
-    Looks among the top 64 first, widening only when the nucleus is larger, so the
-    usual case never sorts the whole vocabulary.
+_scratch = threading.local()
+_aranges: dict[int, np.ndarray] = {}
+
+
+def _float32_buffer(size: int) -> np.ndarray:
+    """A per-thread float32 scratch row, reused so a round allocates nothing large."""
+    buffer = getattr(_scratch, "row", None)
+    if buffer is None or buffer.shape[0] != size:
+        buffer = np.empty(size, dtype=np.float32)
+        _scratch.row = buffer
+    return buffer
+
+
+def _all_ids(size: int) -> np.ndarray:
+    """Read-only ``arange(size)`` shared by every full-vocabulary distribution."""
+    ids = _aranges.get(size)
+    if ids is None:
+        ids = np.arange(size, dtype=np.int64)
+        ids.setflags(write=False)
+        _aranges[size] = ids
+    return ids
+
+
+def _upper_set(row: np.ndarray, at_least: int) -> np.ndarray:
+    """Ids (ascending) of every token whose logit reaches some cut-off, at least ``at_least``.
+
+    The set is closed upwards (no token outside beats a token inside; tied tokens are
+    all in or all out), so it holds the top ``at_least`` tokens whichever way ties
+    are broken. A large row's cut-off is estimated from a strided sample, aiming at
+    about twice ``at_least`` tokens; when the sample misleads (the row is not alike
+    along its length) and too few pass, the exact cut-off is selected instead.
     """
-    n = probs.shape[0]
-    size = min(n, _NUCLEUS_FIRST_GUESS)
-    while True:
-        top = np.argpartition(probs, n - size)[n - size :] if size < n else np.arange(n)
-        top = top[np.argsort(-probs[top], kind="stable")]
-        cumulative = np.cumsum(probs[top])
-        if cumulative[-1] >= top_p or size == n:
-            count = int(np.searchsorted(cumulative, top_p)) + 1
-            count = min(count, size)
-            kept = top[:count]
-            return kept, probs[kept]
-        size = min(n, size * 8)
+    n_vocab = row.shape[0]
+    if at_least >= n_vocab:
+        return _all_ids(n_vocab)
+    if n_vocab > _SAMPLE_SIZE:
+        stride = n_vocab // _SAMPLE_SIZE
+        sample = row[::stride]
+        rank = min(sample.size, 2 * -(-at_least // stride) + 4)
+        cutoff = np.partition(sample, sample.size - rank)[sample.size - rank]
+        ids = np.flatnonzero(row >= cutoff)
+        if ids.size >= at_least:
+            return ids
+    cutoff = np.partition(row, n_vocab - at_least)[n_vocab - at_least]
+    return np.flatnonzero(row >= cutoff)
+
+
+def _top_k_ids(row: np.ndarray, top_k: int) -> np.ndarray:
+    """Exactly ``top_k`` ids of the most likely tokens (ties at the boundary: any)."""
+    ids = _upper_set(row, top_k)
+    if ids.size > top_k:
+        ids = ids[np.argpartition(row[ids], ids.size - top_k)[ids.size - top_k :]]
+    return ids
+
+
+def _unnormalised(row: np.ndarray, ids: np.ndarray, temperature: float) -> np.ndarray:
+    """``exp((x - max) / T)`` in float64 for the tokens ``ids`` (which hold the max)."""
+    scaled = row[ids].astype(np.float64) / temperature
+    return np.exp(scaled - scaled.max())
+
+
+def _outside_mass(row: np.ndarray, top: float, temperature: float, ids: np.ndarray) -> float:
+    """The sum of ``exp((x - top) / T)`` over the tokens of the row not in ``ids``.
+
+    Small rows are summed in float64. A large row takes one float32 pass into a
+    reused buffer (:func:`_row_mass`) and the candidates' float32 share comes off that
+    sum, so what is left holds only the least likely tokens: its rounding (~1e-7 of
+    that share; the subtraction is exact to ~1e-16) can move a top-p
+    decision only where the cumulative mass lies within about that much of
+    ``top_p``. Plain and speculative decoding call this same function, so they still
+    sample the very same distribution.
+    """
+    if row.shape[0] <= _SAMPLE_SIZE:
+        scaled = row.astype(np.float64) / temperature
+        weights = np.exp(scaled - float(top) / temperature)
+        weights[ids] = 0.0
+        return float(weights.sum())
+    return _without(_row_mass(row, top, temperature), ids)
+
+
+def _row_mass(row: np.ndarray, top: float, temperature: float) -> float:
+    """Sum of ``exp((x - top) / T)`` over a large row, in float32 (float64 sum).
+
+    Leaves every token's weight in the thread's float32 buffer, so the share of any
+    candidate set can be taken off again without another pass (:func:`_without`).
+    """
+    buffer = _float32_buffer(row.shape[0])
+    np.subtract(row, top, out=buffer, casting="unsafe")
+    np.multiply(buffer, np.float32(1.0 / temperature), out=buffer)
+    np.exp(buffer, out=buffer)
+    return float(buffer.sum(dtype=np.float64))
+
+
+def _without(row_mass: float, ids: np.ndarray) -> float:
+    """``row_mass`` less the float32 weights of ``ids`` still in the buffer."""
+    share = float(_float32_buffer(_scratch.row.shape[0])[ids].sum(dtype=np.float64))
+    return max(row_mass - share, 0.0)
+
+
+class _Verdict:
+    """Why :func:`_nucleus_in` could not return the nucleus."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_BEYOND = _Verdict("BEYOND")  # the nucleus surely reaches past the candidates
+_UNDECIDED = _Verdict("UNDECIDED")  # it depends on the mass outside, not known well enough
+
+
+def _nucleus_in(
+    ids: np.ndarray, weights: np.ndarray, top_p: float, outside: tuple[float, float]
+) -> tuple[np.ndarray, np.ndarray] | _Verdict:
+    """The smallest top set whose mass reaches ``top_p``, if it lies within ``ids``.
+
+    ``weights`` are the candidates' unnormalised probabilities; the rest of the row
+    weighs between ``outside[0]`` and ``outside[1]`` on the same scale. The nucleus
+    is returned only when every total in that range gives the same one.
+    """
+    inside = float(weights.sum())
+    low, high = top_p * (inside + outside[0]), top_p * (inside + outside[1])
+    if inside < high:
+        return _BEYOND if inside < low else _UNDECIDED
+    kept = _smallest_top_set(weights, high)
+    if high != low and _smallest_top_set(weights, low).size != kept.size:
+        return _UNDECIDED
+    return ids[kept], weights[kept]
+
+
+def _smallest_top_set(weights: np.ndarray, goal: float) -> np.ndarray:
+    """Indices of the fewest largest ``weights`` whose sum reaches ``goal``.
+
+    A few hundred weights are simply sorted. More are first grouped by magnitude
+    (buckets a quarter of a nat wide, by one ``bincount``), so only the bucket where
+    the running sum crosses ``goal`` needs sorting: sorting thousands of candidates
+    would cost more than everything else in a round.
+    """
+    size = weights.size
+    if size <= _SORT_LIMIT:
+        order = np.argsort(-weights, kind="stable")
+        count = int(np.searchsorted(np.cumsum(weights[order]), goal)) + 1
+        return order[: min(count, size)]
+    # weights are exp(x - max) in (0, 1]: larger weight, lower level; ties share one.
+    levels = -np.log(np.maximum(weights, _TINY)) * _LEVELS_PER_NAT
+    levels = np.minimum(levels, _LAST_LEVEL).astype(np.int64)
+    cumulative = np.cumsum(np.bincount(levels, weights=weights))
+    crossing = min(int(np.searchsorted(cumulative, goal)), cumulative.size - 1)
+    before = float(cumulative[crossing - 1]) if crossing else 0.0
+    above = np.flatnonzero(levels < crossing)
+    at = np.flatnonzero(levels == crossing)
+    at = at[np.argsort(-weights[at], kind="stable")]
+    count = int(np.searchsorted(before + np.cumsum(weights[at]), goal)) + 1
+    return np.concatenate((above, at[: min(count, at.size)]))
+
+
+def _finish(ids: np.ndarray, weights: np.ndarray, min_p: float) -> SparseDistribution:
+    """Apply min-p to a truncated set, sort ids, normalise."""
+    if min_p > 0.0:
+        keep = weights >= min_p * weights.max()
+        ids, weights = ids[keep], weights[keep]
+    order = np.argsort(ids)
+    ids = ids[order].astype(np.int64, copy=False)
+    weights = weights[order]
+    return SparseDistribution(ids, weights / weights.sum())
+
+
+def _full_softmax(row: np.ndarray, temperature: float) -> SparseDistribution:
+    """No filter: the softmax of the whole row, in float64, in one reused array."""
+    probs = np.empty(row.shape[0], dtype=np.float64)
+    np.divide(row, temperature, out=probs, dtype=np.float64)
+    np.subtract(probs, probs.max(), out=probs)
+    np.exp(probs, out=probs)
+    probs /= probs.sum()
+    return SparseDistribution(_all_ids(row.shape[0]), probs)
+
+
+def _nucleus(probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """Indices and probabilities of the smallest top set of ``probs`` reaching ``top_p``.
+
+    For the top-k set, which is small: a plain sort.
+    """
+    found = _nucleus_in(np.arange(probs.size), probs, top_p, (0.0, 0.0))
+    return found if isinstance(found, tuple) else (np.arange(probs.size), probs)
+
+
+def _inverse_cdf(probs: np.ndarray, u: float) -> int:
+    """Index i with cumulative(i - 1) <= u * total < cumulative(i).
+
+    Large distributions are walked block by block (block sums, then one block's
+    cumulative sum) instead of one cumulative sum over the whole vocabulary.
+    """
+    size = probs.size
+    if size <= 4 * _SAMPLE_BLOCK:
+        cumulative = np.cumsum(probs)
+        index = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
+        return min(index, size - 1)
+    block_mass = np.cumsum(np.add.reduceat(probs, np.arange(0, size, _SAMPLE_BLOCK)))
+    goal = u * block_mass[-1]
+    block = min(int(np.searchsorted(block_mass, goal, side="right")), block_mass.size - 1)
+    before = float(block_mass[block - 1]) if block else 0.0
+    start = block * _SAMPLE_BLOCK
+    inside = np.cumsum(probs[start : start + _SAMPLE_BLOCK])
+    index = int(np.searchsorted(inside, goal - before, side="right"))
+    return start + min(index, inside.size - 1)

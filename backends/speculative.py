@@ -31,6 +31,7 @@ from backends.sampling import (
     SamplingParams,
     SparseDistribution,
     distribution,
+    greedy_token,
     verify_draft_token,
 )
 
@@ -73,6 +74,10 @@ class SpeculativeStats:
     # end of the round before: plain decoding timed inside this very generation.
     plain_rounds: int = 0
     plain_round_seconds: float = 0.0
+    # Decode time spent outside the runtimes' forward and rollback calls (target and
+    # draft): the loop's own cost (sampling, drafter bookkeeping, the policy, text),
+    # plus whatever a consumer running in the same thread does between events.
+    host_seconds: float = 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -93,6 +98,11 @@ class SpeculativeStats:
     def decode_tokens_per_second(self) -> float:
         """Generated tokens over decode time (prefill excluded)."""
         return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def host_ms_per_token(self) -> float:
+        """Milliseconds of host time (see ``host_seconds``) per generated token."""
+        return 1e3 * self.host_seconds / self.generated_tokens if self.generated_tokens else 0.0
 
     def as_dict(self) -> dict[str, object]:
         """Plain data for JSON output, including the derived rates."""
@@ -116,6 +126,8 @@ class SpeculativeStats:
             "time_to_first_token": round(self.time_to_first_token, 4),
             "plain_rounds": self.plain_rounds,
             "plain_round_seconds": round(self.plain_round_seconds, 4),
+            "host_seconds": round(self.host_seconds, 6),
+            "host_ms_per_token": round(self.host_ms_per_token, 4),
         }
 
 
@@ -227,6 +239,7 @@ class _StatsAccumulator:
     time_to_first_token: float = 0.0
     plain_rounds: int = 0
     plain_round_seconds: float = 0.0
+    runtime_seconds: float = 0.0  # inside target and draft forward/rollback, during decode
 
     def record_accepted_length(self, accepted: int) -> None:
         while len(self.histogram) <= accepted:
@@ -250,6 +263,7 @@ class _StatsAccumulator:
             time_to_first_token=self.time_to_first_token,
             plain_rounds=self.plain_rounds,
             plain_round_seconds=self.plain_round_seconds,
+            host_seconds=max(0.0, self.decode_seconds - self.runtime_seconds),
         )
 
 
@@ -395,10 +409,12 @@ def speculative_generate(
         if plan.drafter is not None and draft_length > 0:
             proposal = plan.drafter.propose(context, draft_length, params, rng)
         drafts = proposal.tokens[:draft_length]
+        stats.runtime_seconds += proposal.runtime_seconds
         verify_started = time.perf_counter()
 
         base = len(target.cached_tokens)
         logits = target.forward([context[-1], *drafts])
+        stats.runtime_seconds += time.perf_counter() - verify_started
         stats.target_passes += 1
         stats.draft_passes += proposal.passes
 
@@ -407,9 +423,9 @@ def speculative_generate(
         accepted = 0
         hit_end = False
         if greedy:
-            choices = logits.argmax(axis=1)
+            # Only the argmax of each row, and only of rows up to the first mismatch.
             for position, draft_token in enumerate(drafts):
-                if int(choices[position]) != draft_token:
+                if greedy_token(logits[position]) != draft_token:
                     break
                 accepted += 1
                 emitted.append(draft_token)
@@ -418,7 +434,7 @@ def speculative_generate(
                     hit_end = True
                     break
             if not hit_end:
-                emitted.append(int(choices[accepted]))
+                emitted.append(greedy_token(logits[accepted]))
                 from_draft.append(False)
         else:
             replacement: int | None = None
@@ -442,8 +458,11 @@ def speculative_generate(
 
         # Keep the pending token and the accepted drafts; the new pending token (the
         # correction or bonus) is evaluated at the head of the next round.
+        rollback_started = time.perf_counter()
         target.rollback(base + 1 + accepted)
-        verify_seconds = time.perf_counter() - verify_started
+        finished = time.perf_counter()
+        stats.runtime_seconds += finished - rollback_started
+        verify_seconds = finished - verify_started
 
         round_drafter = plan.drafter.name if plan.drafter is not None and drafts else "none"
         stats.rounds += 1

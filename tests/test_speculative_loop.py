@@ -11,6 +11,8 @@ from __future__ import annotations
 import codecs
 import math
 import threading
+import time
+from collections.abc import Sequence
 from itertools import pairwise
 
 import numpy as np
@@ -378,6 +380,55 @@ def test_plain_decoding_is_its_own_baseline_and_a_mix_is_timed_by_its_plain_roun
     always = FixedDraftPolicy(ModelDrafter(draft_model_for(target, noise_scale=0.0)), 4)
     drafted = run_generation(new_target(), prompt, always, GREEDY, max_tokens=40).stats
     assert drafted.plain_rounds == 0 and own_speedup(drafted) is None
+
+
+class SlowForwardModel(HashModel):
+    """A fake whose every forward and rollback sleeps: known time inside the runtime."""
+
+    def __init__(self, forward_sleep: float, rollback_sleep: float, **options: object) -> None:
+        super().__init__(**{"window": 2, "eos_bias": -4.0, **options})  # type: ignore[arg-type]
+        self.forward_sleep = forward_sleep
+        self.rollback_sleep = rollback_sleep
+
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        time.sleep(self.forward_sleep)
+        return super().forward(tokens, last_only=last_only)
+
+    def rollback(self, n_keep: int) -> None:
+        time.sleep(self.rollback_sleep)
+        super().rollback(n_keep)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_host_time_leaves_out_the_target_and_draft_runtime_calls(params: SamplingParams) -> None:
+    target = SlowForwardModel(0.004, 0.001)
+    draft = SlowForwardModel(0.002, 0.001, name="slow-draft", noise_scale=1.0)
+    prompt = chat_prompt(target, PROMPTS[0])
+    policy = FixedDraftPolicy(ModelDrafter(draft), 3)
+    record = run_generation(target, prompt, policy, params, max_tokens=30)
+    stats = record.stats
+    # Sleeping guarantees at least this much time inside the runtimes during decode
+    # (prefill is not decode; the draft model's first catch-up forward is).
+    slept = (
+        target.forward_calls * target.forward_sleep
+        + (target.rollback_calls - 1) * target.rollback_sleep  # one rollback precedes prefill
+        + draft.forward_calls * draft.forward_sleep
+        + draft.rollback_calls * draft.rollback_sleep
+    )
+    assert 0.0 <= stats.host_seconds <= stats.decode_seconds - slept
+    assert stats.host_ms_per_token == pytest.approx(
+        1e3 * stats.host_seconds / stats.generated_tokens
+    )
+    snapshots = [event.stats.host_seconds for event in record.events]
+    assert snapshots == sorted(snapshots), "host time only grows"
+    as_dict = stats.as_dict()
+    assert as_dict["host_seconds"] == round(stats.host_seconds, 6)
+    assert as_dict["host_ms_per_token"] == round(stats.host_ms_per_token, 4)
+
+
+def test_host_time_is_zero_per_token_before_any_token() -> None:
+    assert SpeculativeStats().host_ms_per_token == 0.0
+    assert SpeculativeStats().as_dict()["host_ms_per_token"] == 0.0
 
 
 def test_rejected_tokens_are_rolled_back() -> None:

@@ -1,0 +1,309 @@
+"""How fast would the loop run on a GPU? The real loop against a runtime that sleeps.
+
+A benchmark, not a test. It runs ``backends.speculative.speculative_generate`` with
+the real drafters and the real ``auto`` controller (calibrated by
+``backends.calibration`` like the app does) against :class:`SimulatedModel`, a
+runtime implementing the ``backends.base.Model`` protocol whose forward calls take
+GPU-like times (default: target 8 ms + 0.3 ms per extra token, draft 2 ms) and return
+realistic logits over a 151,936-token vocabulary, so sampling costs what it really
+costs. The draft agrees with the target at each position with probability
+``--acceptance``.
+
+For each temperature (0, and 0.7 with top_p 0.95) and mode (plain, the draft model
+at each ``--k``, auto) it prints:
+
+- achieved tokens/s: generated tokens over the loop's decode time;
+- ideal tokens/s: the same tokens over the *nominal* cost of the forward calls the
+  run made (what the loop would reach if it cost nothing on the host, with the
+  acceptance it observed);
+- efficiency = achieved / ideal;
+- host ms/token: decode time minus the time measured inside the runtime's forward
+  and rollback calls, per token (counted here, so it works with any version of the
+  loop; the loop's own ``host_ms_per_token`` is printed beside it when it has one).
+
+Run from the repository root: ``python benchmarks/simulated_runtime.py``. Set
+PYTHONPATH to another checkout to measure that checkout's loop with this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from backends.base import ChatMessage, VocabInfo
+from backends.drafters import ModelDrafter
+from backends.engine import Engine, GenerationRequest
+from backends.sampling import SamplingParams
+from backends.speculative import DraftPolicy, FixedDraftPolicy, speculative_generate
+
+N_VOCAB = 151_936
+BOS, EOS = 1, 2  # EOS is never favoured: every run writes exactly --tokens tokens
+NOISE_ROWS = 16  # distinct tails, reused (drawing 151,936 normals costs ~2 ms)
+RUNNERS_UP = 4
+SPIN_SECONDS = 0.0003  # sleep() overshoots; the last stretch is waited out precisely
+MASK64 = (1 << 64) - 1
+
+
+def mix64(value: int) -> int:
+    """SplitMix64's finaliser: a fast, well-spread hash of a 64-bit integer."""
+    value = (value + 0x9E3779B97F4A7C15) & MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & MASK64
+    return value ^ (value >> 31)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Nominal seconds of a forward of ``n`` tokens: ``first + extra * (n - 1)``."""
+
+    first: float
+    extra: float
+
+    def forward(self, tokens: int) -> float:
+        """Seconds for a forward of ``tokens`` tokens."""
+        return self.first + self.extra * (tokens - 1)
+
+
+class SimulatedModel:
+    """A ``Model`` whose forwards sleep a GPU-like time and return realistic logits.
+
+    The logits after a position depend on that position and its last two tokens
+    (hashed), so target and draft agree on what context means. Each row is one of a
+    few normal tails (std 2) with a favoured token 8-16 above it and a few runners-up
+    below that: at temperature 0.7 and top_p 0.95 that gives nuclei of one to a few
+    tokens, sometimes more, like an instruct model. A draft (``agreement`` set)
+    returns the target's very row at a fraction ``agreement`` of positions, chosen
+    by hash, and elsewhere favours another token.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        costs: Costs,
+        *,
+        agreement: float | None = None,
+        n_ctx: int = 4096,
+        seed: int = 7,
+    ) -> None:
+        self.name = name
+        self.n_vocab = N_VOCAB
+        self.n_ctx = n_ctx
+        self.costs = costs
+        self.agreement = agreement
+        rng = np.random.default_rng(seed)
+        self._tails = (rng.standard_normal((NOISE_ROWS, N_VOCAB)) * 2.0).astype(np.float32)
+        self._buffer = np.empty((64, N_VOCAB), dtype=np.float32)
+        self._cache: list[int] = []
+        self.nominal_seconds = 0.0  # what the forwards should have cost
+        self.runtime_seconds = 0.0  # measured inside forward and rollback
+        self.forward_calls = 0
+
+    # -- the Model protocol ----------------------------------------------------------
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        """The cached token ids."""
+        return self._cache
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        """One token per byte (ids 3..258)."""
+        return ([BOS] if add_special else []) + [3 + byte for byte in text.encode()]
+
+    def token_bytes(self, token: int) -> bytes:
+        """A short word per token id."""
+        return b"" if token in (BOS, EOS) else b"w%d " % token
+
+    def is_end_of_generation(self, token: int) -> bool:
+        """EOS ends a reply (it is never favoured)."""
+        return token == EOS
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
+        """The messages' text, one per line."""
+        return "".join(f"{message.role}: {message.content}\n" for message in messages)
+
+    def vocab_info(self) -> VocabInfo:
+        """The same for target and draft, so they pair up."""
+        return VocabInfo("simulated", N_VOCAB, BOS, EOS, add_bos=True, add_eos=False)
+
+    def token_text(self, token: int) -> str:
+        """The stored text of a token."""
+        return f"w{token}"
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Append to the cache (prefill is not part of decode; it costs nothing here)."""
+        self._cache.extend(tokens)
+
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        """Append tokens, build their rows, and sleep until the nominal cost is spent."""
+        started = time.perf_counter()
+        nominal = self.costs.forward(len(tokens))
+        first_row = len(tokens) - 1 if last_only else 0
+        for index, token in enumerate(tokens):
+            self._cache.append(int(token))
+            if index >= first_row:
+                self._fill_row(index - first_row, len(self._cache))
+        deadline = started + nominal
+        remaining = deadline - time.perf_counter()
+        if remaining > SPIN_SECONDS:
+            time.sleep(remaining - SPIN_SECONDS)
+        while time.perf_counter() < deadline:
+            pass
+        self.forward_calls += 1
+        self.nominal_seconds += nominal
+        self.runtime_seconds += time.perf_counter() - started
+        return self._buffer[: len(tokens) - first_row]
+
+    def rollback(self, n_keep: int) -> None:
+        """Forget positions from ``n_keep`` on (cheap, as llama.cpp's cache removal is)."""
+        started = time.perf_counter()
+        del self._cache[n_keep:]
+        self.runtime_seconds += time.perf_counter() - started
+
+    def close(self) -> None:
+        """Nothing to free."""
+
+    # -- logits -------------------------------------------------------------------------
+
+    def _fill_row(self, slot: int, length: int) -> None:
+        """The logits after the first ``length`` cached tokens, into buffer row ``slot``."""
+        cache = self._cache
+        previous = cache[length - 2] if length > 1 else 0
+        key = mix64((length << 40) ^ (cache[length - 1] << 20) ^ previous)
+        row = self._buffer[slot]
+        np.copyto(row, self._tails[key % NOISE_ROWS])
+        favoured = key
+        if self.agreement is not None and (mix64(key ^ 0xD1) >> 11) / 2.0**53 >= self.agreement:
+            favoured = mix64(key ^ 0xBAD)  # this draft position disagrees
+        heights = mix64(key ^ 0x5EED)
+        for rank in range(RUNNERS_UP + 1):
+            token = 3 + (mix64(favoured + rank) % (N_VOCAB - 3))
+            height = 8.0 + 8.0 * ((heights >> (8 * rank)) & 0xFF) / 255.0 - 3.0 * rank
+            row[token] += height
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One mode at one temperature."""
+
+    mode: str
+    temperature: float
+    tokens: int
+    achieved_tps: float
+    ideal_tps: float
+    host_ms_per_token: float
+    loop_host_ms_per_token: float | None
+    acceptance: float | None
+
+    @property
+    def efficiency(self) -> float:
+        """Achieved over ideal tokens per second."""
+        return self.achieved_tps / self.ideal_tps
+
+
+def run_once(
+    mode: str,
+    target: SimulatedModel,
+    draft: SimulatedModel,
+    policy: DraftPolicy,
+    params: SamplingParams,
+    prompt: Sequence[int],
+    tokens: int,
+) -> RunResult:
+    """Drain one generation; account runtime time from the models' own counters."""
+    target.rollback(0)
+    draft.rollback(0)
+    nominal_before = target.nominal_seconds + draft.nominal_seconds
+    runtime_before = target.runtime_seconds + draft.runtime_seconds
+    stats = None
+    for event in speculative_generate(
+        target, prompt, policy=policy, params=params, max_tokens=tokens
+    ):
+        stats = event.stats
+    assert stats is not None
+    nominal = target.nominal_seconds + draft.nominal_seconds - nominal_before
+    runtime = target.runtime_seconds + draft.runtime_seconds - runtime_before
+    generated = stats.generated_tokens
+    loop_host = getattr(stats, "host_ms_per_token", None)
+    return RunResult(
+        mode=mode,
+        temperature=params.temperature,
+        tokens=generated,
+        achieved_tps=generated / stats.decode_seconds,
+        ideal_tps=generated / nominal,
+        host_ms_per_token=1e3 * (stats.decode_seconds - runtime) / generated,
+        loop_host_ms_per_token=loop_host,
+        acceptance=stats.acceptance_rate if stats.drafted else None,
+    )
+
+
+def main() -> None:
+    """Run every mode at both temperatures and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target-ms", type=float, default=8.0, help="target forward, 1 token")
+    parser.add_argument("--extra-ms", type=float, default=0.3, help="per extra verified token")
+    parser.add_argument("--draft-ms", type=float, default=2.0, help="draft forward, 1 token")
+    parser.add_argument("--draft-extra-ms", type=float, default=0.05, help="per extra token")
+    parser.add_argument("--acceptance", type=float, default=0.8, help="draft agreement")
+    parser.add_argument("--k", default="1,2,4,8", help="draft lengths for the draft mode")
+    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=1, help="best of this many runs")
+    args = parser.parse_args()
+
+    target = SimulatedModel("sim-target", Costs(args.target_ms / 1e3, args.extra_ms / 1e3))
+    draft = SimulatedModel(
+        "sim-draft",
+        Costs(args.draft_ms / 1e3, args.draft_extra_ms / 1e3),
+        agreement=args.acceptance,
+    )
+    engine = Engine(target, draft)
+    costs = engine.calibrate()
+    print(
+        f"calibrated: target 1/2/5/9 tokens {costs.verify(1) * 1e3:.2f}/"
+        f"{costs.verify(2) * 1e3:.2f}/{costs.verify(5) * 1e3:.2f}/{costs.verify(9) * 1e3:.2f} ms,"
+        f" draft step {(costs.draft_step_seconds or 0) * 1e3:.2f} ms"
+    )
+    prompt = target.tokenize("write a function that sums a list of numbers, and explain it")
+    lengths = [int(k) for k in args.k.split(",") if k]
+
+    print(
+        f"{'temp':>4} {'mode':<8} {'tok/s':>7} {'ideal':>7} {'eff':>6} "
+        f"{'host ms/tok':>11} {'(loop)':>7} {'accept':>6}"
+    )
+    for params in (
+        SamplingParams(temperature=0.0, seed=1),
+        SamplingParams(temperature=0.7, top_p=0.95, seed=1),
+    ):
+        modes: list[tuple[str, object]] = [("plain", None)]
+        modes += [(f"draft K={k}", k) for k in lengths]
+        modes.append(("auto", "auto"))
+        for mode, choice in modes:
+            best: RunResult | None = None
+            for _ in range(max(1, args.repeats)):
+                if choice is None:
+                    policy: DraftPolicy = FixedDraftPolicy(None, 0)
+                elif choice == "auto":
+                    request = GenerationRequest(tuple(prompt), params, args.tokens, "auto")
+                    policy = engine.policy_for(request)
+                else:
+                    policy = FixedDraftPolicy(ModelDrafter(draft), int(choice))  # type: ignore[call-overload]
+                result = run_once(mode, target, draft, policy, params, prompt, args.tokens)
+                if best is None or result.achieved_tps > best.achieved_tps:
+                    best = result
+            assert best is not None
+            loop = (
+                f"{best.loop_host_ms_per_token:7.3f}" if best.loop_host_ms_per_token else "    n/a"
+            )
+            accept = f"{best.acceptance:6.2f}" if best.acceptance is not None else "     -"
+            print(
+                f"{best.temperature:>4} {best.mode:<8} {best.achieved_tps:7.1f} "
+                f"{best.ideal_tps:7.1f} {best.efficiency:6.3f} {best.host_ms_per_token:11.3f} "
+                f"{loop} {accept}"
+            )
+
+
+if __name__ == "__main__":
+    main()
