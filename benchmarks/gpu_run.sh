@@ -5,8 +5,11 @@
 #   whl/*.whl              draftpen's pure-Python dependencies the machine lacks
 #   qwen25-tokenizer.json.gz   the starter pair's tokenizer (benchmarks/synthetic_pair.py)
 #
-#   bash benchmarks/gpu_run.sh build    # llama.cpp with CUDA (shared lib, llama-bench, ...)
-#   bash benchmarks/gpu_run.sh measure  # the synthetic pair, llama-bench, draftpen's figures
+#   bash benchmarks/gpu_run.sh prepare  # in the background: llama.cpp with CUDA, the pair
+#   bash benchmarks/gpu_run.sh wait     # until both are ready (or the call's time is up)
+#   bash benchmarks/gpu_run.sh measure  # llama-bench, llama.cpp's speculation, draftpen
+#
+# $CARRY/old, when present, holds an earlier backends/ to measure beside this one.
 #
 # Results go to $OUT (the device tool's folder) or ./gpu-results.
 set -euo pipefail
@@ -19,13 +22,12 @@ PY=${PY:-python3}
 mkdir -p "$WORK" "$OUT"
 
 build() {
-    tar xJf "$CARRY/lcp.tar.xz" -C "$WORK"
     cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1
+        -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release >"$WORK/cmake.log" 2>&1
     cmake --build "$BUILD" -j "$(nproc)" --target llama llama-bench llama-speculative-simple \
-        >"$OUT/build.log" 2>&1
-    ls "$BUILD/bin" >"$OUT/built.txt"
+        >"$WORK/build.log" 2>&1
+    ls "$BUILD/bin" >"$WORK/built.txt"
 }
 
 environment() {
@@ -36,17 +38,53 @@ environment() {
     export DRAFTPEN_HOME="$WORK/home"
 }
 
+pair() {
+    environment
+    "$PY" benchmarks/synthetic_pair.py pair "$CARRY/qwen25-tokenizer.json.gz" "$WORK/pair" \
+        --draft-noise "${DRAFT_NOISE:-0.1}" >"$WORK/pair.txt" 2>&1
+    touch "$WORK/pair/ready"
+}
+
+prepare() {
+    tar xJf "$CARRY/lcp.tar.xz" -C "$WORK"
+    # Detached, so the work goes on between the device tool's calls.
+    setsid bash "$0" build >"$WORK/build.out" 2>&1 < /dev/null &
+    setsid bash "$0" pair >"$WORK/pair.out" 2>&1 < /dev/null &
+}
+
+wait_ready() {
+    local deadline=$((SECONDS + ${WAIT_SECONDS:-540}))
+    while ((SECONDS < deadline)); do
+        if [[ -s $WORK/built.txt && -f $WORK/pair/ready ]]; then
+            echo ready; return 0
+        fi
+        sleep 10
+    done
+    echo "not ready yet"; tail -3 "$WORK/build.out" "$WORK/build.log" "$WORK/pair.out" || true
+}
+
 measure() {
     environment
     local pair=$WORK/pair
-    if [[ ! -f $pair/target.gguf ]]; then
-        "$PY" benchmarks/synthetic_pair.py pair "$CARRY/qwen25-tokenizer.json.gz" "$pair" \
-            --draft-noise "${DRAFT_NOISE:-0.1}" | tee "$OUT/pair.txt"
-    fi
+    cp "$WORK/pair.txt" "$OUT/"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt"
     "$BUILD/bin/llama-bench" -m "$pair/target.gguf" -m "$pair/draft.gguf" -ngl 99 -p 512 \
-        -n 128 -r 3 -o md | tee "$OUT/llama-bench.md"
-    "$PY" benchmarks/gpu_figures.py "$pair/target.gguf" "$pair/draft.gguf" | tee "$OUT/figures.md"
+        -n 128 -r 3 -o md 2>&1 | tee "$OUT/llama-bench.md"
+    for temp in 0 0.7; do
+        "$BUILD/bin/llama-speculative-simple" -m "$pair/target.gguf" -md "$pair/draft.gguf" \
+            -ngl 99 -ngld 99 -c 2048 -n 128 --draft-max 4 --draft-min 0 --temp "$temp" \
+            -p "Write a Python function that parses a CSV file of orders." 2>&1 |
+            grep -E "decoded|accept|n_draft|speed" | tee -a "$OUT/llama-speculative.txt"
+    done
+    "$PY" benchmarks/gpu_figures.py "$pair/target.gguf" "$pair/draft.gguf" 2>/dev/null |
+        tee "$OUT/figures.md"
+    if [[ -d $CARRY/old/backends ]]; then
+        PYTHONPATH="$CARRY/old:$PYTHONPATH" "$PY" benchmarks/gpu_figures.py \
+            "$pair/target.gguf" "$pair/draft.gguf" 2>/dev/null | tee "$OUT/figures-old.md"
+    fi
 }
 
-"$@"
+case ${1:-} in
+    wait) wait_ready ;;
+    *) "$@" ;;
+esac
