@@ -68,7 +68,7 @@ def measure_costs(
     draft: Model | None = None,
     *,
     sizes: Sequence[int] = CALIBRATION_SIZES,
-    repeats: int = 1,
+    repeats: int = 3,
 ) -> CostModel:
     """Time target forwards of ``sizes`` tokens and a draft step; check batch exactness.
 
@@ -103,6 +103,10 @@ def measure_costs(
     target_seconds = {1: statistics.median(single_seconds)}
     exact = {1: True}
     for size in sorted(s for s in sizes if s > 1):
+        # The first forward of a new batch size pays one-time costs (on a GPU, kernel
+        # selection and buffers for the new shape: measured on an H100, a 2-token
+        # forward took 2.2x a one-token one the first time), which decoding never sees.
+        time_forward(target, probe[:size])
         samples = []
         for repeat in range(max(1, repeats)):
             seconds, rows = time_forward(target, probe[:size])

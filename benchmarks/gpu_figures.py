@@ -17,6 +17,7 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 from backends.base import ChatMessage
 from backends.engine import Engine, GenerationRequest
@@ -43,16 +44,18 @@ def run_once(
     k: int,
     params: SamplingParams,
     tokens: int,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """One generation; its statistics as plain data."""
     request = GenerationRequest(
         prompt_tokens=prompt, params=params, max_tokens=tokens, drafter=drafter, draft_tokens=k
     )
     last = None
+    decision = ""
     for event in engine.generate(request):
         last = event
+        decision = event.decision or decision
     assert last is not None
-    return dict(last.stats.as_dict())
+    return {**last.stats.as_dict(), "decision": decision}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         params = SamplingParams(temperature=temperature, top_p=top_p, seed=1)
         for _label, drafter, k in MODES:
             run_once(engine, prompt, drafter, k, params, 16)  # warm up, untimed
-        runs: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in MODES}
+        runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in MODES}
         for _ in range(args.repeats):  # modes alternate, so drift hits each alike
             for label, drafter, k in MODES:
                 runs[label].append(run_once(engine, prompt, drafter, k, params, args.tokens))
@@ -93,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{acceptance:.2f} | {host_text} |",
                 flush=True,
             )
+        print(f"\nauto at temperature {temperature}: {runs['auto'][-1]['decision']}\n")
+    costs = engine.costs
+    if costs is not None:
+        print(
+            f"calibrated costs (ms): target {costs.target_seconds}, draft step "
+            f"{costs.draft_step_seconds}"
+        )
     engine.close()
     return 0
 

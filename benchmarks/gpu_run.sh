@@ -30,12 +30,27 @@ build() {
     ls "$BUILD/bin" >"$WORK/built.txt"
 }
 
+python_package() {
+    # llama-cpp-python itself, built for CUDA as install.sh builds it (loading the
+    # cmake build's libllama.so through LLAMA_CPP_LIB_PATH crashed in model loading).
+    (cd "$SRC" && CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF" \
+        CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$PY" -m pip install -q --no-build-isolation \
+        --no-deps --target "$WORK/lcp-site" .) >"$WORK/pip-build.log" 2>&1
+    touch "$WORK/lcp-site/ready"
+}
+
 environment() {
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" \
-        "$CARRY"/whl/*.whl
-    export PYTHONPATH="$PWD:$SRC:$WORK/site:$SRC/vendor/llama.cpp/gguf-py"
-    export LLAMA_CPP_LIB_PATH="$BUILD/bin"
+    "$PY" -m pip install -q --upgrade --no-index --no-deps --no-compile --target "$WORK/site" \
+        "$CARRY"/whl/*.whl 2>/dev/null
+    export PYTHONPATH="$WORK/lcp-site:$WORK/site:$SRC/vendor/llama.cpp/gguf-py"
     export DRAFTPEN_HOME="$WORK/home"
+}
+
+# On the lent machine's image, importing numpy (or torch) before llama_cpp made model
+# loading segfault with the CUDA build; importing llama_cpp first did not.
+figures() {
+    "$PY" -c "import llama_cpp, runpy, sys; sys.argv = sys.argv[1:]; \
+runpy.run_path(sys.argv[0], run_name='__main__')" "$@"
 }
 
 pair() {
@@ -49,13 +64,14 @@ prepare() {
     tar xJf "$CARRY/lcp.tar.xz" -C "$WORK"
     # Detached, so the work goes on between the device tool's calls.
     setsid bash "$0" build >"$WORK/build.out" 2>&1 < /dev/null &
+    setsid bash "$0" python_package >"$WORK/package.out" 2>&1 < /dev/null &
     setsid bash "$0" pair >"$WORK/pair.out" 2>&1 < /dev/null &
 }
 
 wait_ready() {
     local deadline=$((SECONDS + ${WAIT_SECONDS:-540}))
     while ((SECONDS < deadline)); do
-        if [[ -s $WORK/built.txt && -f $WORK/pair/ready ]]; then
+        if [[ -s $WORK/built.txt && -f $WORK/pair/ready && -f $WORK/lcp-site/ready ]]; then
             echo ready; return 0
         fi
         sleep 10
@@ -72,15 +88,17 @@ measure() {
         -n 128 -r 3 -o md 2>&1 | tee "$OUT/llama-bench.md"
     for temp in 0 0.7; do
         "$BUILD/bin/llama-speculative-simple" -m "$pair/target.gguf" -md "$pair/draft.gguf" \
-            -ngl 99 -ngld 99 -c 2048 -n 128 --draft-max 4 --draft-min 0 --temp "$temp" \
+            -ngl 99 -ngld 99 -c 2048 -n 128 --spec-draft-n-max 4 --temp "$temp" \
             -p "Write a Python function that parses a CSV file of orders." 2>&1 |
             grep -E "decoded|accept|n_draft|speed" | tee -a "$OUT/llama-speculative.txt"
     done
-    "$PY" benchmarks/gpu_figures.py "$pair/target.gguf" "$pair/draft.gguf" 2>/dev/null |
-        tee "$OUT/figures.md"
+    local repo=$PWD
+    figures "$repo/benchmarks/gpu_figures.py" "$pair/target.gguf" "$pair/draft.gguf" \
+        2>/dev/null | tee "$OUT/figures.md"
     if [[ -d $CARRY/old/backends ]]; then
-        PYTHONPATH="$CARRY/old:$PYTHONPATH" "$PY" benchmarks/gpu_figures.py \
-            "$pair/target.gguf" "$pair/draft.gguf" 2>/dev/null | tee "$OUT/figures-old.md"
+        # From inside the old tree, so its backends/ is the one imported.
+        (cd "$CARRY/old" && figures "$repo/benchmarks/gpu_figures.py" "$pair/target.gguf" \
+            "$pair/draft.gguf" 2>/dev/null | tee "$OUT/figures-old.md")
     fi
 }
 
