@@ -37,9 +37,24 @@ def test_unknown_category_is_refused_naming_the_known_ones():
 def test_projection_charges_draft_model_steps_but_not_ngram_lookups():
     # 120 tokens in 40 target passes, 4 drafted per pass.
     totals = ModeTotals(generated_tokens=120, target_passes=40, drafted=160)
-    assert projected_speedup(totals, 0.25, "model") == pytest.approx(3.0 / 2.0)
-    assert projected_speedup(totals, 0.25, "ngram") == pytest.approx(3.0)
-    assert projected_speedup(ModeTotals(), 0.25, "model") is None
+    plain = ModeTotals(generated_tokens=120, target_passes=120)  # no host time measured
+    assert projected_speedup(totals, plain, 0.25, "model") == pytest.approx(3.0 / 2.0)
+    assert projected_speedup(totals, plain, 0.25, "ngram") == pytest.approx(3.0)
+    assert projected_speedup(ModeTotals(), plain, 0.25, "model") is None
+
+
+def test_projection_charges_the_loops_host_time_on_top_of_each_step():
+    # n-gram: 3 tokens per pass; the loop spends 2.5 ms a pass, plain decoding 0.
+    totals = ModeTotals(generated_tokens=120, target_passes=40, drafted=160, host_seconds=0.1)
+    plain = ModeTotals(generated_tokens=120, target_passes=120)
+    assert totals.host_ms_per_token == pytest.approx(100 / 120)
+    # 3 tokens in 7.5 + 2.5 ms against 7.5 ms a token: 2.25x, not 3x.
+    assert projected_speedup(totals, plain, 0.25, "ngram", 0.0075) == pytest.approx(2.25)
+    # Plain decoding's own host time raises the baseline alike.
+    slow_plain = ModeTotals(generated_tokens=120, target_passes=120, host_seconds=0.3)
+    assert projected_speedup(totals, slow_plain, 0.25, "ngram", 0.0075) == pytest.approx(
+        3 * 0.01 / 0.01
+    )
 
 
 class RecordingYardstick:

@@ -68,6 +68,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             repeats=args.repeats,
             yardsticks=yardsticks,
+            temperature=args.temperature,
         )
         size_ratio = _draft_size_ratio(engine)
     finally:
@@ -78,7 +79,9 @@ def run_benchmark(args: argparse.Namespace) -> int:
     drafter_of = {mode.label: mode.drafter for mode in modes}
     projections = {
         category: {
-            label: projected_speedup(totals, size_ratio, drafter_of.get(label, "yardstick"))
+            label: projected_speedup(
+                totals, by_mode["plain"], size_ratio, drafter_of.get(label, "yardstick")
+            )
             for label, totals in by_mode.items()
         }
         for category, by_mode in results.items()
@@ -87,6 +90,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         "pair": pair,
         "machine": machine_description(),
         "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
         "repeats": args.repeats,
         "costs_ms": {
             "target_forward": {n: s * 1000 for n, s in costs.target_seconds.items()},
@@ -104,6 +108,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
                     "paired_ratios": paired_ratios(by_mode, label),
                     "speedup_over_own_plain_rounds": totals.speedup_over_own_plain_rounds,
                     "acceptance_rate": totals.acceptance_rate,
+                    "host_ms_per_token": totals.host_ms_per_token,
                     "mean_accepted_length": totals.mean_accepted_length,
                     "projected_memory_bound_speedup": projections[category][label],
                 }
@@ -169,6 +174,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(llama-cpp-python's decoders); plain always runs (default: all)",
     )
     bench.add_argument("--max-tokens", type=int, default=128, help="tokens per generation")
+    bench.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sample at this temperature (top_p 0.95) instead of greedy: the loop's host "
+        "cost per token is larger there",
+    )
     bench.add_argument("--repeats", type=int, default=1, help="alternating repeats per prompt")
     bench.add_argument("--category", action="append", default=[], help="only these categories")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")

@@ -35,6 +35,7 @@ COUNTED_STATS = (
     "target_passes",
     "plain_rounds",
     "plain_round_seconds",
+    "host_seconds",
 )
 
 
@@ -66,6 +67,8 @@ class ModeTotals:
     target_passes: int = 0
     plain_rounds: int = 0
     plain_round_seconds: float = 0.0
+    # Decode time spent outside the runtime's forward calls (the loop's own work).
+    host_seconds: float = 0.0
     run_rates: list[float] = field(default_factory=list)  # tok/s per run, in run order
 
     @classmethod
@@ -97,6 +100,11 @@ class ModeTotals:
         return speedup_over_plain_rounds(
             self.generated_tokens, self.decode_seconds, self.plain_rounds, self.plain_round_seconds
         )
+
+    @property
+    def host_ms_per_token(self) -> float:
+        """The loop's own time per generated token, in milliseconds."""
+        return self.host_seconds * 1000 / self.generated_tokens if self.generated_tokens else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -150,16 +158,19 @@ def run_modes(
     repeats: int,
     yardsticks: Sequence[Yardstick] = (),
     progress: bool = True,
+    temperature: float = 0.0,
 ) -> dict[str, dict[str, ModeTotals]]:
     """Run every mode on every prompt, alternating modes prompt by prompt.
 
     The order of the modes rotates by one from run to run (a run: one prompt in one
     repeat), so over the runs each mode takes every place in the order as often as
     the others: a mode is not favoured by always following the same one, or by
-    always coming first after a prompt is read.
+    always coming first after a prompt is read. At ``temperature`` > 0 (with top_p
+    0.95, an OpenAI client's defaults) the modes write different texts: their speeds
+    and host costs compare, their outputs do not.
     """
     results: dict[str, dict[str, ModeTotals]] = {}
-    params = SamplingParams(temperature=0.0)
+    params = SamplingParams(temperature=temperature, top_p=0.95 if temperature > 0 else 1.0)
     _warm_up(engine, prompts[0], modes, yardsticks, params)
     runners: list[BenchMode | Yardstick] = [*modes, *yardsticks]
     run = 0

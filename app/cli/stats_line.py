@@ -14,5 +14,5 @@ def format_stats(stats: SpeculativeStats) -> str:
         f"drafted {stats.drafted}, accepted {stats.accepted} "
         f"({stats.acceptance_rate:.0%}), mean accepted length "
         f"{stats.mean_accepted_length:.2f} | target passes {stats.target_passes}, "
-        f"draft passes {stats.draft_passes}"
+        f"draft passes {stats.draft_passes} | host {stats.host_ms_per_token:.2f} ms/token"
     )

@@ -25,6 +25,9 @@ class ReplyFigures:
     draft_length: int
     estimated_speedup: float
     finish_reason: str | None = None
+    # The loop's own time per token (outside the runtime's forward calls); 0 in
+    # figures saved before it was measured.
+    host_ms_per_token: float = 0.0
 
     @classmethod
     def from_event(cls, event: GenerationEvent) -> ReplyFigures:
@@ -41,14 +44,19 @@ class ReplyFigures:
             draft_length=event.draft_length,
             estimated_speedup=event.estimated_speedup,
             finish_reason=event.finish_reason,
+            host_ms_per_token=stats.host_ms_per_token,
         )
 
     @classmethod
     def from_dict(cls, values: dict[str, object]) -> ReplyFigures | None:
-        """Figures saved by :meth:`as_dict`; None when the record is unusable."""
+        """Figures saved by :meth:`as_dict`; None when the record is unusable.
+
+        Fields added since a record was saved take their defaults.
+        """
+        known = {name: values[name] for name in cls.__dataclass_fields__ if name in values}
         try:
-            return cls(**{name: values[name] for name in cls.__dataclass_fields__})  # type: ignore[arg-type]
-        except (KeyError, TypeError):
+            return cls(**known)  # type: ignore[arg-type]
+        except TypeError:
             return None
 
     def as_dict(self) -> dict[str, object]:
@@ -61,6 +69,7 @@ class ReplyFigures:
             f"{self.generated_tokens} tokens · {self.decode_tokens_per_second:.1f} tok/s · "
             f"accepted {self.accepted}/{self.drafted} ({self.acceptance_rate:.0%}) · "
             f"mean accepted length {self.mean_accepted_length:.2f}"
+            + (f" · host {self.host_ms_per_token:.2f} ms/token" if self.host_ms_per_token else "")
         )
 
 
