@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from backends.base import Model
+from backends.constraints import GrammarState, mask_logits
 from backends.sampling import SamplingParams, SparseDistribution, distribution, greedy_token
 
 
@@ -94,6 +95,10 @@ class ModelDrafter:
     """
 
     name = "model"
+    # It drafts under a grammar (its q masked like the target's p), so ``propose``
+    # takes a ``constraint``; drafters without this flag are cut to the grammar's
+    # valid prefix by the loop instead.
+    FOLLOWS_GRAMMAR = True
 
     def __init__(
         self, model: Model, min_confidence: float = 0.0, *, record_confidence: bool = False
@@ -115,8 +120,14 @@ class ModelDrafter:
         max_tokens: int,
         params: SamplingParams,
         rng: np.random.Generator,
+        *,
+        constraint: GrammarState | None = None,
     ) -> DraftProposal:
-        """Draft up to ``max_tokens`` tokens by sampling the draft model's ``q``."""
+        """Draft up to ``max_tokens`` tokens by sampling the draft model's ``q``.
+
+        Under a ``constraint`` each row is masked by the grammar's state after the
+        tokens drafted before it; the state is left where it was found.
+        """
         if max_tokens <= 0 or not context:
             return EMPTY_PROPOSAL
         model = self.model
@@ -135,7 +146,10 @@ class ModelDrafter:
         tokens: list[int] = []
         distributions: list[SparseDistribution] = []
         top_probs: list[float] = []
+        drafted_under_grammar = 0
         while True:
+            if constraint is not None:
+                row = mask_logits(row, constraint.allowed())
             if params.greedy:
                 token = greedy_token(row)
                 wanted = self.min_confidence > 0 or self.record_confidence
@@ -153,11 +167,16 @@ class ModelDrafter:
             top_probs.append(confidence)
             if len(tokens) >= max_tokens or model.is_end_of_generation(token):
                 break
+            if constraint is not None:
+                constraint.consume([token])
+                drafted_under_grammar += 1
             started = time.perf_counter()
             row = model.forward([token], last_only=True)[0]
             step_times.append(time.perf_counter() - started)
             runtime_seconds += step_times[-1]
             passes += 1
+        if constraint is not None:
+            constraint.rollback(drafted_under_grammar)
         return DraftProposal(
             tokens=tokens,
             distributions=None if params.greedy else distributions,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from backends.base import ChatMessage, Model, ToolSpec
 from backends.calibration import measure_costs
+from backends.constraints import GrammarState, GrammarVocabulary, grammar_for
 from backends.controller import (
     AcceptanceEstimate,
     AdaptiveDraftPolicy,
@@ -77,6 +78,20 @@ class Engine:
         self._ngram_drafter = NgramDrafter()
         self._acceptance: dict[str, AcceptanceEstimate] = {}
         self._confidence_floor = ConfidenceFloor()
+        self._grammar_vocabulary: GrammarVocabulary | None = None
+
+    def grammar_state(self, constraint: ConstraintSpec | None) -> GrammarState | None:
+        """A fresh grammar state for a request's constraint (None when it asks for none).
+
+        The target's vocabulary is read for llguidance once, on the first constrained
+        request. Raises :class:`GrammarError` for a schema llguidance refuses.
+        """
+        grammar = grammar_for(constraint)
+        if grammar is None:
+            return None
+        if self._grammar_vocabulary is None:
+            self._grammar_vocabulary = GrammarVocabulary(self.target)
+        return self._grammar_vocabulary.compile(grammar).start()
 
     def use_acceptance_memory(
         self,
@@ -163,7 +178,7 @@ class Engine:
     def generate(
         self, request: GenerationRequest, cancel: threading.Event | None = None
     ) -> Iterator[GenerationEvent]:
-        """Run the speculative loop for ``request``."""
+        """Run the speculative loop for ``request`` (under its grammar, if it has one)."""
         return speculative_generate(
             self.target,
             request.prompt_tokens,
@@ -172,6 +187,7 @@ class Engine:
             max_tokens=request.max_tokens,
             stop=request.stop,
             cancel=cancel,
+            constraint=self.grammar_state(request.constraint),
         )
 
     def close(self) -> None:

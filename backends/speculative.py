@@ -25,6 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from backends.base import IncrementalDetokenizer, Model
+from backends.constraints import GrammarState, mask_logits
 from backends.drafters import EMPTY_PROPOSAL, Drafter, DraftProposal, common_prefix_length
 from backends.errors import ContextOverflowError
 from backends.sampling import (
@@ -77,6 +78,9 @@ class SpeculativeStats:
     # Decode time spent outside the runtimes' forward and rollback calls (target and
     # draft): the loop's own cost (sampling, drafter bookkeeping, the policy, text),
     # plus whatever a consumer running in the same thread does between events.
+    # Tokens the grammar forced (its only continuation), verified as free drafts;
+    # counted apart from drafted/accepted, which are the drafters' guesses.
+    grammar_forced: int = 0
     host_seconds: float = 0.0
 
     @property
@@ -126,6 +130,7 @@ class SpeculativeStats:
             "time_to_first_token": round(self.time_to_first_token, 4),
             "plain_rounds": self.plain_rounds,
             "plain_round_seconds": round(self.plain_round_seconds, 4),
+            "grammar_forced": self.grammar_forced,
             "host_seconds": round(self.host_seconds, 6),
             "host_ms_per_token": round(self.host_ms_per_token, 4),
         }
@@ -240,6 +245,7 @@ class _StatsAccumulator:
     plain_rounds: int = 0
     plain_round_seconds: float = 0.0
     runtime_seconds: float = 0.0  # inside target and draft forward/rollback, during decode
+    grammar_forced: int = 0
 
     def record_accepted_length(self, accepted: int) -> None:
         while len(self.histogram) <= accepted:
@@ -263,6 +269,7 @@ class _StatsAccumulator:
             time_to_first_token=self.time_to_first_token,
             plain_rounds=self.plain_rounds,
             plain_round_seconds=self.plain_round_seconds,
+            grammar_forced=self.grammar_forced,
             host_seconds=max(0.0, self.decode_seconds - self.runtime_seconds),
         )
 
@@ -356,8 +363,16 @@ def speculative_generate(
     max_tokens: int,
     stop: Sequence[str] = (),
     cancel: threading.Event | None = None,
+    constraint: GrammarState | None = None,
 ) -> Iterator[GenerationEvent]:
     """Generate from ``prompt_tokens``, yielding one event per round.
+
+    With a ``constraint`` (a grammar state at the start of the output) every row of
+    the target and of the draft model is masked by the grammar's state after the
+    tokens before it, the same mask for p and q, so the output is distributed exactly
+    as constrained plain decoding. Where the grammar allows one continuation only,
+    those tokens are this round's drafts ("grammar"): free, and accepted by
+    construction.
 
     The target's cache is reused where it already holds a prefix of the prompt (a
     chat's earlier turns). Stops at an end-of-generation token, a stop string (which
@@ -403,12 +418,29 @@ def speculative_generate(
             yield _final_event(stats, stop_filter, detokenizer, FINISH_LENGTH)
             return
 
-        plan = policy.plan(context)
-        draft_length = max(0, min(plan.draft_length, remaining - 1, room))
-        proposal: DraftProposal = EMPTY_PROPOSAL
-        if plan.drafter is not None and draft_length > 0:
-            proposal = plan.drafter.propose(context, draft_length, params, rng)
-        drafts = proposal.tokens[:draft_length]
+        forced = constraint.forced() if constraint is not None else []
+        grammar_round = bool(forced) and remaining > 1 and room > 0
+        if grammar_round:
+            # The grammar's only continuation: drafts that cost nothing to propose.
+            plan = RoundPlan(None, 0, reason="grammar-forced tokens")
+            drafts = forced[: min(remaining - 1, room, MAX_FORCED_DRAFTS)]
+            proposal = DraftProposal(tokens=drafts)
+        else:
+            plan = policy.plan(context)
+            draft_length = max(0, min(plan.draft_length, remaining - 1, room))
+            proposal = EMPTY_PROPOSAL
+            if plan.drafter is not None and draft_length > 0:
+                if constraint is not None and getattr(plan.drafter, "FOLLOWS_GRAMMAR", False):
+                    proposal = plan.drafter.propose(
+                        context, draft_length, params, rng, constraint=constraint
+                    )
+                else:
+                    proposal = plan.drafter.propose(context, draft_length, params, rng)
+            drafts = proposal.tokens[:draft_length]
+            if constraint is not None and drafts:
+                # A draft the grammar refuses would be rejected anyway; not verifying
+                # it keeps the masks below defined.
+                drafts = drafts[: constraint.valid_prefix(drafts)]
         stats.runtime_seconds += proposal.runtime_seconds
         verify_started = time.perf_counter()
 
@@ -425,21 +457,23 @@ def speculative_generate(
         if greedy:
             # Only the argmax of each row, and only of rows up to the first mismatch.
             for position, draft_token in enumerate(drafts):
-                if greedy_token(logits[position]) != draft_token:
+                if _greedy_under(logits[position], constraint) != draft_token:
                     break
                 accepted += 1
                 emitted.append(draft_token)
                 from_draft.append(True)
+                _advance(constraint, draft_token, target)
                 if target.is_end_of_generation(draft_token):
                     hit_end = True
                     break
             if not hit_end:
-                emitted.append(greedy_token(logits[accepted]))
+                emitted.append(_greedy_under(logits[accepted], constraint))
                 from_draft.append(False)
+                _advance(constraint, emitted[-1], target)
         else:
             replacement: int | None = None
             for position, draft_token in enumerate(drafts):
-                p = distribution(logits[position], params)
+                p = distribution(_masked(logits[position], constraint), params)
                 q = _draft_distribution(proposal, position, draft_token)
                 replacement = verify_draft_token(p, q, draft_token, rng)
                 if replacement is not None:
@@ -447,14 +481,17 @@ def speculative_generate(
                 accepted += 1
                 emitted.append(draft_token)
                 from_draft.append(True)
+                _advance(constraint, draft_token, target)
                 if target.is_end_of_generation(draft_token):
                     hit_end = True
                     break
             if not hit_end:
                 if replacement is None:
-                    replacement = distribution(logits[accepted], params).sample(rng)
+                    row = _masked(logits[accepted], constraint)
+                    replacement = distribution(row, params).sample(rng)
                 emitted.append(replacement)
                 from_draft.append(False)
+                _advance(constraint, replacement, target)
 
         # Keep the pending token and the accepted drafts; the new pending token (the
         # correction or bonus) is evaluated at the head of the next round.
@@ -464,24 +501,30 @@ def speculative_generate(
         stats.runtime_seconds += finished - rollback_started
         verify_seconds = finished - verify_started
 
-        round_drafter = plan.drafter.name if plan.drafter is not None and drafts else "none"
+        if grammar_round:
+            round_drafter = "grammar"
+        else:
+            round_drafter = plan.drafter.name if plan.drafter is not None and drafts else "none"
         stats.rounds += 1
-        if drafts:
+        if grammar_round:
+            stats.grammar_forced += accepted
+        elif drafts:
             stats.speculative_rounds += 1
             stats.drafted += len(drafts)
             stats.accepted += accepted
             stats.record_accepted_length(accepted)
-        policy.observe(
-            RoundOutcome(
-                drafter=round_drafter,
-                drafted=len(drafts),
-                accepted=accepted,
-                verify_seconds=verify_seconds,
-                emitted=len(emitted),
-                draft_confidences=tuple(proposal.top_probs[: len(drafts)]),
-                draft_step_seconds=proposal.step_seconds,
+        if not grammar_round:  # the policy planned nothing this round: nothing to learn
+            policy.observe(
+                RoundOutcome(
+                    drafter=round_drafter,
+                    drafted=len(drafts),
+                    accepted=accepted,
+                    verify_seconds=verify_seconds,
+                    emitted=len(emitted),
+                    draft_confidences=tuple(proposal.top_probs[: len(drafts)]),
+                    draft_step_seconds=proposal.step_seconds,
+                )
             )
-        )
 
         segments: list[TextSegment] = []
         finish: str | None = None
@@ -557,3 +600,30 @@ def _draft_distribution(proposal: DraftProposal, position: int, token: int) -> S
     if proposal.distributions is not None and position < len(proposal.distributions):
         return proposal.distributions[position]
     return SparseDistribution.point(token)
+
+
+# At most this many grammar-forced tokens are verified in one round (a long forced
+# stretch, such as a schema's keys, continues in the next round).
+MAX_FORCED_DRAFTS = 16
+
+
+def _masked(row: np.ndarray, constraint: GrammarState | None) -> np.ndarray:
+    """``row`` with the tokens the grammar refuses here at -inf (as it is without one)."""
+    if constraint is None:
+        return row
+    return mask_logits(row, constraint.allowed())
+
+
+def _greedy_under(row: np.ndarray, constraint: GrammarState | None) -> int:
+    """The argmax of ``row`` among the tokens the grammar allows here."""
+    token = greedy_token(row)
+    if constraint is None or constraint.allows(token):
+        return token  # the unmasked argmax is allowed, so it is the masked one too
+    return greedy_token(_masked(row, constraint))
+
+
+def _advance(constraint: GrammarState | None, token: int, target: Model) -> None:
+    """Move the grammar past an emitted token; an end-of-generation token ends the
+    output instead (the grammar allowed it only where the output is complete)."""
+    if constraint is not None and not target.is_end_of_generation(token):
+        constraint.consume([token])
