@@ -481,3 +481,79 @@ def test_starter_refuses_a_malformed_response_format_schema(starter: RunningServ
                 "json_schema": {"name": "x", "schema": {"type": "object", "required": "city"}},
             },
         )
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_starter_must_call_when_the_tool_choice_says_so(starter: RunningServer, tool_choice):
+    import jsonschema
+
+    # A question no tool answers: only the grammar makes the call certain.
+    question = [{"role": "user", "content": "Tell me a short joke about cats."}]
+    # One call: left free to call in parallel, the 1.5B model repeats its call.
+    response = weather_turn(starter, question, tool_choice=tool_choice, parallel_tool_calls=False)
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    [call] = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["function"]["parameters"])
+    usage = response.model_extra or {}
+    assert usage["draftpen"]["grammar_forced"] > 0
+
+
+JSON_SCHEMAS = {
+    "nested": {
+        "type": "object",
+        "properties": {
+            "package": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 24},
+                    "version": {"type": "string", "pattern": "^[0-9]+\\.[0-9]+$"},
+                },
+                "required": ["name", "version"],
+                "additionalProperties": False,
+            },
+            "license": {"enum": ["MIT", "Apache-2.0", "BSD-3-Clause"]},
+        },
+        "required": ["package", "license"],
+        "additionalProperties": False,
+    },
+    "array": {
+        "type": "object",
+        "properties": {
+            "steps": {
+                "type": "array",
+                "items": {"type": "string", "maxLength": 30},
+                "minItems": 2,
+                "maxItems": 3,
+            },
+            "done": {"type": "boolean"},
+        },
+        "required": ["steps", "done"],
+        "additionalProperties": False,
+    },
+}
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", sorted(JSON_SCHEMAS))
+def test_starter_json_schema_replies_validate(starter: RunningServer, name: str):
+    import jsonschema
+
+    schema = JSON_SCHEMAS[name]
+    response = starter.openai().chat.completions.create(
+        model="starter",
+        messages=[{"role": "user", "content": "Describe installing the requests package."}],
+        response_format={  # type: ignore[typeddict-item]
+            "type": "json_schema",
+            "json_schema": {"name": name, "schema": schema, "strict": True},
+        },
+        temperature=0,
+        max_tokens=200,
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "stop", choice
+    jsonschema.validate(json.loads(choice.message.content or ""), schema)

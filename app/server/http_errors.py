@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse, Response
 from app.server.schema import (
     ApiError,
 )
+from backends.constraints import GrammarError
 from backends.errors import BackendError, ContextOverflowError
 
 
@@ -16,6 +17,15 @@ def generation_error(error: Exception) -> ApiError:
     """The API error for an exception raised by the engine while generating."""
     if isinstance(error, ContextOverflowError):
         return ApiError(400, str(error), code="context_length_exceeded")
+    if isinstance(error, GrammarError):
+        # A schema that passed the JSON Schema meta-schema but that llguidance cannot
+        # compile (an unsupported keyword, say): the request is at fault, not the server.
+        return ApiError(
+            400,
+            f"{error} Simplify the schema, or send response_format text and describe the "
+            "format in the prompt.",
+            code="invalid_schema",
+        )
     if isinstance(error, BackendError):
         return ApiError(500, str(error), error_type="server_error", code="generation_failed")
     return ApiError(
