@@ -3,6 +3,11 @@
 An unknown key, a missing field or a pair naming an unknown model is a
 :class:`~app.errors.CatalogError` that names the table and the problem, so a typo cannot
 silently change what gets downloaded.
+
+:func:`load_catalog` also merges the user's own pairs (``my-models.toml`` in the config
+directory, written by ``draftpen models add``; same format, and its models may name
+``local`` files) and the pair given on this command line (``--target``/``--draft``,
+:func:`add_command_line_pair`), so every front end sees them like curated pairs.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from app.models.catalog import (
     WheelMember,
     shard_position,
 )
-from app.settings import catalog_override_path
+from app.settings import catalog_override_path, user_catalog_path
 
 SUPPORTED_FORMATS = ("gguf", "mlx")
 
@@ -59,18 +64,77 @@ def default_catalog_text() -> tuple[str, str]:
 def load_catalog(path: Path | None = None) -> Catalog:
     """Load and validate a catalog file.
 
-    Without ``path``: ``$DRAFTPEN_CATALOG`` if set, else the packaged ``models.toml``.
+    With ``path``: that file alone. Without: ``$DRAFTPEN_CATALOG`` if set, else the
+    packaged ``models.toml``, then the user's own pairs and this command line's pair.
     """
-    path = path if path is not None else catalog_override_path()
-    if path is None:
+    if path is not None:
+        return parse_catalog(_read_catalog_file(path), str(path))
+    catalog = curated_catalog()
+    user = load_user_catalog()
+    if user is not None:
+        catalog = merge_catalogs(catalog, user)
+    for extra in _command_line_pairs:
+        catalog = merge_catalogs(catalog, extra)
+    return catalog
+
+
+def curated_catalog() -> Catalog:
+    """draftpen's own catalog: ``$DRAFTPEN_CATALOG`` if set, else the packaged one."""
+    override = catalog_override_path()
+    if override is None:
         text, origin = default_catalog_text()
-    else:
-        origin = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise CatalogError(f"Cannot read model catalog {origin}: {error}") from error
-    return parse_catalog(text, origin)
+        return parse_catalog(text, origin)
+    return parse_catalog(_read_catalog_file(override), str(override))
+
+
+def load_user_catalog(path: Path | None = None) -> Catalog | None:
+    """The user's own pairs (``draftpen models add``), or ``None`` when there are none."""
+    path = path if path is not None else user_catalog_path()
+    if not path.exists():
+        return None
+    return parse_catalog(_read_catalog_file(path), str(path), allow_local=True)
+
+
+def merge_catalogs(base: Catalog, extra: Catalog) -> Catalog:
+    """``base`` with ``extra``'s models and pairs after it; a name used twice is refused."""
+    for kind, ours, theirs in (
+        ("model", {m.key for m in base.models}, [m.key for m in extra.models]),
+        ("pair", set(base.pair_names()), list(extra.pair_names())),
+    ):
+        taken = sorted(ours.intersection(theirs))
+        if taken:
+            raise CatalogError(
+                f"{extra.origin} names the {kind}(s) {', '.join(taken)}, which "
+                f"{base.origin} already has. Rename them in {extra.origin}."
+            )
+    return Catalog(
+        models=base.models + extra.models,
+        pairs=base.pairs + extra.pairs,
+        origin=f"{base.origin} + {extra.origin}",
+    )
+
+
+# The pair given with --target/--draft, for this process only (never written anywhere).
+_command_line_pairs: list[Catalog] = []
+
+
+def add_command_line_pair(models: tuple[ModelEntry, ...], pair: PairEntry) -> None:
+    """Make ``pair`` (built from ``--target``/``--draft``) a catalog pair for this run."""
+    _command_line_pairs.append(
+        Catalog(models=models, pairs=(pair,), origin="the command line (--target/--draft)")
+    )
+
+
+def forget_command_line_pairs() -> None:
+    """Drop the pairs :func:`add_command_line_pair` added (tests, and a long-lived process)."""
+    _command_line_pairs.clear()
+
+
+def _read_catalog_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise CatalogError(f"Cannot read model catalog {path}: {error}") from error
 
 
 def parse_catalog(text: str, origin: str, *, allow_local: bool = False) -> Catalog:
