@@ -61,6 +61,19 @@ class ModelNotDownloadedError(DraftpenError):
         )
 
 
+class LocalModelMissingError(DraftpenError):
+    """A user pair names a file on this machine that is no longer there."""
+
+    def __init__(self, pair_name: str, path: str) -> None:
+        self.pair_name = pair_name
+        self.path = path
+        super().__init__(
+            f"Pair {pair_name!r} uses {path}, which is not there any more. Put the file back, "
+            f"or add the pair again with its new path: draftpen models add {pair_name} "
+            "--target PATH [--draft PATH] --replace"
+        )
+
+
 class DownloadError(DraftpenError):
     """Fetching a model from a source failed (network, index, missing package)."""
 

@@ -19,7 +19,12 @@ from app.bench import command as bench_command
 from app.cli import doctor, generate
 from app.cli import models as cli_models
 from app.errors import DraftpenError
-from app.options import add_model_options, add_sampling_options, chat_settings
+from app.options import (
+    add_model_options,
+    add_pair_file_options,
+    add_sampling_options,
+    chat_settings,
+)
 from app.server import command as server_command
 from backends.errors import BackendError
 
@@ -64,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_command.register(commands)
     cli_models.register(commands)
     server_command.register(commands)
+    # serve defines its own model options; --target/--draft mean the same there.
+    add_pair_file_options(commands.choices["serve"])
     doctor.register(commands)
     return parser
 
@@ -86,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         arguments = ["chat", *arguments]
     args = parser.parse_args(arguments)
     try:
+        # --target/--draft become a pair of this run before any front end looks for it.
+        cli_models.apply_pair_options(args)
         return int(args.func(args))
     except (DraftpenError, BackendError) as error:
         print(f"draftpen: {error}", file=sys.stderr)

@@ -29,6 +29,24 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         choices=("auto", *RUNTIMES),
         help="inference runtime (default: best for this machine; see draftpen doctor)",
     )
+    add_pair_file_options(parser)
+
+
+def add_pair_file_options(parser: argparse.ArgumentParser) -> None:
+    """``--target`` and ``--draft``: a pair of your own files instead of ``--pair``."""
+    parser.add_argument(
+        "--target",
+        default=None,
+        metavar="PATH|REPO:FILE",
+        help="your own target model: a local .gguf file or a hub file REPO:FILENAME "
+        "(instead of --pair; alone, it speculates with n-gram drafts)",
+    )
+    parser.add_argument(
+        "--draft",
+        default=None,
+        metavar="PATH|REPO:FILE",
+        help="your own draft model for --target (same tokenizer family)",
+    )
 
 
 def add_sampling_options(parser: argparse.ArgumentParser, *, temperature: float | None) -> None:

@@ -36,6 +36,7 @@ HOME_ENV = "DRAFTPEN_HOME"
 MODELS_DIR_ENV = "DRAFTPEN_MODELS_DIR"
 CATALOG_ENV = "DRAFTPEN_CATALOG"
 SETTINGS_FILENAME = "settings.toml"
+USER_CATALOG_FILENAME = "my-models.toml"
 
 DrafterChoice = Literal["auto", "model", "ngram", "none"]
 DRAFTER_CHOICES: tuple[str, ...] = typing.get_args(DrafterChoice)
@@ -95,6 +96,11 @@ def models_dir() -> Path:
 def catalog_override_path() -> Path | None:
     """``$DRAFTPEN_CATALOG`` if set: a catalog file that replaces the packaged one."""
     return _env_path(CATALOG_ENV)
+
+
+def user_catalog_path() -> Path:
+    """The user's own pairs (``draftpen models add``), beside settings; it need not exist."""
+    return config_dir() / USER_CATALOG_FILENAME
 
 
 def settings_path() -> Path:

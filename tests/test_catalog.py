@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from app.errors import CatalogError, PairVariantMissingError, UnknownPairError
-from app.models.catalog import HuggingFaceRepo, PairVariant
+from app.models.catalog import HuggingFaceFile, HuggingFaceRepo, PairVariant, shard_names
 from app.models.catalog_file import load_catalog, parse_catalog
+from backends.base import VocabInfo
+from backends.pair_check import check_pair
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -281,3 +284,148 @@ def test_every_catalog_pair_runs_on_both_runtimes_with_one_family_per_variant() 
                 assert model.kv_bytes_per_token, model.key
                 if model.format == "gguf" and model.sha256 is None:
                     assert model.sources.names() == ("huggingface",), model.key
+
+
+# Which tokenizer a catalog architecture uses: models pair only within one family.
+TOKENIZER_FAMILIES = {"qwen2": "qwen", "qwen3": "qwen", "gemma3": "gemma3", "llama": "llama"}
+PAIRS_OF_2026 = ("qwen3-8b", "qwen3-14b", "qwen3-32b", "gemma3-27b", "gemma3-12b", "llama-70b")
+
+
+@dataclass(frozen=True)
+class PublishedVocabulary:
+    """A vocabulary known only from a model's published figures (for the pair rule)."""
+
+    family: str
+    n_vocab: int
+
+    def vocab_info(self) -> VocabInfo:
+        # Same family, same special tokens: only the sizes can tell two apart here.
+        return VocabInfo(self.family, self.n_vocab, 1, 2, True, False)
+
+    def token_text(self, token: int) -> str:
+        return f"token-{token}"
+
+
+def test_the_2026_pairs_are_in_the_catalog_for_both_runtimes() -> None:
+    catalog = load_catalog()
+    assert set(PAIRS_OF_2026) <= set(catalog.pair_names())
+    expected_families = {
+        "qwen3-8b": "qwen3",
+        "qwen3-14b": "qwen3",
+        "qwen3-32b": "qwen3",
+        "gemma3-27b": "gemma3",
+        "gemma3-12b": "gemma3",
+        "llama-70b": "llama",
+    }
+    for name, architecture in expected_families.items():
+        pair = catalog.pair(name)
+        assert pair.runtimes == ("llamacpp", "mlx")
+        target, draft = catalog.models_of(pair.variant("llamacpp"))
+        assert {target.architecture, draft.architecture} == {architecture}
+        assert draft.size_bytes * 2 < target.size_bytes, name  # a draft is much smaller
+
+
+def test_every_draft_passes_llama_cpps_vocabulary_rule_for_its_target() -> None:
+    catalog = load_catalog()
+    for pair in catalog.pairs:
+        for variant in pair.variants:
+            if variant.draft is None:
+                continue
+            target, draft = catalog.models_of(variant)
+            assert target.vocab_size and draft.vocab_size, (pair.key, variant.runtime)
+            verdict = check_pair(
+                PublishedVocabulary(TOKENIZER_FAMILIES[target.architecture], target.vocab_size),
+                PublishedVocabulary(TOKENIZER_FAMILIES[draft.architecture], draft.vocab_size),
+            )
+            assert verdict.compatible, (pair.key, verdict.problem)
+
+
+def test_a_draft_too_far_from_its_target_vocabulary_fails_the_rule() -> None:
+    verdict = check_pair(PublishedVocabulary("qwen", 152_064), PublishedVocabulary("qwen", 151_900))
+    assert not verdict.compatible
+    assert "differ by more than 128" in (verdict.problem or "")
+
+
+def test_kv_bytes_follow_from_the_published_config_for_every_model() -> None:
+    for model in load_catalog().models:
+        assert model.layers and model.kv_heads and model.head_dim, model.key
+        expected = 2 * model.layers * model.kv_heads * model.head_dim * 2
+        assert model.kv_bytes_per_token == expected, model.key
+        assert model.size_bytes > 0
+
+
+def test_a_kv_figure_that_contradicts_the_config_is_refused() -> None:
+    text = MINIMAL.replace(
+        "size_bytes = 10\n",
+        "size_bytes = 10\nkv_bytes_per_token = 100\nlayers = 2\nkv_heads = 1\nhead_dim = 8\n",
+    )
+    with pytest.raises(CatalogError, match="must be 2 x 2 layers x 1 KV heads x 8 head dim"):
+        parse_catalog(text, "test.toml")
+
+
+def test_a_split_gguf_names_every_shard_and_counts_them_in_one_size() -> None:
+    catalog = load_catalog()
+    model = catalog.model("gemma-3-27b-it-f16")
+    source = model.sources.huggingface
+    assert isinstance(source, HuggingFaceFile)
+    assert model.is_split
+    assert source.filenames == (
+        "gemma-3-27b-it-f16-00001-of-00002.gguf",
+        "gemma-3-27b-it-f16-00002-of-00002.gguf",
+    )
+    assert model.sha256 is None  # each shard is checked against the hub's own sha256
+    for other in catalog.models:
+        hub = other.sources.huggingface
+        if isinstance(hub, HuggingFaceFile) and other is not model:
+            assert hub.filenames == (hub.filename,), other.key
+
+
+def test_shard_names_follow_llama_cpps_split_naming() -> None:
+    assert shard_names("dir/m-Q8_0-00001-of-00003.gguf") == (
+        "dir/m-Q8_0-00001-of-00003.gguf",
+        "dir/m-Q8_0-00002-of-00003.gguf",
+        "dir/m-Q8_0-00003-of-00003.gguf",
+    )
+    assert shard_names("m.gguf") == ("m.gguf",)
+    assert shard_names("m-00002-of-00003.gguf") == ("m-00002-of-00003.gguf",)
+
+
+@pytest.mark.parametrize(
+    ("filename", "extra", "problem"),
+    [
+        ("m-00002-of-00002.gguf", "", "name the first shard"),
+        ("m-00001-of-00002.gguf", f'sha256 = "{"ab" * 32}"\n', "takes no sha256"),
+    ],
+)
+def test_malformed_split_entries_are_refused(filename: str, extra: str, problem: str) -> None:
+    text = f"""
+[models.split]
+name = "Split"
+format = "gguf"
+architecture = "llama"
+size_bytes = 10
+{extra}
+[models.split.sources.huggingface]
+repo = "org/split-GGUF"
+filename = "{filename}"
+
+[pairs.solo]
+description = "A split model."
+
+[pairs.solo.llamacpp]
+target = "split"
+"""
+    with pytest.raises(CatalogError, match=problem):
+        parse_catalog(text, "test.toml")
+
+
+def test_the_packaged_catalog_has_no_local_files() -> None:
+    assert not any(model.is_local for model in load_catalog().models)
+    text = MINIMAL.replace(
+        '[models.tiny.sources.pypi]\npackage = "tiny-model"\nversion = "1.0"\n'
+        'member = "tiny_model/tiny.gguf"',
+        '[models.tiny.sources.local]\npath = "/models/tiny.gguf"',
+    ).replace(f'sha256 = "{"ab" * 32}"\n', "")
+    with pytest.raises(CatalogError, match="unknown key"):
+        parse_catalog(text, "test.toml")
+    assert parse_catalog(text, "mine.toml", allow_local=True).model("tiny").is_local

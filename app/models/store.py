@@ -36,6 +36,7 @@ from app.errors import (
 )
 from app.models.catalog import (
     ModelEntry,
+    shard_names,
 )
 from app.models.disk import tree_size
 from app.models.hub import HubCache, HubSettings
@@ -152,8 +153,11 @@ class ModelStore:
         """``downloaded`` (verified), ``partial`` (a download or unchecked file), ``absent``.
 
         Counts the store's copy and the HF cache's. Cheap: it reads sidecars, markers and
-        records, and never hashes a file.
+        records, and never hashes a file. A user's own file is ``downloaded`` while it is
+        there.
         """
+        if entry.is_local:
+            return "downloaded" if user_file(entry) is not None else "absent"
         local = self._local_state(entry)
         if local == "downloaded" or self.hub.path(entry) is not None:
             return "downloaded"
@@ -177,8 +181,11 @@ class ModelStore:
         """The verified file (or directory) for ``entry``, in the store or the HF cache.
 
         ``None`` if neither holds a complete copy. A gguf file another tool put in the HF
-        cache is hashed once and recorded (see :meth:`HubCopies.adopt`).
+        cache is hashed once and recorded (see :meth:`HubCopies.adopt`). A user's own file
+        is used where it lies, as it is (draftpen has no checksum of it).
         """
+        if entry.is_local:
+            return user_file(entry)
         local = self._local_path_if_verified(entry, progress)
         if local is not None:
             return local
@@ -208,8 +215,11 @@ class ModelStore:
     def verify(self, entry: ModelEntry, progress: ProgressCallback = no_progress) -> Path | None:
         """Re-check ``entry``'s copy now (the store's, else the HF cache's); ``None`` if absent.
 
-        Raises :class:`ChecksumMismatchError` (and deletes what failed).
+        Raises :class:`ChecksumMismatchError` (and deletes what failed). A user's own file
+        is only looked for: it has no checksum to check.
         """
+        if entry.is_local:
+            return user_file(entry)
         local = self._verify_local(entry, progress)
         return local if local is not None else self.hub.verify(entry)
 
@@ -258,8 +268,10 @@ class ModelStore:
     def remove(self, entry: ModelEntry) -> int:
         """Delete ``entry`` from the store and the HF cache, partial downloads too.
 
-        Returns the bytes freed.
+        Returns the bytes freed. A user's own file is never deleted (0 bytes freed).
         """
+        if entry.is_local:
+            return 0
         return self._remove_local(entry) + self.hub.remove(entry)
 
     def _remove_local(self, entry: ModelEntry) -> int:
@@ -343,3 +355,11 @@ class ModelStore:
         staging = sidecar.with_name(sidecar.name + PARTIAL_SUFFIX)
         staging.write_text(json.dumps(record) + "\n", encoding="utf-8")
         os.replace(staging, sidecar)
+
+
+def user_file(entry: ModelEntry) -> Path | None:
+    """A user's own GGUF file if it (and every shard of a split file) is still there."""
+    assert entry.sources.local is not None
+    path = entry.sources.local.path
+    shards = [path.with_name(name) for name in shard_names(path.name)]
+    return path if all(shard.is_file() for shard in shards) else None

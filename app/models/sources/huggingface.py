@@ -51,14 +51,25 @@ class HuggingFaceSource:
         if entry.key not in self._listings:
             source = entry.sources.huggingface
             if isinstance(source, HuggingFaceFile):
-                file = self.client.file(source.repo, source.filename, source.revision)
+                # A split GGUF is every shard; they must come from one commit, so that
+                # they sit in one snapshot directory where llama.cpp finds them.
+                files = tuple(
+                    self.client.file(source.repo, name, source.revision)
+                    for name in source.filenames
+                )
+                if len({file.commit for file in files}) > 1:
+                    raise DownloadError(
+                        f"The shards of {source.repo}/{source.filename} changed on the hub "
+                        "while draftpen listed them. Pull again."
+                    )
+                file = files[0]
                 if entry.sha256 is not None and file.sha256 not in (None, entry.sha256):
                     raise DownloadError(
                         f"The hub's {source.repo}/{source.filename} has sha256 {file.sha256}, "
                         f"but draftpen's catalog expects {entry.sha256}: the file changed on "
                         "the hub. Update draftpen (or pin a revision in the catalog)."
                     )
-                self._listings[entry.key] = (file,)
+                self._listings[entry.key] = files
             elif isinstance(source, HuggingFaceRepo):
                 self._listings[entry.key] = self.client.snapshot_files(source.repo, source.revision)
             else:
