@@ -37,6 +37,12 @@ GrammarKind = Literal["json_schema", "lark", "regex"]
 _SPECIAL_MARK = b"\xff"
 
 
+# JSON as json.dumps and the models' own templates write it ({"a": 1, "b": 2}), with no
+# other whitespace allowed: natural text for the model, and no choice left between
+# keys and values, so the grammar forces those stretches (free drafts).
+JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
+
+
 class GrammarError(BackendError):
     """A grammar (or JSON schema) that llguidance refuses; the message says why."""
 
@@ -60,9 +66,7 @@ class GrammarSpec:
         if self.kind == "json_schema":
             schema = self.source if isinstance(self.source, dict) else json.loads(self.source)
             try:
-                return llguidance.LLMatcher.grammar_from_json_schema(
-                    schema, defaults={"whitespace_flexible": False}
-                )
+                return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE)
             except ValueError as error:
                 raise GrammarError(f"The JSON schema is not valid: {error}") from error
         if self.kind == "lark":
@@ -95,8 +99,7 @@ def _tool_call_lark(output: ToolCallOutput) -> str:
         if len(output.tools) == 1
         else {"anyOf": [_call_schema(tool, output) for tool in output.tools]}
     )
-    # Compact JSON: no whitespace choices, so the grammar forces more of each call.
-    call_schema["x-guidance"] = {"whitespace_flexible": False}
+    call_schema["x-guidance"] = JSON_STYLE
     body = "%json " + json.dumps(call_schema)
     # Hermes writes a newline inside the tags; a bare JSON object stands alone.
     inner = f'"{_lark_text(wrapper.opener)}\\n" call_json "\\n{_lark_text(wrapper.closer)}"'
