@@ -78,9 +78,9 @@ def test_modes_rotate_so_each_takes_every_place_in_the_order(monkeypatch):
     order: list[str] = []
     real_run_mode = bench._run_mode
 
-    def recording_run_mode(engine, mode, tokens, params, max_tokens):
+    def recording_run_mode(engine, mode, *arguments):
         order.append(mode.label)
-        return real_run_mode(engine, mode, tokens, params, max_tokens)
+        return real_run_mode(engine, mode, *arguments)
 
     monkeypatch.setattr(bench, "_run_mode", recording_run_mode)
     target = HashModel()
@@ -159,3 +159,20 @@ def test_bench_runs_every_mode_and_writes_results(tmp_path):
     assert report["costs_ms"]["target_forward"]["1"] > 0
     assert "ceiling" in result.stdout and "projected" in result.stdout
     assert output.with_suffix(".txt").read_text().strip()
+
+
+def test_the_constrained_categories_carry_a_schema_or_tools():
+    prompts = load_prompt_suite(["json_schema", "tool_call"])
+    assert {p.category for p in prompts} == {"json_schema", "tool_call"}
+    assert all(p.constrained for p in prompts)
+    assert all(p.schema["type"] == "object" for p in prompts if p.category == "json_schema")
+    assert all(len(p.tools) == 2 for p in prompts if p.category == "tool_call")
+    assert not any(p.constrained for p in load_prompt_suite(["chat", "code"]))
+
+
+def test_constrained_prompts_add_plain_decoding_without_the_grammar():
+    chosen = parse_mode_choice(None)
+    labels = [m.label for m in bench_modes(chosen, has_draft=True, exact=False, constrained=True)]
+    assert labels[:2] == ["plain", "plain, no grammar"]
+    unconstrained = bench_modes(chosen, has_draft=True, exact=False)
+    assert "plain, no grammar" not in [m.label for m in unconstrained]

@@ -48,7 +48,12 @@ def run_benchmark(args: argparse.Namespace) -> int:
     )
     yardsticks: list[Yardstick] = []
     try:
-        modes = bench_modes(chosen, has_draft=engine.draft is not None, exact=exact_kernels)
+        modes = bench_modes(
+            chosen,
+            has_draft=engine.draft is not None,
+            exact=exact_kernels,
+            constrained=any(prompt.constrained for prompt in prompts),
+        )
         if "reference" in chosen and not args.no_yardsticks:
             yardsticks = _load_yardsticks(engine, n_ctx)
         print("measuring forward costs ...", file=sys.stderr)

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 from app.bench.suite import BenchPrompt
 from app.errors import DraftpenError
-from backends.base import ChatMessage
 from backends.controller import AcceptanceEstimate, ConfidenceFloor
 from backends.engine import Engine, GenerationRequest
+from backends.output_constraints import ConstraintSpec
 from backends.sampling import SamplingParams
 from backends.speculative import speedup_over_plain_rounds
 
@@ -36,6 +36,7 @@ COUNTED_STATS = (
     "plain_rounds",
     "plain_round_seconds",
     "host_seconds",
+    "grammar_forced",
 )
 
 
@@ -51,6 +52,9 @@ class BenchMode:
     drafter: str
     draft_tokens: int
     exact: bool = False
+    # Decode a constrained prompt without its grammar (what the mask costs); such a
+    # mode runs only the constrained prompts.
+    ignore_constraint: bool = False
     acceptance_memory: dict[str, AcceptanceEstimate] = field(default_factory=dict, compare=False)
     confidence_floor: ConfidenceFloor = field(default_factory=ConfidenceFloor, compare=False)
 
@@ -69,6 +73,7 @@ class ModeTotals:
     plain_round_seconds: float = 0.0
     # Decode time spent outside the runtime's forward calls (the loop's own work).
     host_seconds: float = 0.0
+    grammar_forced: int = 0  # tokens the grammar forced (constrained prompts)
     run_rates: list[float] = field(default_factory=list)  # tok/s per run, in run order
 
     @classmethod
@@ -117,6 +122,7 @@ class ModeTotals:
         return self.accepted / self.speculative_rounds if self.speculative_rounds else 0.0
 
 
+UNCONSTRAINED_PLAIN = "plain, no grammar"
 # What ``--modes`` can pick; plain decoding, the baseline, always runs.
 MODE_CHOICES = ("draft", "ngram", "auto", "reference")
 
@@ -135,9 +141,13 @@ def parse_mode_choice(text: str | None) -> set[str]:
     return chosen
 
 
-def bench_modes(chosen: set[str], *, has_draft: bool, exact: bool) -> list[BenchMode]:
+def bench_modes(
+    chosen: set[str], *, has_draft: bool, exact: bool, constrained: bool = False
+) -> list[BenchMode]:
     """The modes to compare: plain first, then the chosen groups that apply to this pair."""
     modes = [BenchMode("plain", "none", 0)]
+    if constrained:
+        modes.append(BenchMode(UNCONSTRAINED_PLAIN, "none", 0, ignore_constraint=True))
     if "draft" in chosen and has_draft:
         modes += [BenchMode(f"draft model K={k}", "model", k) for k in (2, 4)]
     if "ngram" in chosen:
@@ -176,14 +186,17 @@ def run_modes(
     run = 0
     for repeat in range(repeats):
         for prompt in prompts:
-            tokens = tuple(engine.chat_prompt([ChatMessage("user", prompt.text)]))
+            tokens = prompt.prompt_tokens(engine)
+            constraint = prompt.constraint(engine)
             by_mode = results.setdefault(prompt.category, {})
             shift = run % len(runners)
             for runner in runners[shift:] + runners[:shift]:
                 if isinstance(runner, BenchMode):
+                    if runner.ignore_constraint and constraint is None:
+                        continue  # the same as plain on an unconstrained prompt
                     label, sample = (
                         runner.label,
-                        _run_mode(engine, runner, tokens, params, max_tokens),
+                        _run_mode(engine, runner, tokens, params, max_tokens, constraint),
                     )
                 else:
                     label, sample = runner.name, _run_yardstick(runner, tokens, max_tokens)
@@ -206,8 +219,9 @@ def _run_mode(
     tokens: tuple[int, ...],
     params: SamplingParams,
     max_tokens: int,
+    constraint: ConstraintSpec | None = None,
 ) -> ModeTotals:
-    """One generation in ``mode``; what it measured.
+    """One generation in ``mode`` (under ``constraint`` unless the mode ignores it).
 
     Each "auto" mode keeps its own acceptance memory across prompts, as a chat session
     does across replies, so no mode profits from what another learned on the same text.
@@ -221,6 +235,7 @@ def _run_mode(
         drafter=mode.drafter,
         draft_tokens=mode.draft_tokens,
         exact=mode.exact,
+        constraint=None if mode.ignore_constraint else constraint,
     )
     last = None
     for event in engine.generate(request):
@@ -244,9 +259,10 @@ def _warm_up(
     params: SamplingParams,
 ) -> None:
     """One short, untimed run of every mode: pages the weights in, warms caches."""
-    tokens = tuple(engine.chat_prompt([ChatMessage("user", prompt.text)]))
+    tokens = prompt.prompt_tokens(engine)
+    constraint = prompt.constraint(engine)
     for mode in modes:
-        _run_mode(engine, mode, tokens, params, WARM_UP_TOKENS)
+        _run_mode(engine, mode, tokens, params, WARM_UP_TOKENS, constraint)
     for yardstick in yardsticks:
         yardstick.decode_speed(tokens, WARM_UP_TOKENS)
 

@@ -103,6 +103,13 @@ def format_report(
                 f" {projected:>11}"
             )
             overall.setdefault(label, ModeTotals()).add(totals)
+        forced = [
+            f"{label} {totals.grammar_forced / totals.generated_tokens:.0%}"
+            for label, totals in by_mode.items()
+            if totals.grammar_forced and totals.generated_tokens
+        ]
+        if forced:
+            lines.append(f"  tokens the grammar forced (free drafts): {', '.join(forced)}")
     lines += [
         "",
         "* projected: the speedup on a memory-bound machine (GPU, Apple Silicon), from the",
