@@ -1,7 +1,7 @@
-"""The ``draftpen`` command line: subcommands, the plain REPL, ``doctor``.
+"""The command line's own commands: ``generate``, ``models``, ``doctor``, the plain REPL.
 
-``main`` parses arguments and dispatches; ``models``, ``serve`` and ``doctor`` are
-subcommands; ``repl`` is ``chat --plain``; ``stats_line`` formats a generation's figures.
-As the entry point it may start the other front ends (``tui``, ``server``, ``bench``),
-which never import it.
+``app.main`` parses the command line and hands these their arguments; ``stats_line``
+formats a generation's figures for them. May import ``app.models``, ``app.chats``,
+``app.loading``, ``app.options``, ``app.settings``, ``app.errors`` and ``backends``; never
+another front end (``tui``, ``server``, ``bench``).
 """

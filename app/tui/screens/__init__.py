@@ -1,0 +1,1 @@
+"""The chat app's screens: chat, models, settings, help, and small dialogs."""
