@@ -26,6 +26,7 @@ from backends.output_constraints import ConstraintSpec
 from backends.pair_check import check_pair
 from backends.sampling import SamplingParams
 from backends.speculative import (
+    MAX_TOP_LOGPROBS,
     DraftPolicy,
     FixedDraftPolicy,
     GenerationEvent,
@@ -53,6 +54,9 @@ class GenerationRequest:
     # What the reply must look like (response_format, tool_choice): the grammar intent
     # for constrained decoding. The loop does not apply it yet; None is plain text.
     constraint: ConstraintSpec | None = None
+    # None: no log-probabilities. N >= 0: each emitted token's log-probability under
+    # the target, with its N most likely alternatives (N <= 20).
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTER_CHOICES:
@@ -61,6 +65,8 @@ class GenerationRequest:
             raise ValueError("max_tokens must be at least 1")
         if self.draft_tokens < 0:
             raise ValueError("draft_tokens must be >= 0")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
 
 
 class Engine:
@@ -188,6 +194,7 @@ class Engine:
             stop=request.stop,
             cancel=cancel,
             constraint=self.grammar_state(request.constraint),
+            logprobs=request.logprobs,
         )
 
     def close(self) -> None:

@@ -9,6 +9,10 @@ output is token for token what the target alone would write. The target's cache 
 rolled back to the accepted prefix at once; a draft model's cache follows lazily on
 its next proposal.
 
+With ``logprobs`` requested, each emitted token carries the target's own log-probability
+of it (and of its most likely alternatives), read from the target's row at that
+position: speculation changes which forward computed a row, never its values.
+
 K = 0 is plain autoregressive decoding through the same code. A :class:`DraftPolicy`
 chooses the drafter and K before each round; the fixed policy here is the baseline,
 an adaptive one can measure costs and acceptance and choose per round.
@@ -144,6 +148,26 @@ class TextSegment:
     from_draft: bool
 
 
+# At most this many alternatives per token (OpenAI's limit for top_logprobs).
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of an emitted token, and of its likeliest alternatives.
+
+    At temperature > 0 the distribution is the one the loop samples from (after
+    temperature, top-k, top-p and min-p, and the grammar's mask); at temperature 0 it
+    is the softmax of the (masked) raw row, as OpenAI and llama.cpp report. ``top``
+    holds up to N (token, logprob) pairs, most likely first; tokens the filters or the
+    grammar removed are never listed, so it can be shorter than N.
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(frozen=True)
 class GenerationEvent:
     """What one round produced: new tokens and text, with provenance and stats.
@@ -163,6 +187,8 @@ class GenerationEvent:
     finish_reason: str | None = None
     estimated_speedup: float = 1.0
     decision: str = ""
+    # One per token in ``tokens`` when the generation asked for logprobs; else empty.
+    token_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -364,6 +390,7 @@ def speculative_generate(
     stop: Sequence[str] = (),
     cancel: threading.Event | None = None,
     constraint: GrammarState | None = None,
+    logprobs: int | None = None,
 ) -> Iterator[GenerationEvent]:
     """Generate from ``prompt_tokens``, yielding one event per round.
 
@@ -378,7 +405,13 @@ def speculative_generate(
     chat's earlier turns). Stops at an end-of-generation token, a stop string (which
     is not shown), ``max_tokens``, a full context, or when ``cancel`` is set (checked
     between rounds). Raises :class:`ContextOverflowError` if the prompt does not fit.
+
+    ``logprobs`` (None: off; N in 0..20) adds to each event a :class:`TokenLogprob`
+    per token, with the N most likely alternatives. They are computed from the
+    target's rows only when asked for, since they cost host time per token.
     """
+    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"logprobs must be in 0..{MAX_TOP_LOGPROBS} (or None for none)")
     if not prompt_tokens:
         raise ValueError("the prompt is empty")
     if len(prompt_tokens) >= target.n_ctx:
@@ -452,6 +485,9 @@ def speculative_generate(
 
         emitted: list[int] = []
         from_draft: list[bool] = []
+        # Aligned with ``emitted`` when logprobs are asked for. Each is read before
+        # ``_advance``: the grammar's mask is the one in force before the token.
+        emitted_logprobs: list[TokenLogprob] = []
         accepted = 0
         hit_end = False
         if greedy:
@@ -462,6 +498,10 @@ def speculative_generate(
                 accepted += 1
                 emitted.append(draft_token)
                 from_draft.append(True)
+                if logprobs is not None:
+                    emitted_logprobs.append(
+                        _raw_logprob(logits[position], constraint, draft_token, logprobs)
+                    )
                 _advance(constraint, draft_token, target)
                 if target.is_end_of_generation(draft_token):
                     hit_end = True
@@ -469,9 +509,14 @@ def speculative_generate(
             if not hit_end:
                 emitted.append(_greedy_under(logits[accepted], constraint))
                 from_draft.append(False)
+                if logprobs is not None:
+                    emitted_logprobs.append(
+                        _raw_logprob(logits[accepted], constraint, emitted[-1], logprobs)
+                    )
                 _advance(constraint, emitted[-1], target)
         else:
             replacement: int | None = None
+            p: SparseDistribution | None = None
             for position, draft_token in enumerate(drafts):
                 p = distribution(_masked(logits[position], constraint), params)
                 q = _draft_distribution(proposal, position, draft_token)
@@ -481,16 +526,23 @@ def speculative_generate(
                 accepted += 1
                 emitted.append(draft_token)
                 from_draft.append(True)
+                if logprobs is not None:
+                    emitted_logprobs.append(_sampled_logprob(p, draft_token, logprobs))
                 _advance(constraint, draft_token, target)
                 if target.is_end_of_generation(draft_token):
                     hit_end = True
                     break
             if not hit_end:
                 if replacement is None:
-                    row = _masked(logits[accepted], constraint)
-                    replacement = distribution(row, params).sample(rng)
+                    p = distribution(_masked(logits[accepted], constraint), params)
+                    replacement = p.sample(rng)
+                # else: p is still this position's distribution (the rejected draft's),
+                # and the correction is distributed as p, so log p is its logprob.
                 emitted.append(replacement)
                 from_draft.append(False)
+                if logprobs is not None:
+                    assert p is not None
+                    emitted_logprobs.append(_sampled_logprob(p, replacement, logprobs))
                 _advance(constraint, replacement, target)
 
         # Keep the pending token and the accepted drafts; the new pending token (the
@@ -569,6 +621,8 @@ def speculative_generate(
             finish_reason=finish,
             estimated_speedup=plan.estimated_speedup,
             decision=plan.reason,
+            # The end-of-generation token is not in ``tokens``, so not here either.
+            token_logprobs=tuple(emitted_logprobs[: len(kept_tokens)]),
         )
         if finish is not None:
             return
@@ -627,3 +681,45 @@ def _advance(constraint: GrammarState | None, token: int, target: Model) -> None
     output instead (the grammar allowed it only where the output is complete)."""
     if constraint is not None and not target.is_end_of_generation(token):
         constraint.consume([token])
+
+
+def _raw_logprob(
+    row: np.ndarray, constraint: GrammarState | None, token: int, top_n: int
+) -> TokenLogprob:
+    """``token``'s log-softmax in the (masked) raw row at temperature 1 (greedy decoding).
+
+    Float64 throughout, like the sampler's full softmax, so the values match a plain
+    ``log_softmax`` of the target's row to rounding.
+    """
+    values = np.asarray(_masked(row, constraint), dtype=np.float64)
+    top = values.max()
+    log_total = float(top) + float(np.log(np.exp(values - top).sum()))
+    logprob = float(values[token]) - log_total
+    if top_n == 0:
+        return TokenLogprob(token, logprob)
+    count = min(top_n, values.size)
+    candidates = np.argpartition(values, values.size - count)[values.size - count :]
+    ranked = candidates[np.argsort(-values[candidates], kind="stable")]
+    alternatives = tuple(
+        (int(index), float(values[index]) - log_total)
+        for index in ranked
+        if np.isfinite(values[index])  # a token the grammar refuses is no alternative
+    )
+    return TokenLogprob(token, logprob, alternatives)
+
+
+def _sampled_logprob(p: SparseDistribution, token: int, top_n: int) -> TokenLogprob:
+    """``token``'s log-probability under ``p``, the distribution the loop sampled from."""
+    probability = p.prob_of(token)
+    logprob = float(np.log(probability)) if probability > 0.0 else -np.inf
+    if top_n == 0:
+        return TokenLogprob(token, logprob)
+    count = min(top_n, p.ids.size)
+    order = np.argpartition(p.probs, p.probs.size - count)[p.probs.size - count :]
+    order = order[np.argsort(-p.probs[order], kind="stable")]
+    alternatives = tuple(
+        (int(p.ids[index]), float(np.log(p.probs[index])))
+        for index in order
+        if p.probs[index] > 0.0
+    )
+    return TokenLogprob(token, logprob, alternatives)

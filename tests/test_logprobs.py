@@ -1,0 +1,229 @@
+"""Log-probabilities from the one loop: the target's own, whatever speculation did.
+
+Every reported value is read from the target's row at the token's position, so a
+speculative generation reports exactly what plain decoding reports, and both equal a
+direct computation on the target's logits for that prefix (HashModel can give the
+logits of any context). At temperature 0 that is the log-softmax of the raw row; at
+temperature > 0 the log of the filtered distribution the loop samples from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from backends.constraints import GrammarSpec, GrammarState, GrammarVocabulary
+from backends.drafters import ModelDrafter
+from backends.engine import Engine, GenerationRequest
+from backends.sampling import SamplingParams, distribution
+from backends.speculative import (
+    FixedDraftPolicy,
+    GenerationEvent,
+    TokenLogprob,
+    speculative_generate,
+)
+from tests.fakes import HashModel, chat_prompt, draft_model_for
+from tests.model_files import DRAFT_KEY, TARGET_KEY, require_model
+
+GREEDY = SamplingParams(temperature=0.0)
+SAMPLED = [
+    pytest.param(SamplingParams(temperature=0.8, seed=3), id="temperature"),
+    pytest.param(SamplingParams(temperature=1.0, top_k=8, seed=4), id="top-k"),
+    pytest.param(SamplingParams(temperature=0.7, top_p=0.9, min_p=0.02, seed=5), id="top-p-min-p"),
+]
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    """The reference: float64 log-softmax of one row of logits."""
+    values = np.asarray(row, dtype=np.float64)
+    top = values.max()
+    return values - (top + np.log(np.exp(values - top).sum()))
+
+
+def generate(
+    target: HashModel,
+    *,
+    draft: HashModel | None,
+    params: SamplingParams,
+    logprobs: int | None,
+    k: int = 4,
+    max_tokens: int = 48,
+    constraint: GrammarState | None = None,
+) -> tuple[list[int], list[TokenLogprob], list[GenerationEvent]]:
+    """Tokens, logprobs and events of one generation (with a draft model: K = ``k``)."""
+    policy = FixedDraftPolicy(ModelDrafter(draft) if draft is not None else None, k)
+    events = list(
+        speculative_generate(
+            target,
+            chat_prompt(target, "tell me"),
+            policy=policy,
+            params=params,
+            max_tokens=max_tokens,
+            constraint=constraint,
+            logprobs=logprobs,
+        )
+    )
+    tokens = [token for event in events for token in event.tokens]
+    reported = [item for event in events for item in event.token_logprobs]
+    return tokens, reported, events
+
+
+def assert_close(got: Sequence[TokenLogprob], want: Sequence[TokenLogprob]) -> None:
+    assert [item.token for item in got] == [item.token for item in want]
+    for mine, theirs in zip(got, want, strict=True):
+        assert mine.logprob == pytest.approx(theirs.logprob, abs=1e-9)
+        assert [t for t, _ in mine.top] == [t for t, _ in theirs.top]
+        assert [v for _, v in mine.top] == pytest.approx([v for _, v in theirs.top], abs=1e-9)
+
+
+def test_logprobs_are_off_unless_asked_for():
+    target = HashModel()
+    _, reported, events = generate(target, draft=None, params=GREEDY, logprobs=None)
+    assert reported == [] and all(event.token_logprobs == () for event in events)
+
+
+def test_greedy_speculation_reports_the_tokens_and_logprobs_of_plain_decoding():
+    target = HashModel()
+    plain_tokens, plain, _ = generate(target, draft=None, params=GREEDY, logprobs=5)
+    target = HashModel()
+    spec_tokens, speculative, events = generate(
+        target, draft=draft_model_for(target), params=GREEDY, logprobs=5
+    )
+    assert events[-1].stats.accepted > 0  # speculation did happen
+    assert spec_tokens == plain_tokens
+    assert_close(speculative, plain)
+
+
+def test_greedy_logprobs_are_the_log_softmax_of_the_targets_row_for_each_prefix():
+    target = HashModel()
+    tokens, reported, events = generate(
+        target, draft=draft_model_for(target), params=GREEDY, logprobs=3
+    )
+    assert len(reported) == len(tokens) == events[-1].stats.generated_tokens
+    context = chat_prompt(target, "tell me")
+    for token, item in zip(tokens, reported, strict=True):
+        reference = log_softmax(target.logits_for(context))
+        assert item.token == token
+        assert item.logprob == pytest.approx(reference[token], abs=1e-9)
+        # Greedy: the emitted token is the likeliest, so it heads the alternatives.
+        # A row with fewer possible tokens (after the first half of "é") lists fewer.
+        ranked = [t for t in np.argsort(-reference, kind="stable")[:3] if reference[t] > -np.inf]
+        assert [t for t, _ in item.top] == [int(t) for t in ranked]
+        assert item.top[0] == (token, pytest.approx(item.logprob))
+        assert [v for _, v in item.top] == pytest.approx(reference[ranked].tolist())
+        context.append(token)
+
+
+@pytest.mark.parametrize("params", SAMPLED)
+def test_sampled_logprobs_are_the_log_of_the_filtered_distribution_sampled_from(
+    params: SamplingParams,
+):
+    target = HashModel()
+    tokens, reported, events = generate(
+        target, draft=draft_model_for(target), params=params, logprobs=4
+    )
+    assert events[-1].stats.accepted > 0 and events[-1].stats.drafted > events[-1].stats.accepted
+    context = chat_prompt(target, "tell me")
+    for token, item in zip(tokens, reported, strict=True):
+        p = distribution(target.logits_for(context), params)
+        assert item.token == token
+        assert item.logprob == pytest.approx(math.log(p.prob_of(token)), abs=1e-9)
+        order = [i for i in np.argsort(-p.probs, kind="stable")[:4] if p.probs[i] > 0]
+        assert [t for t, _ in item.top] == [int(p.ids[i]) for i in order]
+        assert [v for _, v in item.top] == pytest.approx(np.log(p.probs[order]).tolist())
+        context.append(token)
+
+
+def test_top_zero_reports_the_token_alone():
+    target = HashModel()
+    _, reported, _ = generate(target, draft=None, params=GREEDY, logprobs=0, max_tokens=8)
+    assert reported and all(item.top == () for item in reported)
+
+
+def test_under_a_grammar_logprobs_are_of_the_masked_row():
+    target = HashModel()
+    vocabulary = GrammarVocabulary(target)
+    grammar = GrammarSpec("regex", "(the|an|re|at|on)(ing|ed|er|es)+")
+    state = vocabulary.compile(grammar).start()
+    tokens, reported, _ = generate(
+        target,
+        draft=draft_model_for(target),
+        params=GREEDY,
+        logprobs=20,
+        constraint=state,
+        max_tokens=8,
+    )
+    assert tokens
+    check = vocabulary.compile(grammar).start()
+    context = chat_prompt(target, "tell me")
+    for token, item in zip(tokens, reported, strict=True):
+        allowed = check.allowed()
+        reference = log_softmax(np.where(allowed, target.logits_for(context), -np.inf))
+        assert item.logprob == pytest.approx(reference[token], abs=1e-9)
+        # Only tokens the grammar allows here are offered as alternatives.
+        assert item.top and all(allowed[t] for t, _ in item.top)
+        assert len(item.top) == min(20, int(allowed.sum()))
+        check.consume([token])
+        context.append(token)
+
+
+def test_the_engine_passes_logprobs_through_and_checks_the_range():
+    target = HashModel()
+    engine = Engine(target, draft_model_for(target))
+    request = GenerationRequest(
+        tuple(chat_prompt(target, "tell me")), drafter="model", max_tokens=6, logprobs=2
+    )
+    events = list(engine.generate(request))
+    tokens = [t for e in events for t in e.tokens]
+    assert [item.token for e in events for item in e.token_logprobs] == tokens
+    with pytest.raises(ValueError, match="logprobs"):
+        GenerationRequest((1, 2), logprobs=21)
+
+
+@pytest.mark.real_model
+def test_starter_greedy_logprobs_equal_the_targets_plain_forward_with_the_draft_on():
+    """On the real starter pair (draft model drafting), every greedy token's reported
+    logprob is the log-softmax of the target's own plain forward row for its prefix."""
+    from backends.select import load_model
+
+    target_path = require_model(TARGET_KEY)
+    draft_path = require_model(DRAFT_KEY)
+    target = load_model(target_path, runtime="llamacpp", n_ctx=1024)
+    draft = load_model(draft_path, runtime="llamacpp", n_ctx=1024)
+    engine = Engine(target, draft)
+    try:
+        prompt = engine.chat_prompt(
+            [_message("Write a Python function that adds two numbers.")]
+        )
+        request = GenerationRequest(
+            tuple(prompt), drafter="model", draft_tokens=4, max_tokens=24, logprobs=5
+        )
+        events = list(engine.generate(request))
+        assert events[-1].stats.accepted > 0
+        tokens = [t for e in events for t in e.tokens]
+        reported = [item for e in events for item in e.token_logprobs]
+        assert len(reported) == len(tokens) > 0
+        # The reference: plain decoding, one token per forward, from a fresh cache.
+        target.rollback(0)
+        target.prefill(prompt[:-1])
+        pending = prompt[-1]
+        for token, item in zip(tokens, reported, strict=True):
+            reference = log_softmax(target.forward([pending])[-1])
+            assert item.token == token
+            assert item.logprob == pytest.approx(reference[token], abs=1e-4)
+            assert item.top[0][0] == int(np.argmax(reference))
+            assert [v for _, v in item.top] == pytest.approx(
+                np.sort(reference)[::-1][:5].tolist(), abs=1e-4
+            )
+            pending = token
+    finally:
+        engine.close()
+
+
+def _message(text: str):
+    from backends.base import ChatMessage
+
+    return ChatMessage("user", text)
