@@ -1,16 +1,20 @@
-"""Log-probabilities from the one loop: the target's own, whatever speculation did.
+"""Log-probabilities: the target's own, whatever speculation did, and how the API sends them.
 
 Every reported value is read from the target's row at the token's position, so a
 speculative generation reports exactly what plain decoding reports, and both equal a
 direct computation on the target's logits for that prefix (HashModel can give the
 logits of any context). At temperature 0 that is the log-softmax of the raw row; at
-temperature > 0 the log of the filtered distribution the loop samples from.
+temperature > 0 the log of the filtered distribution the loop samples from. The
+server's tests use the official openai SDK over the socket on a scripted model.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,6 +31,7 @@ from backends.speculative import (
 )
 from tests.fakes import HashModel, chat_prompt, draft_model_for
 from tests.model_files import DRAFT_KEY, TARGET_KEY, require_model
+from tests.test_server_tools import PARIS_CALL, WEATHER_TOOL, scripted_server
 
 GREEDY = SamplingParams(temperature=0.0)
 SAMPLED = [
@@ -191,13 +196,14 @@ def test_starter_greedy_logprobs_equal_the_targets_plain_forward_with_the_draft_
 
     target_path = require_model(TARGET_KEY)
     draft_path = require_model(DRAFT_KEY)
-    target = load_model(target_path, runtime="llamacpp", n_ctx=1024)
+    # Exact kernels: verify batches round like one-token decoding (see backends/llamacpp.py);
+    # without them a batch's row differs from the one-token row by ~1e-2 in a logprob,
+    # which is the runtime's arithmetic, not the loop's bookkeeping.
+    target = load_model(target_path, runtime="llamacpp", n_ctx=1024, exact_kernels=True)
     draft = load_model(draft_path, runtime="llamacpp", n_ctx=1024)
     engine = Engine(target, draft)
     try:
-        prompt = engine.chat_prompt(
-            [_message("Write a Python function that adds two numbers.")]
-        )
+        prompt = engine.chat_prompt([_message("Write a Python function that adds two numbers.")])
         request = GenerationRequest(
             tuple(prompt), drafter="model", draft_tokens=4, max_tokens=24, logprobs=5
         )
@@ -227,3 +233,137 @@ def _message(text: str):
     from backends.base import ChatMessage
 
     return ChatMessage("user", text)
+
+
+# -- over the socket, with the official openai SDK, on a scripted model --------------------
+
+# A split UTF-8 character ("é" is two byte tokens) shows each half as U+FFFD in "token",
+# with its one byte in "bytes".
+REPLY = "Héllo, world"
+# The scripted model puts 30 on the scripted token and 0 on the 259 others.
+SCRIPTED_LOGPROB = -math.log1p(259 * math.exp(-30.0))
+OTHER_LOGPROB = -30.0 + SCRIPTED_LOGPROB
+
+
+def test_chat_logprobs_describe_every_token_streamed_and_not(tmp_path: Path):
+    request: dict[str, Any] = {
+        "model": "scripted",
+        "messages": [{"role": "user", "content": "Say hello"}],
+        "logprobs": True,
+        "top_logprobs": 2,
+        "temperature": 0,  # greedy: logprobs of the raw row, alternatives and all
+    }
+    with scripted_server(tmp_path, [REPLY]) as (sdk, _, engine):
+        whole = sdk.chat.completions.create(**request)
+        chunks = list(sdk.chat.completions.create(**request, stream=True))
+    assert engine.requests[0].logprobs == 2
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None and logprobs.refusal is None
+    content = logprobs.content or []
+    assert b"".join(bytes(entry.bytes or []) for entry in content) == REPLY.encode()
+    assert len(content) == len(REPLY.encode())
+    for entry in content:
+        assert entry.token == bytes(entry.bytes or []).decode("utf-8", errors="replace")
+        assert entry.logprob == pytest.approx(SCRIPTED_LOGPROB, abs=1e-6)
+        assert entry.top_logprobs[0].token == entry.token
+        assert len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[1].logprob == pytest.approx(OTHER_LOGPROB, abs=1e-5)
+    assert "\ufffd" in [entry.token for entry in content]
+
+    streamed = [
+        entry
+        for chunk in chunks
+        if chunk.choices and chunk.choices[0].logprobs is not None
+        for entry in chunk.choices[0].logprobs.content or []
+    ]
+    assert [entry.model_dump() for entry in streamed] == [entry.model_dump() for entry in content]
+
+
+def test_chat_logprobs_cover_the_tool_call_syntax_too(tmp_path: Path):
+    request: dict[str, Any] = {
+        "model": "scripted",
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [WEATHER_TOOL],
+        "logprobs": True,
+    }
+    with scripted_server(tmp_path, [PARIS_CALL]) as (sdk, _, _):
+        whole = sdk.chat.completions.create(**request)
+        chunks = list(sdk.chat.completions.create(**request, stream=True))
+    assert whole.choices[0].finish_reason == "tool_calls"
+    content = whole.choices[0].logprobs.content or []  # type: ignore[union-attr]
+    assert b"".join(bytes(entry.bytes or []) for entry in content) == PARIS_CALL.encode()
+    assert all(entry.top_logprobs == [] for entry in content)
+    streamed = [
+        entry.model_dump()
+        for chunk in chunks
+        if chunk.choices and chunk.choices[0].logprobs is not None
+        for entry in chunk.choices[0].logprobs.content or []
+    ]
+    assert streamed == [entry.model_dump() for entry in content]
+
+
+def test_completion_logprobs_come_in_the_legacy_shape_streamed_and_not(tmp_path: Path):
+    request: dict[str, Any] = {
+        "model": "scripted",
+        "prompt": "<|user|>Say hello<|assistant|>",
+        "logprobs": 3,
+        "temperature": 0,
+    }
+    reply = "Hello, world"
+    with scripted_server(tmp_path, [reply]) as (sdk, _, engine):
+        whole = sdk.completions.create(**request)
+        chunks = list(sdk.completions.create(**request, stream=True))
+    assert engine.requests[0].logprobs == 3
+    choice = whole.choices[0]
+    assert choice.text == reply
+    logprobs = choice.logprobs
+    assert logprobs is not None
+    assert logprobs.tokens == list(reply)
+    assert logprobs.token_logprobs == pytest.approx([SCRIPTED_LOGPROB] * len(reply), abs=1e-6)
+    assert logprobs.text_offset == list(range(len(reply)))
+    tops = logprobs.top_logprobs or []
+    assert len(tops) == len(reply)
+    for token, top in zip(reply, tops, strict=True):
+        assert next(iter(top)) == token and len(top) == 3
+    streamed: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "text_offset": []}
+    for chunk in chunks:
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            for key, values in streamed.items():
+                values.extend(getattr(chunk.choices[0].logprobs, key))
+    assert streamed == {
+        "tokens": logprobs.tokens,
+        "token_logprobs": logprobs.token_logprobs,
+        "text_offset": logprobs.text_offset,
+    }
+
+
+@pytest.mark.parametrize("fields", [{}, {"logprobs": False}], ids=["absent", "false"])
+def test_without_logprobs_the_responses_say_null(tmp_path: Path, fields: dict[str, Any]):
+    chat = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}], **fields}
+    completion = {"model": "scripted", "prompt": "<|user|>hi<|assistant|>"}
+    with scripted_server(tmp_path, ["ok"]) as (_, raw, engine):
+        chat_reply = raw.post("/v1/chat/completions", json=chat).json()
+        stream = raw.post("/v1/chat/completions", json={**chat, "stream": True}).text
+        completion_reply = raw.post("/v1/completions", json=completion).json()
+    assert chat_reply["choices"][0]["logprobs"] is None
+    assert completion_reply["choices"][0]["logprobs"] is None
+    chunks = [
+        json.loads(line.removeprefix("data: "))
+        for line in stream.splitlines()
+        if line.startswith("data: {")
+    ]
+    assert chunks and all(chunk["choices"][0]["logprobs"] is None for chunk in chunks)
+    assert [request.logprobs for request in engine.requests] == [None, None, None]
+
+
+def test_top_logprobs_without_logprobs_gets_a_400_naming_the_field(tmp_path: Path):
+    body = {
+        "model": "scripted",
+        "messages": [{"role": "user", "content": "hi"}],
+        "top_logprobs": 3,
+    }
+    with scripted_server(tmp_path, ["ok"]) as (_, raw, _):
+        response = raw.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "top_logprobs" and "logprobs: true" in error["message"]

@@ -339,8 +339,6 @@ BAD_TOOL_REQUESTS = [
         "messages[0].tool_call_id",
         id="tool-result-for-no-call",
     ),
-    pytest.param({"logprobs": True}, "unsupported_parameter", "logprobs", id="logprobs"),
-    pytest.param({"top_logprobs": 3}, "unsupported_parameter", "top_logprobs", id="top-logprobs"),
     pytest.param(
         {"frequency_penalty": 0.5}, "unsupported_parameter", "frequency_penalty", id="penalty"
     ),

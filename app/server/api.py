@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -162,7 +162,10 @@ class AgentApi:
                 code="invalid_value",
             ) from None
         formatter = ChatFormat(
-            self.model_id, include_usage=parsed.include_usage, tool_parser=plan.tool_parser
+            self.model_id,
+            include_usage=parsed.include_usage,
+            tool_parser=plan.tool_parser,
+            token_bytes=self._token_bytes(parsed),
         )
         return await self._respond(
             request, parsed, prompt, formatter, prompt_param="messages", constraint=plan.constraint
@@ -175,7 +178,9 @@ class AgentApi:
         if not parsed.prompt:
             raise ApiError(400, "The prompt is empty.", param="prompt", code="invalid_value")
         prompt = await asyncio.to_thread(self.engine.text_prompt, parsed.prompt)
-        formatter = CompletionFormat(self.model_id, include_usage=parsed.include_usage)
+        formatter = CompletionFormat(
+            self.model_id, include_usage=parsed.include_usage, token_bytes=self._token_bytes(parsed)
+        )
         return await self._respond(request, parsed, prompt, formatter, prompt_param="prompt")
 
     # -- the parts -------------------------------------------------------------
@@ -187,6 +192,10 @@ class AgentApi:
             "created": self.created,
             "owned_by": "draftpen",
         }
+
+    def _token_bytes(self, parsed: GenerationFields) -> Callable[[int], bytes] | None:
+        """How the response writes a token's text, when the request asked for logprobs."""
+        return self.engine.target.token_bytes if parsed.requested_logprobs is not None else None
 
     def _reply_plan(self, parsed: ChatCompletionRequest) -> _ReplyPlan:
         """What the prompt shows of the tools, how the reply is read, what it must be."""
@@ -328,6 +337,7 @@ class AgentApi:
                     else settings.exact_output
                 ),
                 constraint=constraint,
+                logprobs=parsed.requested_logprobs,
             )
         except ValueError as error:
             raise ApiError(400, str(error), code="invalid_value") from None

@@ -6,17 +6,26 @@ with tools runs through a :class:`~backends.tool_calls.ToolCallParser`, streamin
 not: its calls become ``tool_calls`` (``delta.tool_calls`` in a stream, as OpenAI sends
 them: index, id, type and name first, then ``arguments`` fragments), and
 ``finish_reason`` is ``"tool_calls"``.
+
+When a request asks for logprobs, each choice carries the target's log-probabilities
+of its tokens in OpenAI's shape for the endpoint (chat: ``logprobs.content``, one entry
+per token with its text, bytes and ``top_logprobs``; completions: parallel lists
+``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``). A stream sends
+each token's entry in the first chunk that goes out after the token was generated, so
+the chunks' logprobs concatenate to the whole response's, tool calls or not.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.server.tally import GenerationTally
-from backends.speculative import GenerationEvent
+from backends.speculative import GenerationEvent, TokenLogprob
 from backends.tool_calls import (
     ArgumentsPiece,
     ContentPiece,
@@ -34,12 +43,23 @@ class ResponseFormat:
     response_object = ""
     chunk_object = ""
 
-    def __init__(self, model_id: str, *, include_usage: bool) -> None:
+    def __init__(
+        self,
+        model_id: str,
+        *,
+        include_usage: bool,
+        token_bytes: Callable[[int], bytes] | None = None,
+    ) -> None:
         self.id = f"{self.id_prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.model_id = model_id
         self.include_usage = include_usage
+        # Set when the request asked for logprobs: a token's bytes, for its text.
+        self.token_bytes = token_bytes
         self._first_chunk = True
+        # Logprobs of tokens generated but not yet sent in a chunk (their text may be
+        # held back, or still being read as a tool call).
+        self._pending_logprobs: list[TokenLogprob] = []
 
     def _envelope(self, object_name: str) -> dict[str, Any]:
         return {
@@ -51,6 +71,9 @@ class ResponseFormat:
         }
 
     def _chunk(self, choice: dict[str, Any], tally: GenerationTally) -> dict[str, Any]:
+        if self.token_bytes is not None and self._pending_logprobs:
+            choice["logprobs"] = self._logprobs(self._pending_logprobs)
+            self._pending_logprobs = []
         chunk = {**self._envelope(self.chunk_object), "choices": [choice]}
         if self.include_usage:
             chunk["usage"] = None  # as OpenAI: only the last chunk carries usage
@@ -59,6 +82,7 @@ class ResponseFormat:
 
     def stream_chunks(self, event: GenerationEvent, tally: GenerationTally) -> list[dict[str, Any]]:
         """The chunks for one event: its text (if any), then the finish (if it is the last)."""
+        self._pending_logprobs.extend(event.token_logprobs)
         chunks = []
         if event.text or self._first_chunk:
             chunks.append(self._chunk(self._text_choice(event.text, self._first_chunk), tally))
@@ -78,12 +102,27 @@ class ResponseFormat:
 
     def response(self, tally: GenerationTally) -> dict[str, Any]:
         """The whole response of a request that did not stream."""
+        choice = self._whole_choice(tally.text, tally.finish_reason)
+        choice["logprobs"] = self._whole_logprobs(tally)
         return {
             **self._envelope(self.response_object),
-            "choices": [self._whole_choice(tally.text, tally.finish_reason)],
+            "choices": [choice],
             "usage": tally.usage(),
             "draftpen": tally.draftpen(),
         }
+
+    def _whole_logprobs(self, tally: GenerationTally) -> dict[str, Any] | None:
+        """The whole reply's logprobs block, or None when the request did not ask."""
+        return self._logprobs(tally.logprobs) if self.token_bytes is not None else None
+
+    def _token_text(self, token: int) -> tuple[str, bytes]:
+        """A token's text (a split UTF-8 character shows as U+FFFD) and its bytes."""
+        assert self.token_bytes is not None
+        data = self.token_bytes(token)
+        return data.decode("utf-8", errors="replace"), data
+
+    def _logprobs(self, items: Sequence[TokenLogprob]) -> dict[str, Any]:
+        raise NotImplementedError
 
     def _text_choice(self, text: str, first: bool) -> dict[str, Any]:
         raise NotImplementedError
@@ -103,9 +142,14 @@ class ChatFormat(ResponseFormat):
     chunk_object = "chat.completion.chunk"
 
     def __init__(
-        self, model_id: str, *, include_usage: bool, tool_parser: ToolCallParser | None = None
+        self,
+        model_id: str,
+        *,
+        include_usage: bool,
+        tool_parser: ToolCallParser | None = None,
+        token_bytes: Callable[[int], bytes] | None = None,
     ) -> None:
-        super().__init__(model_id, include_usage=include_usage)
+        super().__init__(model_id, include_usage=include_usage, token_bytes=token_bytes)
         self.tool_parser = tool_parser
 
     def stream_chunks(self, event: GenerationEvent, tally: GenerationTally) -> list[dict[str, Any]]:
@@ -113,6 +157,7 @@ class ChatFormat(ResponseFormat):
         parser = self.tool_parser
         if parser is None:
             return super().stream_chunks(event, tally)
+        self._pending_logprobs.extend(event.token_logprobs)
         pieces = parser.feed(event.text)
         if event.finish_reason is not None:
             pieces += parser.finish()
@@ -162,7 +207,8 @@ class ChatFormat(ResponseFormat):
                 {
                     "index": 0,
                     "message": message,
-                    "logprobs": None,
+                    # Every generated token, the call syntax's included.
+                    "logprobs": self._whole_logprobs(tally),
                     "finish_reason": self._finish_reason(tally.finish_reason),
                 }
             ],
@@ -176,6 +222,23 @@ class ChatFormat(ResponseFormat):
         if finish_reason == "stop" and self.tool_parser is not None and self.tool_parser.made_calls:
             return "tool_calls"
         return finish_reason
+
+    def _logprobs(self, items: Sequence[TokenLogprob]) -> dict[str, Any]:
+        """OpenAI's chat ``logprobs``: one entry per token, with its alternatives."""
+        return {
+            "content": [
+                {
+                    **self._token_entry(item.token, item.logprob),
+                    "top_logprobs": [self._token_entry(t, lp) for t, lp in item.top],
+                }
+                for item in items
+            ],
+            "refusal": None,
+        }
+
+    def _token_entry(self, token: int, logprob: float) -> dict[str, Any]:
+        text, data = self._token_text(token)
+        return {"token": text, "logprob": wire_logprob(logprob), "bytes": list(data)}
 
     def _text_choice(self, text: str, first: bool) -> dict[str, Any]:
         delta = {"role": "assistant", "content": text} if first else {"content": text}
@@ -226,9 +289,41 @@ def _deltas(pieces: list[ParsedPiece]) -> list[dict[str, Any]]:
 
 
 class CompletionFormat(ResponseFormat):
+    """Text completions; logprobs in the legacy shape of parallel lists."""
+
     id_prefix = "cmpl"
     response_object = "text_completion"
     chunk_object = "text_completion"
+
+    def __init__(
+        self,
+        model_id: str,
+        *,
+        include_usage: bool,
+        token_bytes: Callable[[int], bytes] | None = None,
+    ) -> None:
+        super().__init__(model_id, include_usage=include_usage, token_bytes=token_bytes)
+        # Where the next token's text starts in the completion (a stream's chunks go on
+        # counting from where the previous one stopped).
+        self._text_offset = 0
+
+    def _logprobs(self, items: Sequence[TokenLogprob]) -> dict[str, Any]:
+        """``tokens``, ``token_logprobs``, ``top_logprobs`` ({text: logprob}), ``text_offset``."""
+        tokens: list[str] = []
+        offsets: list[int] = []
+        for item in items:
+            text = self._token_text(item.token)[0]
+            tokens.append(text)
+            offsets.append(self._text_offset)
+            self._text_offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [wire_logprob(item.logprob) for item in items],
+            "top_logprobs": [
+                {self._token_text(t)[0]: wire_logprob(lp) for t, lp in item.top} for item in items
+            ],
+            "text_offset": offsets,
+        }
 
     def _text_choice(self, text: str, first: bool) -> dict[str, Any]:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
@@ -238,6 +333,15 @@ class CompletionFormat(ResponseFormat):
 
     def _whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+# What OpenAI reports for a token that has no probability at all (JSON has no -inf).
+IMPOSSIBLE_LOGPROB = -9999.0
+
+
+def wire_logprob(logprob: float) -> float:
+    """A logprob as JSON can carry it: -inf (a token the filters removed) is -9999."""
+    return logprob if math.isfinite(logprob) else IMPOSSIBLE_LOGPROB
 
 
 def sse_event(data: dict[str, Any] | str) -> str:

@@ -7,8 +7,8 @@ message says what is wrong and what is accepted. JSON Schemas (tool parameters,
 ``response_format``) are checked against their meta-schema with ``jsonschema``.
 
 Fields that change nothing for a local model (``user``, ``metadata``, ``store``, ...)
-are accepted and ignored. Fields the decoding loop does not honour yet (log-probabilities,
-penalties) are parsed and range-checked like the others, so their values are in the
+are accepted and ignored. Fields the decoding loop does not honour yet (penalties) are
+parsed and range-checked like the others, so their values are in the
 request model, and refused at anything but their neutral value by :data:`NOT_YET_HONOURED`.
 """
 
@@ -32,10 +32,6 @@ NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 # and range-checked in the request models like every other field; a value other than
 # their neutral one (absent, false, 0) gets a 400 naming the field.
 NOT_YET_HONOURED: dict[str, str] = {
-    "logprobs": "draftpen does not return log-probabilities yet; leave logprobs out or send "
-    "false (null on /v1/completions)",
-    "top_logprobs": "draftpen does not return log-probabilities yet; leave top_logprobs out "
-    "or send 0",
     "presence_penalty": "penalties are not applied yet; leave presence_penalty out or send 0 "
     "(temperature, top_p, top_k and min_p are supported)",
     "frequency_penalty": "penalties are not applied yet; leave frequency_penalty out or send 0 "
@@ -335,6 +331,11 @@ class GenerationFields(_Strict):
         """Whether a streamed response ends with a usage chunk."""
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def requested_logprobs(self) -> int | None:
+        """How many alternatives per token to report (None: no logprobs at all)."""
+        return None
+
     def check(self) -> None:
         """Rules across fields, after the types: raises :class:`ApiError` naming the field."""
         for name, advice in NOT_YET_HONOURED.items():
@@ -356,7 +357,7 @@ class ChatCompletionRequest(GenerationFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormatField | None = None
-    # Not honoured yet (see NOT_YET_HONOURED).
+    # The target's log-probabilities of the reply's tokens, and top_logprobs alternatives.
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     # Change nothing for a local model; accepted and ignored.
@@ -376,9 +377,18 @@ class ChatCompletionRequest(GenerationFields):
             raise ValueError('draftpen writes text only; send ["text"] or leave it out')
         return value
 
+    @property
+    def requested_logprobs(self) -> int | None:
+        """``top_logprobs`` (0 when left out) once ``logprobs`` is true; else None."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def check(self) -> None:
         """The field rules, then the conversation's and the tools' rules."""
         super().check()
+        if self.top_logprobs and not self.logprobs:
+            raise _invalid(
+                "top_logprobs", "it needs logprobs: true (send both, or leave top_logprobs out)"
+            )
         self._check_messages()
         self._check_tools()
 
@@ -466,8 +476,13 @@ class CompletionRequest(GenerationFields):
     """``POST /v1/completions``: raw prompt text, no chat template."""
 
     prompt: str
-    # Not honoured yet (see NOT_YET_HONOURED): how many top tokens to report per position.
+    # How many alternatives to report per token, besides the token's own logprob.
     logprobs: int | None = Field(None, ge=0, le=5)
+
+    @property
+    def requested_logprobs(self) -> int | None:
+        """``logprobs`` as sent: N alternatives per token, or None for no logprobs."""
+        return self.logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod

@@ -1,10 +1,10 @@
-"""What a generation has produced so far: its text, statistics and prediction counts."""
+"""What a generation has produced so far: its text, logprobs, statistics and prediction counts."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from backends.speculative import GenerationEvent
+from backends.speculative import GenerationEvent, TokenLogprob
 
 
 class GenerationTally:
@@ -12,6 +12,8 @@ class GenerationTally:
 
     def __init__(self) -> None:
         self.pieces: list[str] = []
+        # Every generated token's logprob (empty unless the request asked for them).
+        self.logprobs: list[TokenLogprob] = []
         self.last: GenerationEvent | None = None
         self.decision = ""
         self.prediction_drafted = 0
@@ -28,6 +30,7 @@ class GenerationTally:
             self.prediction_drafted += drafted
             self.prediction_accepted += accepted
         self.pieces.append(event.text)
+        self.logprobs.extend(event.token_logprobs)
         self.last = event
         self.decision = event.decision or self.decision
 
