@@ -174,6 +174,32 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
         wanted *= _WIDEN
 
 
+def log_normaliser(logits_row: np.ndarray) -> float:
+    """``log(sum(exp(x)))`` of one row at temperature 1: its log-softmax is ``x`` minus this.
+
+    A large row takes one float32 pass summed in float64 (:func:`_row_mass`): 10x
+    cheaper than float64 on a 150k vocabulary, within ~1e-8 of it. Tokens at -inf
+    (masked by a grammar) weigh nothing.
+    """
+    row = np.asarray(logits_row)
+    top = float(row.max())
+    if row.shape[0] <= _SAMPLE_SIZE:
+        return top + math.log(float(np.exp(row.astype(np.float64) - top).sum()))
+    return top + math.log(_row_mass(row, top, 1.0))
+
+
+def top_ids(values: np.ndarray, count: int) -> np.ndarray:
+    """The indices of the ``count`` largest ``values``, largest first (ties: any order).
+
+    Found among an upper set (:func:`_upper_set`) rather than by partitioning the whole
+    row, which costs ~1 ms on a 150k vocabulary.
+    """
+    if count <= 0:
+        return np.empty(0, dtype=np.int64)
+    ids = _top_k_ids(values, min(count, values.shape[0]))
+    return ids[np.argsort(-values[ids], kind="stable")]
+
+
 def residual(target: SparseDistribution, draft: SparseDistribution) -> SparseDistribution:
     """normalize(max(p - q, 0)): where to sample after a draft token is rejected."""
     ids = np.union1d(target.ids, draft.ids)

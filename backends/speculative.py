@@ -37,6 +37,8 @@ from backends.sampling import (
     SparseDistribution,
     distribution,
     greedy_token,
+    log_normaliser,
+    top_ids,
     verify_draft_token,
 )
 
@@ -686,23 +688,13 @@ def _advance(constraint: GrammarState | None, token: int, target: Model) -> None
 def _raw_logprob(
     row: np.ndarray, constraint: GrammarState | None, token: int, top_n: int
 ) -> TokenLogprob:
-    """``token``'s log-softmax in the (masked) raw row at temperature 1 (greedy decoding).
-
-    Float64 throughout, like the sampler's full softmax, so the values match a plain
-    ``log_softmax`` of the target's row to rounding.
-    """
-    values = np.asarray(_masked(row, constraint), dtype=np.float64)
-    top = values.max()
-    log_total = float(top) + float(np.log(np.exp(values - top).sum()))
+    """``token``'s log-softmax in the (masked) raw row at temperature 1 (greedy decoding)."""
+    values = _masked(row, constraint)
+    log_total = log_normaliser(values)
     logprob = float(values[token]) - log_total
-    if top_n == 0:
-        return TokenLogprob(token, logprob)
-    count = min(top_n, values.size)
-    candidates = np.argpartition(values, values.size - count)[values.size - count :]
-    ranked = candidates[np.argsort(-values[candidates], kind="stable")]
     alternatives = tuple(
         (int(index), float(values[index]) - log_total)
-        for index in ranked
+        for index in top_ids(values, top_n)
         if np.isfinite(values[index])  # a token the grammar refuses is no alternative
     )
     return TokenLogprob(token, logprob, alternatives)
@@ -712,14 +704,9 @@ def _sampled_logprob(p: SparseDistribution, token: int, top_n: int) -> TokenLogp
     """``token``'s log-probability under ``p``, the distribution the loop sampled from."""
     probability = p.prob_of(token)
     logprob = float(np.log(probability)) if probability > 0.0 else -np.inf
-    if top_n == 0:
-        return TokenLogprob(token, logprob)
-    count = min(top_n, p.ids.size)
-    order = np.argpartition(p.probs, p.probs.size - count)[p.probs.size - count :]
-    order = order[np.argsort(-p.probs[order], kind="stable")]
     alternatives = tuple(
         (int(p.ids[index]), float(np.log(p.probs[index])))
-        for index in order
+        for index in top_ids(p.probs, top_n)
         if p.probs[index] > 0.0
     )
     return TokenLogprob(token, logprob, alternatives)

@@ -22,7 +22,7 @@ import pytest
 from backends.constraints import GrammarSpec, GrammarState, GrammarVocabulary
 from backends.drafters import ModelDrafter
 from backends.engine import Engine, GenerationRequest
-from backends.sampling import SamplingParams, distribution
+from backends.sampling import SamplingParams, distribution, log_normaliser, top_ids
 from backends.speculative import (
     FixedDraftPolicy,
     GenerationEvent,
@@ -173,6 +173,17 @@ def test_under_a_grammar_logprobs_are_of_the_masked_row():
         assert len(item.top) == min(20, int(allowed.sum()))
         check.consume([token])
         context.append(token)
+
+
+def test_a_large_vocabularys_normaliser_and_top_tokens_match_a_full_float64_pass():
+    # Real vocabularies take the float32 pass and the upper-set search, not the fakes'.
+    row = (np.random.default_rng(11).standard_normal(151_936) * 3).astype(np.float32)
+    row[::7] = -np.inf  # a grammar's mask
+    assert log_normaliser(row) == pytest.approx(
+        float(np.log(np.exp(row.astype(np.float64) - row.max()).sum()) + row.max()), abs=1e-6
+    )
+    assert top_ids(row, 20).tolist() == np.argsort(-row, kind="stable")[:20].tolist()
+    assert top_ids(row, 0).size == 0
 
 
 def test_the_engine_passes_logprobs_through_and_checks_the_range():
