@@ -538,8 +538,8 @@ def speculative_generate(
                 if replacement is None:
                     p = distribution(_masked(logits[accepted], constraint), params)
                     replacement = p.sample(rng)
-                # else: p is still this position's distribution (the rejected draft's),
-                # and the correction is distributed as p, so log p is its logprob.
+                # Else p is still this position's distribution (the rejected draft's):
+                # the token emitted here is distributed as p, whichever path chose it.
                 emitted.append(replacement)
                 from_draft.append(False)
                 if logprobs is not None:
