@@ -21,7 +21,6 @@ from app.cli import models as cli_models
 from app.errors import DraftpenError
 from app.options import (
     add_model_options,
-    add_pair_file_options,
     add_sampling_options,
     chat_settings,
 )
@@ -69,8 +68,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench_command.register(commands)
     cli_models.register(commands)
     server_command.register(commands)
-    # serve defines its own model options; --target/--draft mean the same there.
-    add_pair_file_options(commands.choices["serve"])
     doctor.register(commands)
     return parser
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.errors import DraftpenError
+from app.options import add_model_options
 from app.server.queue import DEFAULT_QUEUE_LIMIT
-from backends.select import RUNTIMES
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,22 +24,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve = subparsers.add_parser(
         "serve", help="serve an OpenAI-compatible API to local agents on a Unix socket"
     )
-    serve.add_argument(
-        "--pair", default=None, help="model pair from the catalog (default: from settings)"
-    )
+    add_model_options(serve)  # --pair, --context, --runtime, --target, --draft
     serve.add_argument(
         "--socket",
         default=None,
         metavar="PATH",
         help="socket path (default: $XDG_RUNTIME_DIR/draftpen/draftpen.sock, "
         "else a private directory under draftpen's cache)",
-    )
-    serve.add_argument("--context", type=int, default=None, help="context length in tokens")
-    serve.add_argument(
-        "--runtime",
-        default=None,
-        choices=("auto", *RUNTIMES),
-        help="inference runtime (default: best for this machine; see draftpen doctor)",
     )
     serve.add_argument(
         "--queue",
