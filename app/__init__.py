@@ -2,7 +2,9 @@
 
 Packages, each a job (arrows point down; front ends never import each other):
 
-- ``tui``, ``cli``, ``server``: the front ends (the chat app, the commands, the agent API).
+- ``tui``, ``cli``: the front ends (the chat app, the commands); ``engine``: the engine
+  process (``draftpen serve``) that every front end and agent is a client of.
+- ``client``: how a front end finds, starts and talks to the engine over its socket.
 - ``bench``: measuring speculation on this machine (a command of the CLI).
 - ``models``: the catalog, the store, downloads and their sources, fit for this machine.
 - ``chats``: conversations, their history in SQLite, export.

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from app.calibration_store import ensure_calibrated
 from app.models.pair_files import pair_files
+from backends.conversation_cache import ConversationCache
 from backends.engine import Engine
 from backends.select import choose_runtime, load_model
 
@@ -22,6 +23,7 @@ def load_engine(
     with_draft: bool = True,
     calibrate: bool = True,
     exact_output: bool = False,
+    conversation_cache_bytes: int = 0,
     on_progress: Callable[[str], None] | None = None,
 ) -> Engine:
     """Load a downloaded pair; raises a DraftpenError/BackendError that says what to do.
@@ -29,6 +31,8 @@ def load_engine(
     With ``calibrate`` the engine gets this machine's cost model (from disk, or
     measured in seconds), which the "auto" drafter needs. ``exact_output`` loads the
     target with kernels whose verify batches round like plain decoding.
+    ``conversation_cache_bytes`` > 0 lets the engine keep that much of conversations'
+    KV state in RAM (the engine process does; one-shot commands need none).
     """
     chosen_runtime = choose_runtime(runtime)
     resolved = pair_files(pair_name, chosen_runtime)
@@ -47,7 +51,10 @@ def load_engine(
             target.close()
             raise
     try:
-        engine = Engine(target, draft)
+        conversations = (
+            ConversationCache(conversation_cache_bytes) if conversation_cache_bytes > 0 else None
+        )
+        engine = Engine(target, draft, conversations=conversations)
         if calibrate:
             ensure_calibrated(engine, chosen_runtime, report)
         return engine

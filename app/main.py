@@ -2,7 +2,7 @@
 
 It parses the command line and hands each command to the front end that serves it:
 ``chat`` to the chat app (``app.tui``) or, with ``--plain``, the REPL (``app.cli``);
-``generate``, ``models`` and ``doctor`` to ``app.cli``; ``serve`` to ``app.server``;
+``generate``, ``models`` and ``doctor`` to ``app.cli``; ``serve`` to ``app.engine``;
 ``bench`` to ``app.bench``. Nothing imports this module.
 
 Every command reports a failure as one line on stderr that says what to do, and
@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from app.bench import command as bench_command
 from app.cli import doctor, generate
 from app.cli import models as cli_models
+from app.engine import command as server_command
 from app.errors import DraftpenError
 from app.options import (
     add_model_options,
     add_sampling_options,
     chat_settings,
 )
-from app.server import command as server_command
 from backends.errors import BackendError
 
 EXIT_ERROR = 1

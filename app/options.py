@@ -90,6 +90,14 @@ def add_sampling_options(parser: argparse.ArgumentParser, *, temperature: float 
         "like one-token decoding; --no-exact (default) uses the fastest kernels",
     )
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument(
+        "--think",
+        dest="thinking",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let a model that reasons aloud (Qwen3, ...) think first; --no-think turns "
+        "it off through the chat template's own switch (default: from settings, on)",
+    )
 
 
 # Chat flags that override the settings field of the same name for one run.
@@ -102,6 +110,7 @@ CHAT_SETTING_FLAGS = (
     "draft_tokens",
     "drafter",
     "exact_output",
+    "thinking",
 )
 
 

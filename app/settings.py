@@ -126,7 +126,14 @@ class Settings:
     # and auto verifies only in batches measured to do so (see backends/calibration.py).
     # Off, speculation uses the fastest kernels and may flip a near-tie.
     exact_output: bool = False
+    # Let models that reason aloud (Qwen3, ...) think before they answer. Off turns it off
+    # through the chat template's own switch (Qwen3's enable_thinking), where it has one.
+    thinking: bool = True
     system_prompt: str = ""
+    # RAM the engine may use to keep conversations' KV state, so an agent and a chat
+    # taking turns do not re-read each other's prompts: "auto" (an eighth of this
+    # machine's RAM), "0" (keep none), or a size such as "2GiB" or "512MB".
+    conversation_cache: str = "auto"
 
     def __post_init__(self) -> None:
         problem = _range_problem(self)
@@ -158,8 +165,72 @@ def _range_problem(settings: Settings) -> str | None:
             settings.drafter in DRAFTER_CHOICES,
             f"drafter must be one of {', '.join(DRAFTER_CHOICES)}",
         ),
+        (
+            parse_byte_size(settings.conversation_cache) is not None,
+            f"conversation_cache must be {BYTE_SIZE_HINT}, not {settings.conversation_cache!r}",
+        ),
     ]
     return next((message for ok, message in checks if not ok), None)
+
+
+# "auto" keeps conversations in this share of the machine's RAM.
+AUTO_CONVERSATION_CACHE_SHARE = 1 / 8
+BYTE_SIZE_HINT = '"auto", "0" (off) or a size such as "2GiB", "512MB" or "1500000000"'
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kib": 1 << 10,
+    "kb": 10**3,
+    "m": 1 << 20,
+    "mib": 1 << 20,
+    "mb": 10**6,
+    "g": 1 << 30,
+    "gib": 1 << 30,
+    "gb": 10**9,
+    "t": 1 << 40,
+    "tib": 1 << 40,
+    "tb": 10**12,
+}
+
+
+def parse_byte_size(text: str) -> int | Literal["auto"] | None:
+    """A size as people write it ("2GiB", "512 MB", "1.5G", "0") in bytes; "auto" as is.
+
+    None when the text is not a size. Binary units (KiB, MiB, GiB; bare K, M, G) are
+    powers of 1024, decimal ones (kB, MB, GB) powers of 1000.
+    """
+    cleaned = text.strip().lower().replace(" ", "").replace("_", "")
+    if cleaned == "auto":
+        return "auto"
+    number = cleaned.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = cleaned[len(number) :]
+    if not number or unit not in _SIZE_UNITS:
+        return None
+    try:
+        value = float(number)
+    except ValueError:
+        return None
+    if not value >= 0 or value == float("inf"):  # also refuses NaN
+        return None
+    return int(value * _SIZE_UNITS[unit])
+
+
+def conversation_cache_bytes(value: str, total_ram: int | None = None) -> int:
+    """The byte budget a ``conversation_cache`` value names ("auto": an eighth of RAM).
+
+    Raises :class:`SettingsError` for text that is not a size.
+    """
+    size = parse_byte_size(value)
+    if size is None:
+        raise SettingsError(f"conversation cache size must be {BYTE_SIZE_HINT}, not {value!r}")
+    if size == "auto":
+        if total_ram is None:
+            import psutil
+
+            total_ram = int(psutil.virtual_memory().total)
+        return int(total_ram * AUTO_CONVERSATION_CACHE_SHARE)
+    return size
 
 
 def _field_types() -> dict[str, type]:

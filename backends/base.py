@@ -101,11 +101,18 @@ class Model(Protocol):
         ...
 
     def apply_chat_template(
-        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolSpec] = ()
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        template_variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text for a conversation, ending where the assistant speaks.
 
-        ``tools`` reach the template as its ``tools`` variable (transformers' convention).
+        ``tools`` reach the template as its ``tools`` variable (transformers' convention);
+        ``template_variables`` are further variables it reads (Qwen3's ``enable_thinking``).
+        Callers pass either only when they have one, so a runtime without a Jinja
+        template may leave them out.
         """
         ...
 
@@ -135,6 +142,42 @@ class Model(Protocol):
 
     def close(self) -> None:
         """Free the runtime's memory; the model is unusable afterwards."""
+        ...
+
+
+@dataclass(frozen=True, eq=False)
+class SequenceState:
+    """A copy of a model's KV cache, taken by :meth:`SavesSequenceState.save_state`.
+
+    ``tokens`` are the positions it holds, in order; ``nbytes`` is the memory the copy
+    takes. ``payload`` is the runtime's own data and ``owner`` the model instance that
+    made it: a state can be restored only into the model that saved it.
+    """
+
+    tokens: tuple[int, ...]
+    nbytes: int
+    payload: Any = field(repr=False)
+    owner: object = field(repr=False)
+
+
+@runtime_checkable
+class SavesSequenceState(Protocol):
+    """A model whose KV cache can be copied out and put back (an optional capability).
+
+    The engine keeps several conversations this way (``backends/conversation_cache.py``):
+    a request that continues a kept conversation reads only its new tokens.
+    """
+
+    def save_state(self) -> SequenceState:
+        """A copy of the cache as it is now (its tokens and their keys and values)."""
+        ...
+
+    def restore_state(self, state: SequenceState) -> None:
+        """Replace the cache with ``state``; ``cached_tokens`` becomes ``state.tokens``.
+
+        Raises ``ValueError`` for a state another model saved; on a runtime failure
+        the cache is left empty (never half-restored) and ``DecodeError`` is raised.
+        """
         ...
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -25,7 +25,7 @@ import jinja2
 import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from backends.base import ChatMessage, ToolCall, ToolSpec
+from backends.base import ChatMessage, Model, ToolCall, ToolSpec
 from backends.errors import BackendError
 
 CHATML_TEMPLATE = (
@@ -131,13 +131,16 @@ def render_chat(
     tools: Sequence[ToolSpec] = (),
     bos_token: str = "",
     eos_token: str = "",
+    template_variables: Mapping[str, Any] | None = None,
 ) -> str:
     """Render ``messages`` (and ``tools``) with ``template`` (ChatML when None).
 
     The text ends where the assistant's reply begins. Without tools the template's
     ``tools`` variable is left undefined, as transformers leaves it.
+    ``template_variables`` are extra variables the template reads (Qwen3's
+    ``enable_thinking``), as transformers' ``apply_chat_template(**kwargs)`` passes them.
     """
-    variables: dict[str, Any] = {}
+    variables: dict[str, Any] = dict(template_variables or {})
     if tools:
         variables["tools"] = [_tool_dict(tool) for tool in tools]
     try:
@@ -156,6 +159,27 @@ def render_chat(
             f"The model's chat template could not be rendered ({error}). "
             "Use --raw to send the prompt text as it is."
         ) from error
+
+
+def render_with_model_tokens(
+    model: Model,
+    template: str | None,
+    messages: Sequence[ChatMessage],
+    *,
+    tools: Sequence[ToolSpec] = (),
+    template_variables: Mapping[str, Any] | None = None,
+) -> str:
+    """:func:`render_chat` with the model's own BOS and EOS text as the template's
+    ``bos_token`` / ``eos_token`` (what both runtimes' ``apply_chat_template`` do)."""
+    info = model.vocab_info()
+    return render_chat(
+        template,
+        messages,
+        tools=tools,
+        bos_token=model.token_text(info.bos_id) if info.bos_id >= 0 else "",
+        eos_token=model.token_text(info.eos_id) if info.eos_id >= 0 else "",
+        template_variables=template_variables,
+    )
 
 
 def model_chat_template(model: object) -> str | None:

@@ -75,11 +75,14 @@ class GrammarSpec:
 
 
 def grammar_for(spec: ConstraintSpec | None) -> GrammarSpec | None:
-    """The grammar a request's constraint asks for; None when it asks for none here.
+    """The grammar a request's constraint asks for; None when it asks for none.
 
     ``response_format`` JSON (a schema, or any object) and tool calls that must happen
-    (``required`` or a named function) are grammars. A tool call the model *may* make
-    (``auto``) is not constrained: the reply stays free text that the parser reads.
+    (``required`` or a named function) are grammars from the first token. A tool call
+    the model *may* make (``auto``) is a lazy grammar: any text, until the model opens
+    a call in its family's syntax; from there the call's arguments must match the
+    tool's schema (see :func:`_auto_tool_call_lark`). With ``auto`` and a JSON
+    ``response_format`` together, the reply is that JSON (calls are not offered).
     """
     if spec is None or spec.is_empty:
         return None
@@ -88,25 +91,87 @@ def grammar_for(spec: ConstraintSpec | None) -> GrammarSpec | None:
     if spec.text is not None:
         schema = dict(spec.text.schema) if spec.text.schema is not None else {"type": "object"}
         return GrammarSpec.json_schema(schema)
+    if spec.tool_calls is not None:
+        return GrammarSpec("lark", _auto_tool_call_lark(spec.tool_calls))
     return None
 
 
 def _tool_call_lark(output: ToolCallOutput) -> str:
     """One or more calls (``parallel``) in the model's own wrapper, arguments per schema."""
     wrapper = output.syntax.canonical_wrapper
+    # Hermes writes a newline inside the tags; a bare JSON object stands alone.
+    inner = f'"{_lark_text(wrapper.opener)}\\n" call_json "\\n{_lark_text(wrapper.closer)}"'
+    call = inner if wrapper.opener else "call_json"
+    separator = f'"{_lark_text(output.syntax.separators or "")}\\n"'
+    start = "call (sep call)*" if output.parallel else "call"
+    return f"start: {start}\ncall: {call}\nsep: {separator}\ncall_json: {_call_json(output)}\n"
+
+
+def _auto_tool_call_lark(output: ToolCallOutput) -> str:
+    """Free text in which every call the model opens is held to the tools' schemas.
+
+    Two ways to open a call, as the family's parser reads them:
+
+    - an opener (Hermes' ``<tool_call>``): llguidance's lazy lexeme does the switching.
+      A call head is any text up to the first opener, matched as short as possible,
+      so the moment the opener is written the grammar is inside a call and the rest
+      of it (newline, ``{"name": "``, a tool's name, arguments per its schema, the
+      closer) is constrained, its fixed stretches forced. Text and further calls may
+      follow. Openers that are special tokens (``<|python_tag|>``) are left out: free
+      text never holds a special token.
+    - a bare JSON object that begins the reply (Llama 3's canonical form, and the
+      ``{{...}}`` that small Qwen2.5 models write): a reply whose first character is
+      ``{`` is a call (one brace may be doubled), any other reply is text.
+    """
+    call_json = _call_json(output)
+    wrapped = [
+        wrapper
+        for wrapper in output.syntax.wrappers
+        if wrapper.opener and not wrapper.known_names_only and not wrapper.opener.startswith("<|")
+    ]
+    bare = any(not wrapper.opener for wrapper in output.syntax.wrappers)
+    # FIRST: the reply's text before any call; it cannot start a bare call.
+    first = "/([^{](.|\\n)*)?/" if bare else "/(.|\\n)*/"
+    replies = ["FIRST"]
+    if bare:
+        replies.append("bare_call TEXT")
+    if wrapped:
+        replies.append("first_call (next_call)* TEXT")
+    lines = [
+        "start: " + " | ".join(replies),
+        f"FIRST: {first}",
+        "TEXT: /(.|\\n)*/",
+        f"call_json: {call_json}",
+    ]
+    if bare:
+        separator = _lark_text(output.syntax.separators or "")
+        lines.append(f'bare_call: "{{"? call_json ("{separator}\\n" call_json)*')
+    # One head and body per wrapper: each opener has its own closer.
+    for index, wrapper in enumerate(wrapped):
+        opener, closer = _lark_text(wrapper.opener), _lark_text(wrapper.closer)
+        lines += [
+            f'first_head{index}[lazy]: FIRST "{opener}"',
+            f'call_head{index}[lazy]: TEXT "{opener}"',
+            f'call_body{index}: "\\n" call_json "\\n{closer}"',
+        ]
+    if wrapped:
+        indices = range(len(wrapped))
+        lines += [
+            "first_call: " + " | ".join(f"first_head{i} call_body{i}" for i in indices),
+            "next_call: " + " | ".join(f"call_head{i} call_body{i}" for i in indices),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _call_json(output: ToolCallOutput) -> str:
+    """``%json`` of one call to any of the tools: its name and arguments per schema."""
     call_schema: dict[str, Any] = (
         _call_schema(output.tools[0], output)
         if len(output.tools) == 1
         else {"anyOf": [_call_schema(tool, output) for tool in output.tools]}
     )
     call_schema["x-guidance"] = JSON_STYLE
-    body = "%json " + json.dumps(call_schema)
-    # Hermes writes a newline inside the tags; a bare JSON object stands alone.
-    inner = f'"{_lark_text(wrapper.opener)}\\n" call_json "\\n{_lark_text(wrapper.closer)}"'
-    call = inner if wrapper.opener else "call_json"
-    separator = f'"{_lark_text(output.syntax.separators or "")}\\n"'
-    start = "call (sep call)*" if output.parallel else "call"
-    return f"start: {start}\ncall: {call}\nsep: {separator}\ncall_json: {body}\n"
+    return "%json " + json.dumps(call_schema)
 
 
 def _call_schema(tool: ToolSpec, output: ToolCallOutput) -> dict[str, Any]:

@@ -360,7 +360,8 @@ class AdaptiveDraftPolicy:
 
     def observe(self, outcome: RoundOutcome) -> None:
         """Learn acceptance and costs from a finished round."""
-        batch = outcome.drafted + 1
+        # Grammar-forced tokens ride in the same batch and cost like any other.
+        batch = outcome.drafted + outcome.other_verified + 1
         self.costs.observe_verify(batch, outcome.verify_seconds)
         if outcome.drafted and outcome.drafter == self.decision.drafter and self._round_key:
             self._estimate(self._round_key).observe(outcome.drafted, outcome.accepted)

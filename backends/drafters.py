@@ -25,6 +25,7 @@ import numpy as np
 
 from backends.base import Model
 from backends.constraints import GrammarState, mask_logits
+from backends.penalties import TokenCounts
 from backends.sampling import SamplingParams, SparseDistribution, distribution, greedy_token
 
 
@@ -95,9 +96,10 @@ class ModelDrafter:
     """
 
     name = "model"
-    # It drafts under a grammar (its q masked like the target's p), so ``propose``
-    # takes a ``constraint``; drafters without this flag are cut to the grammar's
-    # valid prefix by the loop instead.
+    # It drafts under a grammar and the reply's penalties (its q transformed like the
+    # target's p), so ``propose`` takes a ``constraint`` and ``penalties``; drafters
+    # without this flag are cut to the grammar's valid prefix by the loop instead,
+    # and need no penalties (their q is a point mass).
     FOLLOWS_GRAMMAR = True
 
     def __init__(
@@ -122,11 +124,14 @@ class ModelDrafter:
         rng: np.random.Generator,
         *,
         constraint: GrammarState | None = None,
+        penalties: TokenCounts | None = None,
     ) -> DraftProposal:
         """Draft up to ``max_tokens`` tokens by sampling the draft model's ``q``.
 
         Under a ``constraint`` each row is masked by the grammar's state after the
-        tokens drafted before it; the state is left where it was found.
+        tokens drafted before it, and with ``penalties`` penalised by the reply's
+        counts plus those drafts, as the target's row for the same position will be;
+        the state and the counts are left as they were found.
         """
         if max_tokens <= 0 or not context:
             return EMPTY_PROPOSAL
@@ -147,8 +152,16 @@ class ModelDrafter:
         distributions: list[SparseDistribution] = []
         top_probs: list[float] = []
         drafted_under_grammar = 0
+        counted: list[int] = []  # drafts added to ``penalties`` for the rows after them
         while True:
-            if constraint is not None:
+            if penalties is not None:
+                row = penalties.apply(row)
+            if constraint is not None and not (
+                params.greedy and constraint.allows(greedy_token(row))
+            ):
+                # Greedy drafting needs the whole mask only where the row's argmax is
+                # refused: in a lazy grammar's free text nearly everything is allowed,
+                # and one check costs far less than a mask over the vocabulary.
                 row = mask_logits(row, constraint.allowed())
             if params.greedy:
                 token = greedy_token(row)
@@ -170,6 +183,9 @@ class ModelDrafter:
             if constraint is not None:
                 constraint.consume([token])
                 drafted_under_grammar += 1
+            if penalties is not None:
+                penalties.add([token])
+                counted.append(token)
             started = time.perf_counter()
             row = model.forward([token], last_only=True)[0]
             step_times.append(time.perf_counter() - started)
@@ -177,6 +193,8 @@ class ModelDrafter:
             passes += 1
         if constraint is not None:
             constraint.rollback(drafted_under_grammar)
+        if penalties is not None:
+            penalties.remove(counted)
         return DraftProposal(
             tokens=tokens,
             distributions=None if params.greedy else distributions,

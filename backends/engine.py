@@ -8,11 +8,13 @@ An engine is not thread-safe: one generation at a time (the server queues).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from backends.base import ChatMessage, Model, ToolSpec
 from backends.calibration import measure_costs
+from backends.chat_template import model_chat_template
 from backends.constraints import GrammarState, GrammarVocabulary, grammar_for
 from backends.controller import (
     AcceptanceEstimate,
@@ -20,10 +22,12 @@ from backends.controller import (
     ConfidenceFloor,
     CostModel,
 )
+from backends.conversation_cache import ConversationCache
 from backends.drafters import Drafter, ModelDrafter, NgramDrafter, PredictionDrafter
 from backends.errors import BackendError
 from backends.output_constraints import ConstraintSpec
 from backends.pair_check import check_pair
+from backends.reasoning import ReasoningFormat, reasoning_format, thinking_variables
 from backends.sampling import SamplingParams
 from backends.speculative import (
     MAX_TOP_LOGPROBS,
@@ -70,16 +74,27 @@ class GenerationRequest:
 
 
 class Engine:
-    """A target model, an optional draft model that passed the pair check, and the loop."""
+    """A target model, an optional draft model that passed the pair check, and the loop.
+
+    With ``conversations`` (a :class:`ConversationCache`) the engine keeps several
+    conversations' KV state: a request that continues a kept conversation reads only
+    its new tokens, whatever ran in between.
+    """
 
     def __init__(
-        self, target: Model, draft: Model | None = None, *, costs: CostModel | None = None
+        self,
+        target: Model,
+        draft: Model | None = None,
+        *,
+        costs: CostModel | None = None,
+        conversations: ConversationCache | None = None,
     ) -> None:
         if draft is not None:
             check_pair(target, draft).raise_if_incompatible(target.name, draft.name)
         self.target = target
         self.draft = draft
         self.costs = costs
+        self.conversations = conversations
         self._model_drafter = ModelDrafter(draft) if draft is not None else None
         self._ngram_drafter = NgramDrafter()
         self._acceptance: dict[str, AcceptanceEstimate] = {}
@@ -121,13 +136,39 @@ class Engine:
         return self.costs
 
     def chat_prompt(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] = (),
+        *,
+        thinking: bool | None = None,
     ) -> list[int]:
         """Token ids for a conversation (and the tools it may call), in the chat template."""
+        return self.text_prompt(self.chat_prompt_text(messages, tools, thinking=thinking))
+
+    def chat_prompt_text(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] = (),
+        *,
+        thinking: bool | None = None,
+    ) -> str:
+        """The conversation rendered by the target's chat template, as text.
+
+        ``thinking`` False turns reasoning off through the template's own switch where it
+        has one (None: the template's default); see :mod:`backends.reasoning`.
+        """
+        options: dict[str, Any] = {}
         if tools:
-            return self.text_prompt(self.target.apply_chat_template(messages, tools=tools))
-        # Without tools the call is the one every runtime (and every fake) has always had.
-        return self.text_prompt(self.target.apply_chat_template(messages))
+            options["tools"] = tools
+        variables = thinking_variables(model_chat_template(self.target), thinking)
+        if variables:
+            options["template_variables"] = variables
+        # Without either, the call is the one every runtime (and every fake) has always had.
+        return self.target.apply_chat_template(messages, **options)
+
+    def reasoning_format(self, prompt_text: str) -> ReasoningFormat | None:
+        """How the reply to ``prompt_text`` marks reasoning (None: this model does not think)."""
+        return reasoning_format(model_chat_template(self.target), prompt_text)
 
     def text_prompt(self, text: str) -> list[int]:
         """Token ids for raw prompt text (BOS added once, where the model wants it)."""
@@ -184,7 +225,12 @@ class Engine:
     def generate(
         self, request: GenerationRequest, cancel: threading.Event | None = None
     ) -> Iterator[GenerationEvent]:
-        """Run the speculative loop for ``request`` (under its grammar, if it has one)."""
+        """Run the speculative loop for ``request`` (under its grammar, if it has one).
+
+        With a conversation cache, the models' caches are prepared first: the state
+        left by the last generation is kept if this prompt would overwrite it, and the
+        kept conversation this prompt continues is brought back.
+        """
         return speculative_generate(
             self.target,
             request.prompt_tokens,
@@ -195,10 +241,32 @@ class Engine:
             cancel=cancel,
             constraint=self.grammar_state(request.constraint),
             logprobs=request.logprobs,
+            prepare_cache=self._cache_preparer(request),
         )
 
+    def _cache_preparer(self, request: GenerationRequest) -> Callable[[Sequence[int]], None] | None:
+        """What brings kept conversations back before the loop reads ``request``'s prompt."""
+        conversations = self.conversations
+        if conversations is None:
+            return None
+        # The draft model's cache matters only where this request may draft with it
+        # (a caller's prediction replaces the drafter when one is named).
+        uses_draft = self.draft is not None and (
+            request.drafter == "auto" or (request.drafter == "model" and not request.prediction)
+        )
+        draft = self.draft if uses_draft else None
+
+        def prepare(prompt: Sequence[int]) -> None:
+            conversations.prepare("target", self.target, prompt)
+            if draft is not None:
+                conversations.prepare("draft", draft, prompt)
+
+        return prepare
+
     def close(self) -> None:
-        """Free both models."""
+        """Free both models and the conversations kept for them."""
+        if self.conversations is not None:
+            self.conversations.clear()
         self.target.close()
         if self.draft is not None:
             self.draft.close()

@@ -18,14 +18,14 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from backends.base import ChatMessage, ToolSpec, VocabInfo
-from backends.chat_template import render_chat
+from backends.base import ChatMessage, SequenceState, ToolSpec, VocabInfo
+from backends.chat_template import render_with_model_tokens
 from backends.errors import (
     ContextOverflowError,
     DecodeError,
@@ -106,6 +106,11 @@ def check_gguf_file(path: Path) -> None:
             f"{path} is not a GGUF model file (it starts with {magic!r}). "
             "Delete it and download the model again."
         )
+
+
+def _uint8_pointer(buffer: np.ndarray) -> Any:
+    """A ``uint8_t *`` to a contiguous numpy byte buffer, for llama.cpp's state calls."""
+    return buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
 def _vocab_token_text(vocab: Any, token: int) -> str:
@@ -287,13 +292,16 @@ class LlamaCppModel:
         return _vocab_facts(self._vocab, self.n_vocab)
 
     def apply_chat_template(
-        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolSpec] = ()
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        template_variables: Mapping[str, Any] | None = None,
     ) -> str:
         """Render the conversation with the template stored in the GGUF file."""
-        info = self.vocab_info()
-        bos = self.token_text(info.bos_id) if info.bos_id >= 0 else ""
-        eos = self.token_text(info.eos_id) if info.eos_id >= 0 else ""
-        return render_chat(self.chat_template, messages, tools=tools, bos_token=bos, eos_token=eos)
+        return render_with_model_tokens(
+            self, self.chat_template, messages, tools=tools, template_variables=template_variables
+        )
 
     # -- evaluation ----------------------------------------------------------
 
@@ -364,6 +372,51 @@ class LlamaCppModel:
         if not llama_cpp.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
             raise DecodeError(f"llama.cpp could not drop cached positions from {n_keep} on")
         del self._tokens[n_keep:]
+
+    # -- keeping conversations -----------------------------------------------
+
+    def save_state(self) -> SequenceState:
+        """Copy the sequence's KV cells into host memory (llama.cpp's per-sequence state).
+
+        The copy holds the cells' positions, keys and values, not the logits: the loop
+        never reads logits left from before a prefill, it evaluates the pending token.
+        """
+        context = self._live_context()
+        size = int(llama_cpp.llama_state_seq_get_size(context, 0))
+        # np.empty, not a ctypes array: no zero-filling of a buffer about to be written.
+        buffer = np.empty(size, dtype=np.uint8)
+        written = llama_cpp.llama_state_seq_get_data(context, _uint8_pointer(buffer), size, 0)
+        if written != size:
+            raise DecodeError(
+                f"llama.cpp copied {written} of {size} bytes of {self.name}'s cache "
+                f"({_last_llama_error()})"
+            )
+        return SequenceState(tuple(self._tokens), buffer.nbytes, buffer, owner=self)
+
+    def restore_state(self, state: SequenceState) -> None:
+        """Put a state saved by this model back into the cache, replacing what it holds."""
+        if state.owner is not self:
+            raise ValueError(f"this state was saved by another model, not {self.name}")
+        context = self._live_context()
+        buffer = state.payload
+        _recent_errors.clear()
+        read = llama_cpp.llama_state_seq_set_data(context, _uint8_pointer(buffer), buffer.size, 0)
+        restored_end = int(llama_cpp.llama_memory_seq_pos_max(self._memory, 0)) + 1
+        if read != buffer.size or restored_end != len(state.tokens):
+            # llama.cpp drops the sequence when a restore fails part way; make sure of
+            # it, so the cache and ``_tokens`` agree (empty) rather than half-restored.
+            llama_cpp.llama_memory_seq_rm(self._memory, 0, 0, -1)
+            self._tokens.clear()
+            raise DecodeError(
+                f"llama.cpp could not restore {self.name}'s cache ({_last_llama_error()}); "
+                "the prompt will be read again"
+            )
+        self._tokens = list(state.tokens)
+
+    def _live_context(self) -> Any:
+        if not self._context:
+            raise DecodeError(f"{self.name} was closed; load the model again to use it")
+        return self._context
 
     def close(self) -> None:
         """Free the batch, the context and the weights."""

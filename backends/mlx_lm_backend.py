@@ -14,16 +14,17 @@ This is the only module that imports ``mlx`` and ``mlx_lm``.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from backends.base import ChatMessage, ToolSpec, VocabInfo
-from backends.chat_template import render_chat
+from backends.base import ChatMessage, SequenceState, ToolSpec, VocabInfo
+from backends.chat_template import render_with_model_tokens
 from backends.errors import (
     ContextOverflowError,
     DecodeError,
@@ -80,6 +81,11 @@ def untrimmable_cache_reason(cache: list[Any]) -> str | None:
         kinds = sorted({type(layer).__name__ for layer in cache if not layer.is_trimmable()})
         return f"its cache layers of type {', '.join(kinds)} cannot be trimmed"
     return None
+
+
+def _cache_nbytes(cache: list[Any]) -> int:
+    """Bytes held by a prompt cache's key and value buffers."""
+    return sum(int(layer.nbytes) for layer in cache)
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -245,13 +251,16 @@ class MlxModel:
         return token in self._end_ids
 
     def apply_chat_template(
-        self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolSpec] = ()
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        template_variables: Mapping[str, Any] | None = None,
     ) -> str:
         """Render the conversation with the model's own chat template."""
-        info = self._info
-        bos = self.token_text(info.bos_id) if info.bos_id >= 0 else ""
-        eos = self.token_text(info.eos_id) if info.eos_id >= 0 else ""
-        return render_chat(self.chat_template, messages, tools=tools, bos_token=bos, eos_token=eos)
+        return render_with_model_tokens(
+            self, self.chat_template, messages, tools=tools, template_variables=template_variables
+        )
 
     # -- evaluation ----------------------------------------------------------
 
@@ -304,6 +313,27 @@ class MlxModel:
         if trimmed != excess:
             raise DecodeError(f"mlx-lm trimmed {trimmed} of {excess} cached positions")
         del self._tokens[n_keep:]
+
+    # -- keeping conversations -----------------------------------------------
+
+    def save_state(self) -> SequenceState:
+        """A deep copy of mlx-lm's prompt cache (as mlx-lm's own server keeps them).
+
+        A copy, not the live objects: the cache layers change in place as decoding
+        goes on (their offsets, and slice assignment into their key/value buffers).
+        """
+        saved = copy.deepcopy(self._cache)
+        mx.eval([layer.state for layer in saved])
+        return SequenceState(tuple(self._tokens), _cache_nbytes(saved), saved, owner=self)
+
+    def restore_state(self, state: SequenceState) -> None:
+        """Make a fresh copy of a saved prompt cache the live one."""
+        if state.owner is not self:
+            raise ValueError(f"this state was saved by another model, not {self.name}")
+        restored = copy.deepcopy(state.payload)
+        mx.eval([layer.state for layer in restored])
+        self._cache = restored
+        self._tokens = list(state.tokens)
 
     def close(self) -> None:
         """Drop the weights and the cache (MLX frees memory when arrays go away)."""

@@ -2,7 +2,9 @@
 
 Filters apply in one fixed order, to the target's rows and the draft's rows alike, so
 that the speculative loop compares like with like: temperature scaling, then top-k,
-then top-p (nucleus), then min-p (relative to the most likely token left).
+then top-p (nucleus), then min-p (relative to the most likely token left). Presence
+and frequency penalties depend on the reply so far, so the loop applies them to a row
+before it gets here (backends/penalties.py), again to p and q alike.
 
 Distributions are *sparse*: the ids that survived filtering, sorted, with their
 probabilities. With the usual filters that is tens of tokens, not the whole
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from backends.penalties import PENALTY_RANGE
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -28,6 +32,10 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+    # OpenAI's penalties on tokens already in the reply (see backends/penalties.py);
+    # the loop applies them to the rows before the filters above, for p and q alike.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:  # also rejects NaN
@@ -38,6 +46,10 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if not 0.0 <= self.min_p < 1.0:
             raise ValueError("min_p must be in [0, 1)")
+        low, high = PENALTY_RANGE
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not low <= getattr(self, name) <= high:  # also rejects NaN
+                raise ValueError(f"{name} must be in [{low:g}, {high:g}]")
 
     @property
     def greedy(self) -> bool:

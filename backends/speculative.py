@@ -20,9 +20,10 @@ an adaptive one can measure costs and acceptance and choose per round.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -32,6 +33,7 @@ from backends.base import IncrementalDetokenizer, Model
 from backends.constraints import GrammarState, mask_logits
 from backends.drafters import EMPTY_PROPOSAL, Drafter, DraftProposal, common_prefix_length
 from backends.errors import ContextOverflowError
+from backends.penalties import TokenCounts
 from backends.sampling import (
     SamplingParams,
     SparseDistribution,
@@ -160,9 +162,10 @@ class TokenLogprob:
 
     At temperature > 0 the distribution is the one the loop samples from (after
     temperature, top-k, top-p and min-p, and the grammar's mask); at temperature 0 it
-    is the softmax of the (masked) raw row, as OpenAI and llama.cpp report. ``top``
-    holds up to N (token, logprob) pairs, most likely first; tokens the filters or the
-    grammar removed are never listed, so it can be shorter than N.
+    is the softmax of the (masked) raw row, as OpenAI and llama.cpp report. Presence
+    and frequency penalties are part of both. ``top`` holds exactly N (token, logprob)
+    pairs, most likely first; where the filters or the grammar left fewer than N
+    possible tokens, the likeliest of the others follow at -inf.
     """
 
     token: int
@@ -216,6 +219,10 @@ class RoundOutcome:
     draft_confidences: tuple[float, ...] = ()
     # Mean time of a one-token draft-model step this round (None: none was timed).
     draft_step_seconds: float | None = None
+    # Tokens verified in the batch besides the pending one and ``drafted``: the
+    # grammar's forced tokens (and guesses that were not judged). The batch held
+    # ``1 + drafted + other_verified`` tokens.
+    other_verified: int = 0
 
 
 class DraftPolicy(Protocol):
@@ -393,6 +400,7 @@ def speculative_generate(
     cancel: threading.Event | None = None,
     constraint: GrammarState | None = None,
     logprobs: int | None = None,
+    prepare_cache: Callable[[Sequence[int]], None] | None = None,
 ) -> Iterator[GenerationEvent]:
     """Generate from ``prompt_tokens``, yielding one event per round.
 
@@ -404,9 +412,13 @@ def speculative_generate(
     construction.
 
     The target's cache is reused where it already holds a prefix of the prompt (a
-    chat's earlier turns). Stops at an end-of-generation token, a stop string (which
-    is not shown), ``max_tokens``, a full context, or when ``cancel`` is set (checked
-    between rounds). Raises :class:`ContextOverflowError` if the prompt does not fit.
+    chat's earlier turns); ``prepare_cache(prompt_tokens)``, when given, runs first and
+    may put a better starting state into the caches (a kept conversation, see
+    ``backends/conversation_cache.py``); its time counts as reading the prompt.
+
+    Stops at an end-of-generation token, a stop string (which is not shown),
+    ``max_tokens``, a full context, or when ``cancel`` is set (checked between
+    rounds). Raises :class:`ContextOverflowError` if the prompt does not fit.
 
     ``logprobs`` (None: off; N in 0..20) adds to each event a :class:`TokenLogprob`
     per token, with the N most likely alternatives. They are computed from the
@@ -424,6 +436,8 @@ def speculative_generate(
     rng = np.random.default_rng(params.seed)
     stats = _StatsAccumulator(prompt_tokens=len(prompt_tokens))
     started = time.perf_counter()
+    if prepare_cache is not None:
+        prepare_cache(prompt_tokens)
 
     # Prefill everything but the last prompt token, without logits; that token is the
     # first round's "pending" token, evaluated together with the first drafts.
@@ -442,6 +456,10 @@ def speculative_generate(
     detokenizer = IncrementalDetokenizer(target)
     stop_filter = StopStringFilter(stop)
     greedy = params.greedy
+    # The reply's token counts for presence/frequency penalties (None: both are 0).
+    # Tokens join as they are committed, so row i of a verify sees the counts after
+    # the accepted drafts before it, as a draft model drafting position i did.
+    penalties = TokenCounts.for_penalties(params.presence_penalty, params.frequency_penalty)
 
     while True:
         if cancel is not None and cancel.is_set():
@@ -453,29 +471,20 @@ def speculative_generate(
             yield _final_event(stats, stop_filter, detokenizer, FINISH_LENGTH)
             return
 
-        forced = constraint.forced() if constraint is not None else []
-        grammar_round = bool(forced) and remaining > 1 and room > 0
-        if grammar_round:
+        forced: list[int] = []
+        if constraint is not None and remaining > 1 and room > 0:
             # The grammar's only continuation: drafts that cost nothing to propose.
-            plan = RoundPlan(None, 0, reason="grammar-forced tokens")
-            drafts = forced[: min(remaining - 1, room, MAX_FORCED_DRAFTS)]
-            proposal = DraftProposal(tokens=drafts)
-        else:
-            plan = policy.plan(context)
-            draft_length = max(0, min(plan.draft_length, remaining - 1, room))
-            proposal = EMPTY_PROPOSAL
-            if plan.drafter is not None and draft_length > 0:
-                if constraint is not None and getattr(plan.drafter, "FOLLOWS_GRAMMAR", False):
-                    proposal = plan.drafter.propose(
-                        context, draft_length, params, rng, constraint=constraint
-                    )
-                else:
-                    proposal = plan.drafter.propose(context, draft_length, params, rng)
-            drafts = proposal.tokens[:draft_length]
-            if constraint is not None and drafts:
-                # A draft the grammar refuses would be rejected anyway; not verifying
-                # it keeps the masks below defined.
-                drafts = drafts[: constraint.valid_prefix(drafts)]
+            forced = constraint.forced()[: min(remaining - 1, room, MAX_FORCED_DRAFTS)]
+        plan, drafts, proposal = _round_drafts(
+            policy,
+            context,
+            forced,
+            min(remaining - 1, room),
+            params,
+            rng,
+            constraint,
+            penalties,
+        )
         stats.runtime_seconds += proposal.runtime_seconds
         verify_started = time.perf_counter()
 
@@ -495,32 +504,34 @@ def speculative_generate(
         if greedy:
             # Only the argmax of each row, and only of rows up to the first mismatch.
             for position, draft_token in enumerate(drafts):
-                if _greedy_under(logits[position], constraint) != draft_token:
+                if _greedy_under(logits[position], constraint, penalties) != draft_token:
                     break
                 accepted += 1
                 emitted.append(draft_token)
                 from_draft.append(True)
                 if logprobs is not None:
                     emitted_logprobs.append(
-                        _raw_logprob(logits[position], constraint, draft_token, logprobs)
+                        _raw_logprob(logits[position], constraint, penalties, draft_token, logprobs)
                     )
-                _advance(constraint, draft_token, target)
+                _advance(constraint, penalties, draft_token, target)
                 if target.is_end_of_generation(draft_token):
                     hit_end = True
                     break
             if not hit_end:
-                emitted.append(_greedy_under(logits[accepted], constraint))
+                emitted.append(_greedy_under(logits[accepted], constraint, penalties))
                 from_draft.append(False)
                 if logprobs is not None:
                     emitted_logprobs.append(
-                        _raw_logprob(logits[accepted], constraint, emitted[-1], logprobs)
+                        _raw_logprob(logits[accepted], constraint, penalties, emitted[-1], logprobs)
                     )
-                _advance(constraint, emitted[-1], target)
+                _advance(constraint, penalties, emitted[-1], target)
         else:
             replacement: int | None = None
             p: SparseDistribution | None = None
+            row: np.ndarray | None = None  # p's row, penalised (not masked)
             for position, draft_token in enumerate(drafts):
-                p = distribution(_masked(logits[position], constraint), params)
+                row = _penalised(logits[position], penalties)
+                p = distribution(_masked(row, constraint), params)
                 q = _draft_distribution(proposal, position, draft_token)
                 replacement = verify_draft_token(p, q, draft_token, rng)
                 if replacement is not None:
@@ -529,23 +540,24 @@ def speculative_generate(
                 emitted.append(draft_token)
                 from_draft.append(True)
                 if logprobs is not None:
-                    emitted_logprobs.append(_sampled_logprob(p, draft_token, logprobs))
-                _advance(constraint, draft_token, target)
+                    emitted_logprobs.append(_sampled_logprob(p, row, draft_token, logprobs))
+                _advance(constraint, penalties, draft_token, target)
                 if target.is_end_of_generation(draft_token):
                     hit_end = True
                     break
             if not hit_end:
                 if replacement is None:
-                    p = distribution(_masked(logits[accepted], constraint), params)
+                    row = _penalised(logits[accepted], penalties)
+                    p = distribution(_masked(row, constraint), params)
                     replacement = p.sample(rng)
                 # Else p is still this position's distribution (the rejected draft's):
                 # the token emitted here is distributed as p, whichever path chose it.
                 emitted.append(replacement)
                 from_draft.append(False)
                 if logprobs is not None:
-                    assert p is not None
-                    emitted_logprobs.append(_sampled_logprob(p, replacement, logprobs))
-                _advance(constraint, replacement, target)
+                    assert p is not None and row is not None
+                    emitted_logprobs.append(_sampled_logprob(p, row, replacement, logprobs))
+                _advance(constraint, penalties, replacement, target)
 
         # Keep the pending token and the accepted drafts; the new pending token (the
         # correction or bonus) is evaluated at the head of the next round.
@@ -555,30 +567,33 @@ def speculative_generate(
         stats.runtime_seconds += finished - rollback_started
         verify_seconds = finished - verify_started
 
-        if grammar_round:
-            round_drafter = "grammar"
-        else:
-            round_drafter = plan.drafter.name if plan.drafter is not None and drafts else "none"
+        # The forced tokens lead the batch; the drafter's guesses follow them. Guesses
+        # behind a forced token the target refused (a forced stretch that another
+        # tokenisation could also spell) were never judged: not counted as drafted.
+        guessed = len(drafts) - len(forced)
+        judged = guessed if accepted >= len(forced) else 0
+        guessed_accepted = max(0, accepted - len(forced))
+        guesser = plan.drafter.name if plan.drafter is not None and guessed else "none"
+        round_drafter = _round_drafter_name(bool(forced), guesser)
         stats.rounds += 1
-        if grammar_round:
-            stats.grammar_forced += accepted
-        elif drafts:
+        stats.grammar_forced += min(accepted, len(forced))
+        if judged:
             stats.speculative_rounds += 1
-            stats.drafted += len(drafts)
-            stats.accepted += accepted
-            stats.record_accepted_length(accepted)
-        if not grammar_round:  # the policy planned nothing this round: nothing to learn
-            policy.observe(
-                RoundOutcome(
-                    drafter=round_drafter,
-                    drafted=len(drafts),
-                    accepted=accepted,
-                    verify_seconds=verify_seconds,
-                    emitted=len(emitted),
-                    draft_confidences=tuple(proposal.top_probs[: len(drafts)]),
-                    draft_step_seconds=proposal.step_seconds,
-                )
+            stats.drafted += judged
+            stats.accepted += guessed_accepted
+            stats.record_accepted_length(guessed_accepted)
+        policy.observe(
+            RoundOutcome(
+                drafter=guesser,
+                drafted=judged,
+                accepted=guessed_accepted,
+                verify_seconds=verify_seconds,
+                emitted=len(emitted),
+                draft_confidences=tuple(proposal.top_probs[:judged]),
+                draft_step_seconds=proposal.step_seconds,
+                other_verified=len(drafts) - judged,
             )
+        )
 
         segments: list[TextSegment] = []
         finish: str | None = None
@@ -652,6 +667,72 @@ def _final_event(
     )
 
 
+def _round_drafts(
+    policy: DraftPolicy,
+    context: list[int],
+    forced: list[int],
+    room: int,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    constraint: GrammarState | None,
+    penalties: TokenCounts | None,
+) -> tuple[RoundPlan, list[int], DraftProposal]:
+    """This round's plan and drafts: the grammar's forced tokens, then the drafter's.
+
+    The policy plans, and its drafter drafts, from the context after the forced
+    tokens (the grammar state and the penalty counts are moved past them meanwhile,
+    and back), so one verify checks both: the free stretch and the guesses after it.
+    ``room`` bounds the whole batch of drafts. The proposal's distributions (q) are
+    aligned with the drafts: a point mass for each forced token.
+    """
+    after = [*context, *forced] if forced else context
+    if forced:
+        assert constraint is not None
+        constraint.consume(forced)
+        if penalties is not None:
+            penalties.add(forced)
+    try:
+        plan = policy.plan(after)
+        length = max(0, min(plan.draft_length, room - len(forced)))
+        proposal = EMPTY_PROPOSAL
+        if plan.drafter is not None and length > 0:
+            shaped = constraint is not None or penalties is not None
+            if shaped and getattr(plan.drafter, "FOLLOWS_GRAMMAR", False):
+                proposal = plan.drafter.propose(
+                    after, length, params, rng, constraint=constraint, penalties=penalties
+                )
+            else:
+                proposal = plan.drafter.propose(after, length, params, rng)
+        guesses = proposal.tokens[:length]
+        if constraint is not None and guesses:
+            # A draft the grammar refuses would be rejected anyway; not verifying it
+            # keeps the masks below defined.
+            guesses = guesses[: constraint.valid_prefix(guesses)]
+    finally:
+        if forced:
+            assert constraint is not None
+            constraint.rollback(len(forced))
+            if penalties is not None:
+                penalties.remove(forced)
+    if not forced:
+        return plan, guesses, proposal
+    distributions = None
+    if proposal.distributions is not None:
+        points = [SparseDistribution.point(token) for token in forced]
+        distributions = points + proposal.distributions[: len(guesses)]
+    combined = dataclasses.replace(
+        proposal, tokens=[*forced, *guesses], distributions=distributions
+    )
+    return plan, [*forced, *guesses], combined
+
+
+def _round_drafter_name(forced: bool, guesser: str) -> str:
+    """What the round's event says drafted: "grammar", the drafter, or both."""
+    if not forced:
+        return guesser
+    return "grammar" if guesser == "none" else f"grammar+{guesser}"
+
+
 def _draft_distribution(proposal: DraftProposal, position: int, token: int) -> SparseDistribution:
     if proposal.distributions is not None and position < len(proposal.distributions):
         return proposal.distributions[position]
@@ -663,6 +744,11 @@ def _draft_distribution(proposal: DraftProposal, position: int, token: int) -> S
 MAX_FORCED_DRAFTS = 16
 
 
+def _penalised(row: np.ndarray, penalties: TokenCounts | None) -> np.ndarray:
+    """``row`` with the reply's presence/frequency penalties applied (as it is without)."""
+    return row if penalties is None else penalties.apply(row)
+
+
 def _masked(row: np.ndarray, constraint: GrammarState | None) -> np.ndarray:
     """``row`` with the tokens the grammar refuses here at -inf (as it is without one)."""
     if constraint is None:
@@ -670,43 +756,83 @@ def _masked(row: np.ndarray, constraint: GrammarState | None) -> np.ndarray:
     return mask_logits(row, constraint.allowed())
 
 
-def _greedy_under(row: np.ndarray, constraint: GrammarState | None) -> int:
-    """The argmax of ``row`` among the tokens the grammar allows here."""
+def _greedy_under(
+    row: np.ndarray, constraint: GrammarState | None, penalties: TokenCounts | None
+) -> int:
+    """The argmax of the penalised ``row`` among the tokens the grammar allows here."""
+    row = _penalised(row, penalties)
     token = greedy_token(row)
     if constraint is None or constraint.allows(token):
         return token  # the unmasked argmax is allowed, so it is the masked one too
     return greedy_token(_masked(row, constraint))
 
 
-def _advance(constraint: GrammarState | None, token: int, target: Model) -> None:
-    """Move the grammar past an emitted token; an end-of-generation token ends the
-    output instead (the grammar allowed it only where the output is complete)."""
-    if constraint is not None and not target.is_end_of_generation(token):
+def _advance(
+    constraint: GrammarState | None, penalties: TokenCounts | None, token: int, target: Model
+) -> None:
+    """Move the grammar and the penalty counts past an emitted token; an
+    end-of-generation token ends the output instead (the grammar allowed it only where
+    the output is complete)."""
+    if target.is_end_of_generation(token):
+        return
+    if constraint is not None:
         constraint.consume([token])
+    if penalties is not None:
+        penalties.add([token])
 
 
 def _raw_logprob(
-    row: np.ndarray, constraint: GrammarState | None, token: int, top_n: int
+    row: np.ndarray,
+    constraint: GrammarState | None,
+    penalties: TokenCounts | None,
+    token: int,
+    top_n: int,
 ) -> TokenLogprob:
-    """``token``'s log-softmax in the (masked) raw row at temperature 1 (greedy decoding)."""
-    values = _masked(row, constraint)
+    """``token``'s log-softmax in the (penalised, masked) raw row at temperature 1
+    (greedy decoding), with exactly ``top_n`` alternatives."""
+    penalised = _penalised(row, penalties)
+    values = _masked(penalised, constraint)
     log_total = log_normaliser(values)
     logprob = float(values[token]) - log_total
-    alternatives = tuple(
+    alternatives = [
         (int(index), float(values[index]) - log_total)
         for index in top_ids(values, top_n)
-        if np.isfinite(values[index])  # a token the grammar refuses is no alternative
-    )
-    return TokenLogprob(token, logprob, alternatives)
+        if np.isfinite(values[index])  # a token the grammar refuses comes last, below
+    ]
+    return TokenLogprob(token, logprob, _filled(alternatives, penalised, top_n))
 
 
-def _sampled_logprob(p: SparseDistribution, token: int, top_n: int) -> TokenLogprob:
-    """``token``'s log-probability under ``p``, the distribution the loop sampled from."""
+def _sampled_logprob(
+    p: SparseDistribution, row: np.ndarray, token: int, top_n: int
+) -> TokenLogprob:
+    """``token``'s log-probability under ``p``, the distribution the loop sampled from,
+    with exactly ``top_n`` alternatives (``row``: p's penalised, unmasked logits)."""
     probability = p.prob_of(token)
     logprob = float(np.log(probability)) if probability > 0.0 else -np.inf
-    alternatives = tuple(
+    alternatives = [
         (int(p.ids[index]), float(np.log(p.probs[index])))
         for index in top_ids(p.probs, top_n)
         if p.probs[index] > 0.0
-    )
-    return TokenLogprob(token, logprob, alternatives)
+    ]
+    return TokenLogprob(token, logprob, _filled(alternatives, row, top_n))
+
+
+def _filled(
+    alternatives: list[tuple[int, float]], row: np.ndarray, top_n: int
+) -> tuple[tuple[int, float], ...]:
+    """``alternatives`` padded to ``top_n`` entries, as OpenAI always lists N.
+
+    Where the filters or the grammar left fewer possible tokens, the next likeliest
+    tokens of ``row`` (the logits before those filters) follow at -inf: they could not
+    be chosen here, and the API writes them as -9999.
+    """
+    wanted = min(top_n, row.shape[0])
+    if len(alternatives) >= wanted:
+        return tuple(alternatives)
+    listed = {token for token, _ in alternatives}
+    for index in top_ids(row, wanted + len(listed)):
+        if len(alternatives) == wanted:
+            break
+        if int(index) not in listed:
+            alternatives.append((int(index), -np.inf))
+    return tuple(alternatives)

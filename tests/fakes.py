@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from backends.base import ChatMessage, ToolSpec, VocabInfo
+from backends.base import ChatMessage, SequenceState, ToolSpec, VocabInfo
 from backends.drafters import EMPTY_PROPOSAL, DraftProposal
 from backends.errors import DecodeError
 from backends.sampling import SamplingParams
@@ -270,6 +270,40 @@ class HashModel:
     def _check_open(self) -> None:
         if self.closed:
             raise DecodeError("the model is closed")
+
+
+class StatefulHashModel(HashModel):
+    """A :class:`HashModel` that can save and restore its cache (``SavesSequenceState``).
+
+    A state "costs" ``bytes_per_token`` per cached position, so byte budgets can be
+    tested; ``fail_restores`` makes restores fail as a runtime's can (cache emptied,
+    ``DecodeError``). Counts its saves and restores.
+    """
+
+    def __init__(self, *, bytes_per_token: int = 100, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.bytes_per_token = bytes_per_token
+        self.fail_restores = False
+        self.saves = 0
+        self.restores = 0
+
+    def save_state(self) -> SequenceState:
+        """The cached tokens are the whole state of a hash model."""
+        self._check_open()
+        self.saves += 1
+        tokens = tuple(self._cache)
+        return SequenceState(tokens, len(tokens) * self.bytes_per_token, tokens, owner=self)
+
+    def restore_state(self, state: SequenceState) -> None:
+        """Put a saved cache back (only this model's own states)."""
+        self._check_open()
+        if state.owner is not self:
+            raise ValueError("this state was saved by another model")
+        if self.fail_restores:
+            self._cache.clear()
+            raise DecodeError("restore failed (as asked)")
+        self.restores += 1
+        self._cache = list(state.payload)
 
 
 def draft_model_for(target: HashModel, noise_scale: float = 1.0, **kwargs: object) -> HashModel:

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from backends.constraints import GrammarSpec, GrammarVocabulary
-from backends.drafters import ModelDrafter, NgramDrafter
+from backends.drafters import ModelDrafter, NgramDrafter, PredictionDrafter
 from backends.engine import Engine, GenerationRequest
 from backends.output_constraints import ConstraintSpec, JsonOutput
 from backends.sampling import SamplingParams, distribution
 from backends.speculative import FixedDraftPolicy, speculative_generate
 from tests.fakes import HashModel, draft_model_for
-from tests.model_files import DRAFT_KEY, TARGET_KEY, require_model
+from tests.model_files import DRAFT_KEY, TARGET_KEY
 
 # Words of the fake vocabulary, in any tokenisation the grammar allows.
 GRAMMAR = GrammarSpec("regex", "(the|an|re|at|on)(ing|ed|er|es)+")
@@ -164,10 +164,19 @@ def test_forced_tokens_are_free_drafts_counted_apart(vocabulary):
 
 
 @pytest.mark.real_model
-def test_a_json_schema_reply_on_the_real_pair_validates_and_speculation_changes_nothing():
+@pytest.mark.parametrize(
+    ("runtime", "presence_penalty"),
+    # MLX once, with a penalty too: on a CPU its runs take minutes each.
+    [("llamacpp", 0.0), ("mlx", 0.6)],
+    ids=["llamacpp", "mlx-penalised"],
+)
+def test_a_json_schema_reply_on_the_real_pair_validates_and_speculation_changes_nothing(
+    runtime: str, presence_penalty: float
+):
+    """Both runtimes: the grammar's mask reaches p and q alike (and penalties too)."""
     import jsonschema
 
-    from backends.select import load_model
+    from tests.real_runtimes import load_model
 
     schema = {
         "type": "object",
@@ -180,8 +189,8 @@ def test_a_json_schema_reply_on_the_real_pair_validates_and_speculation_changes_
         "required": ["name", "language", "tags", "stars"],
         "additionalProperties": False,
     }
-    target = load_model(require_model(TARGET_KEY), runtime="llamacpp", n_ctx=1024)
-    draft = load_model(require_model(DRAFT_KEY), runtime="llamacpp", n_ctx=1024)
+    target = load_model(runtime, TARGET_KEY)
+    draft = load_model(runtime, DRAFT_KEY)
     engine = Engine(target, draft)
     try:
         prompt = tuple(
@@ -198,6 +207,7 @@ def test_a_json_schema_reply_on_the_real_pair_validates_and_speculation_changes_
                 drafter=drafter,
                 draft_tokens=4,
                 constraint=constraint,
+                params=SamplingParams(presence_penalty=presence_penalty),
             )
             events = list(engine.generate(request))
             replies[drafter] = ("".join(e.text for e in events), events[-1].stats)
@@ -215,3 +225,146 @@ def _message(text: str):
     from backends.base import ChatMessage
 
     return ChatMessage("user", text)
+
+
+# -- forced stretches and drafter guesses in one verify ---------------------------------
+
+# Fixed stretches (" qxz ") between free choices: rounds draft the forced tokens and
+# let the draft model go on after them.
+STRETCHES = GrammarSpec(
+    "regex", "(the|an|re)(ing|ed|er) qxz (on|at|re)(ing|ed|es) qxz (the|an)(ing|ed)"
+)
+
+
+def run_events(target, draft, constraint, params, *, k, max_tokens):
+    policy = FixedDraftPolicy(ModelDrafter(draft) if draft is not None else None, k)
+    return list(
+        speculative_generate(
+            target,
+            target.tokenize("<|user|>hello<|assistant|>"),
+            policy=policy,
+            params=params,
+            max_tokens=max_tokens,
+            constraint=constraint,
+        )
+    )
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_forced_tokens_and_model_drafts_share_a_verify_and_change_nothing(vocabulary, k):
+    params = SamplingParams(temperature=0.0)
+    plain, _ = generate(
+        HashModel(), None, vocabulary.compile(STRETCHES).start(), params, max_tokens=40
+    )
+    target = HashModel()
+    events = run_events(
+        target,
+        draft_model_for(target, noise_scale=1.0),
+        vocabulary.compile(STRETCHES).start(),
+        params,
+        k=k,
+        max_tokens=40,
+    )
+    tokens = [t for e in events for t in e.tokens]
+    assert tokens == plain
+    assert b"".join(target.token_bytes(t) for t in tokens).count(b" qxz ") == 2
+    # Some rounds verified forced tokens and the model's guesses after them together.
+    assert any(event.drafter == "grammar+model" for event in events)
+    stats = events[-1].stats
+    assert stats.grammar_forced > 0 and stats.drafted > 0
+    assert stats.target_passes < len(tokens)
+
+
+def exact_next_two(target, vocabulary, grammar, prefix, params) -> dict:
+    """The constrained target's exact joint of the two tokens after ``prefix``."""
+    prompt = target.tokenize("<|user|>hello<|assistant|>")
+    state = vocabulary.compile(grammar).start()
+    state.consume(prefix)
+    joint = {}
+    context = [*prompt, *prefix]
+    first_ids, first_probs = _masked_distribution(
+        target.logits_for(context), state.allowed(), params
+    )
+    for token, p_first in zip(first_ids, first_probs, strict=True):
+        state.consume([int(token)])
+        second_ids, second_probs = _masked_distribution(
+            target.logits_for([*context, int(token)]), state.allowed(), params
+        )
+        for other, p_second in zip(second_ids, second_probs, strict=True):
+            joint[(int(token), int(other))] = float(p_first * p_second)
+        state.rollback(1)
+    return joint
+
+
+def test_a_verify_of_a_forced_token_then_model_drafts_samples_the_constrained_joint(vocabulary):
+    # "q" is forced; the draft model guesses the next token in the same verify, and the
+    # bonus follows: one round writes all three tokens.
+    grammar = GrammarSpec("regex", "q(the|an|re|at|on)(ing|ed|er|es)")
+    target = HashModel(scale=1.5)
+    draft = draft_model_for(target, noise_scale=1.5)
+    params = SamplingParams(temperature=1.0)
+    forced = vocabulary.compile(grammar).start().forced()
+    assert len(forced) == 1
+    exact = exact_next_two(target, vocabulary, grammar, forced, params)
+    counts: collections.Counter = collections.Counter()
+    combined = 0
+    for seed in range(RUNS):
+        events = run_events(
+            target,
+            draft,
+            vocabulary.compile(grammar).start(),
+            SamplingParams(temperature=1.0, seed=seed),
+            k=3,
+            max_tokens=3,
+        )
+        tokens = [t for e in events for t in e.tokens]
+        assert tokens[0] == forced[0]
+        combined += events[0].drafter == "grammar+model"
+        counts[tuple(tokens[1:3])] += 1
+    assert combined == RUNS  # every first round verified "q" and a model draft together
+    support = set(exact) | set(counts)
+    distance = 0.5 * sum(abs(counts[pair] / RUNS - exact.get(pair, 0.0)) for pair in support)
+    assert set(counts) <= set(exact), "a token outside the grammar was emitted"
+    assert distance <= tv_bound(RUNS, len(exact))
+
+    # Negative control: the unconstrained target's joint after "q" fails the same check.
+    context = [*target.tokenize("<|user|>hello<|assistant|>"), *forced]
+    free_first = distribution(target.logits_for(context), params)
+    free = {}
+    for token, p_first in zip(free_first.ids, free_first.probs, strict=True):
+        second = distribution(target.logits_for([*context, int(token)]), params)
+        for other, p_second in zip(second.ids, second.probs, strict=True):
+            free[(int(token), int(other))] = float(p_first * p_second)
+    support = set(free) | set(counts)
+    distance_free = 0.5 * sum(abs(counts[pair] / RUNS - free.get(pair, 0.0)) for pair in support)
+    assert distance_free > tv_bound(RUNS, len(free))
+
+
+def test_a_prediction_drafts_after_forced_tokens_and_usage_counts_its_guesses(vocabulary):
+    from app.engine.tally import GenerationTally
+
+    target = HashModel()
+    plain, _ = generate(
+        target, None, vocabulary.compile(STRETCHES).start(), SamplingParams(), max_tokens=40
+    )
+    # The prediction in the model's own tokens (its text would tokenise otherwise).
+    policy = FixedDraftPolicy(PredictionDrafter(plain), 6)
+    tally = GenerationTally()
+    events = []
+    for event in speculative_generate(
+        HashModel(),
+        target.tokenize("<|user|>hello<|assistant|>"),
+        policy=policy,
+        params=SamplingParams(),
+        max_tokens=40,
+        constraint=vocabulary.compile(STRETCHES).start(),
+    ):
+        tally.add(event)
+        events.append(event)
+    assert [t for e in events for t in e.tokens] == plain
+    assert any(event.drafter == "grammar+prediction" for event in events)
+    stats = events[-1].stats
+    assert stats.grammar_forced > 0
+    # Usage counts the prediction's own guesses, forced tokens apart, in every round.
+    assert tally.prediction_drafted == stats.drafted > 0
+    assert tally.prediction_accepted == stats.accepted > 0

@@ -167,11 +167,82 @@ def test_llama3_calls_are_bare_json_objects_with_parameters(byte_vocabulary):
     assert state.valid_prefix(call) == len(call)
 
 
-def test_json_response_formats_become_json_grammars_and_auto_tools_none():
+def test_json_response_formats_become_json_grammars():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert grammar_for(ConstraintSpec(text=JsonOutput(schema))) == GrammarSpec.json_schema(schema)
     assert grammar_for(ConstraintSpec(text=JsonOutput())) == GrammarSpec.json_schema(
         {"type": "object"}
     )
-    assert grammar_for(ConstraintSpec(tool_calls=ToolCallOutput((CLOCK,), HERMES, "auto"))) is None
+    auto_and_json = ConstraintSpec(
+        text=JsonOutput(schema), tool_calls=ToolCallOutput((CLOCK,), HERMES, "auto")
+    )
+    assert grammar_for(auto_and_json) == GrammarSpec.json_schema(schema)
     assert grammar_for(None) is None
+
+
+def auto_state(byte_vocabulary, syntax=HERMES):
+    model, vocabulary = byte_vocabulary
+    output = ToolCallOutput((WEATHER, CLOCK), syntax, "auto")
+    return model, vocabulary.compile(grammar_for(ConstraintSpec(tool_calls=output))).start()
+
+
+def test_auto_leaves_text_free_until_the_model_opens_a_call(byte_vocabulary):
+    model, state = auto_state(byte_vocabulary)
+    assert state.forced() == [] and state.accepting  # an empty reply is fine
+    free = state.allowed()
+    text = model.tokenize("Paris? Let me look: {not a call} <tool_ca", add_special=False)
+    assert state.valid_prefix(text) == len(text)
+    state.consume(text)
+    # Still free text: the same tokens may follow as at the start (any valid UTF-8).
+    assert np.array_equal(state.allowed(), free) and free.sum() > 150
+    assert state.accepting  # and the reply may end here
+
+
+def test_auto_holds_an_opened_call_to_the_tools_schemas(byte_vocabulary):
+    model, state = auto_state(byte_vocabulary)
+    state.consume(model.tokenize("Checking.\n<tool_call>", add_special=False))
+    # Inside the call the wrapper's fixed text is forced, and only the tools' names fit.
+    forced = b"".join(model.token_bytes(token) for token in state.forced())
+    assert forced == b'\n{"name": "'
+    assert not state.accepting  # an opened call must be finished
+    for bad in (
+        '\n{"name": "get_time"',  # not a tool
+        '\n{"name": "get_weather", "arguments": {}}',  # the required city is missing
+        '\n{"name": "get_weather", "arguments": {"city": 5}}',  # a number, not a string
+        "\nI changed my mind",
+    ):
+        tokens = model.tokenize(bad, add_special=False)
+        assert state.valid_prefix(tokens) < len(tokens), bad
+    call = '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    tokens = model.tokenize(call, add_special=False)
+    assert state.valid_prefix(tokens) == len(tokens)
+    state.consume(tokens)
+    assert state.accepting  # the reply may end after the call, or go on
+    more = model.tokenize(
+        '\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>', add_special=False
+    )
+    assert state.valid_prefix(more) == len(more)
+
+
+def test_auto_makes_a_reply_that_starts_with_a_brace_a_call_doubled_or_not(byte_vocabulary):
+    # Small Qwen2.5 models write a bare {{...}} call instead of a <tool_call> block.
+    model, state = auto_state(byte_vocabulary)
+    for good in (
+        '{{"name": "get_weather", "arguments": {"city": "Paris"}}}',
+        '{"name": "now", "arguments": {}}',
+    ):
+        tokens = model.tokenize(good, add_special=False)
+        assert state.valid_prefix(tokens) == len(tokens), good
+    for bad in ('{{"name": "get_weather", "arguments": {}}}', '{"answer": 42}'):
+        tokens = model.tokenize(bad, add_special=False)
+        assert state.valid_prefix(tokens) < len(tokens), bad
+
+
+def test_auto_for_llama3_makes_a_reply_that_starts_with_a_brace_a_call(byte_vocabulary):
+    model, state = auto_state(byte_vocabulary, LLAMA3_JSON)
+    text = model.tokenize("It is sunny {probably}.", add_special=False)
+    assert state.valid_prefix(text) == len(text)
+    call = model.tokenize('{"name": "now", "parameters": {}}', add_special=False)
+    assert state.valid_prefix(call) == len(call)
+    wrong = model.tokenize('{"name": "now", "arguments": {}}', add_special=False)
+    assert state.valid_prefix(wrong) < len(wrong)

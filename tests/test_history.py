@@ -40,6 +40,39 @@ def test_an_old_file_is_migrated_and_keeps_its_chats(tmp_path: Path) -> None:
     assert (message.content, message.segments, message.stats) == ("hi", (), None)
 
 
+def test_a_file_from_before_reasoning_upgrades_and_stores_reasoning_apart(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite3"
+    # A file as draftpen wrote it before 0003: the first two migrations and a reply.
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE migrations (name TEXT PRIMARY KEY, applied_at REAL)")
+    for name, sql in MIGRATIONS[:2]:
+        db.executescript(sql)
+        db.execute("INSERT INTO migrations VALUES (?, 0)", (name,))
+    db.execute("INSERT INTO chats (title, created_at, updated_at) VALUES ('old', 1, 1)")
+    db.execute(
+        "INSERT INTO messages (chat_id, role, content, created_at) VALUES (1, 'assistant', 'a', 1)"
+    )
+    db.commit()
+    db.close()
+    history = History(path)
+    assert "0003_message_reasoning" in history.applied_migrations()
+    [old] = history.messages(1)
+    assert (old.content, old.reasoning) == ("a", "")
+    reply = history.add_message(1, "assistant", "", state=WRITING)
+    history.update_message(reply.id, content="4", reasoning="2 + 2 is 4.")
+    # Saving the answer again without reasoning leaves the stored reasoning alone.
+    history.update_message(reply.id, content="It is 4.", state="complete")
+    history.close()
+    again = History(path)
+    stored = again.message(reply.id)
+    assert (stored.content, stored.reasoning) == ("It is 4.", "2 + 2 is 4.")
+    # The export folds the reasoning above the answer it led to.
+    exported = chat_to_markdown(again.chat(1), again.messages(1))
+    assert exported.endswith(
+        "<details><summary>Reasoning</summary>\n\n2 + 2 is 4.\n\n</details>\n\nIt is 4.\n"
+    )
+
+
 def test_a_file_from_a_newer_draftpen_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "h.sqlite3"
     History(path).close()

@@ -30,7 +30,8 @@ import json, sys
 for name in ("llama_cpp", "mlx", "mlx_lm"):
     sys.modules[name] = None  # any import of it now raises ImportError
 import backends.speculative, backends.sampling, backends.drafters, backends.base
-import backends.errors
+import backends.conversation_cache, backends.engine
+import backends.errors, backends.penalties
 print(json.dumps(sorted(sys.modules)))
 """
     result = run_python(code)
@@ -58,7 +59,7 @@ print(json.dumps({"modules": sorted(sys.modules), "failed": failed}))
     report = json.loads(result.stdout)
     app_modules = [name for name in report["modules"] if name == "app" or name.startswith("app.")]
     assert app_modules == []
-    core = {"base", "sampling", "drafters", "speculative", "errors"}
+    core = {"base", "sampling", "penalties", "drafters", "speculative", "errors"}
     assert not core & set(report["failed"]), report["failed"]
 
 
@@ -91,7 +92,7 @@ def test_runtimes_are_imported_only_by_their_own_backend_module() -> None:
 
 # -- the house inside app/: front ends on top, shared packages below --------------------
 
-FRONT_ENDS = ("tui", "cli", "server", "bench")
+FRONT_ENDS = ("tui", "cli", "engine", "bench")
 LOWER_PACKAGES = ("models", "chats")
 ENTRY_POINT = "app.main"
 
@@ -215,3 +216,67 @@ def test_the_circle_finder_finds_a_circle() -> None:
     # The negative control: a loop of three and a self-contained chain.
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert strongly_connected(graph) == [["a", "b", "c"]]
+
+
+# -- the engine and its clients: front ends reach the engine only over the socket ---------
+
+CLIENT_MAY_IMPORT = {"app.settings", "app.errors"}
+
+
+def test_the_client_package_imports_neither_the_engine_nor_a_front_end() -> None:
+    graph = import_graph()
+    client_modules = [module for module in graph if part_of(module) == "client"]
+    assert "app.client.engine_client" in client_modules
+    outside = [
+        f"{module} imports {target}"
+        for module in client_modules
+        for target in graph[module]
+        if part_of(target) != "client" and target not in CLIENT_MAY_IMPORT
+    ]
+    assert outside == []
+
+
+def test_nothing_but_the_entry_point_imports_the_engine() -> None:
+    graph = import_graph()
+    importers = sorted(
+        module
+        for module, targets in graph.items()
+        if part_of(module) != "engine" and any(part_of(target) == "engine" for target in targets)
+    )
+    assert importers == [ENTRY_POINT]
+
+
+def test_the_engine_and_its_clients_share_one_definition_of_the_wire() -> None:
+    graph = import_graph()
+    assert "app.client.wire" in graph["app.engine.api"]
+    assert "app.client.wire" in graph["app.client.engine_client"]
+
+
+# The chat app and the plain REPL are clients of the engine: they never load a model.
+CLIENT_FRONT_ENDS = ("app/tui", "app/cli/repl.py")
+MODEL_LOADING = ("app.loading", "backends.engine", "app.engine")
+
+
+def test_the_chat_front_ends_never_load_a_model_themselves() -> None:
+    sources = [
+        path
+        for place in CLIENT_FRONT_ENDS
+        for path in sorted(
+            (REPO / place).rglob("*.py") if (REPO / place).is_dir() else [REPO / place]
+        )
+    ]
+    assert len(sources) > 5
+    loading = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            modules = []
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module]
+            loading += [
+                f"{path.relative_to(REPO)} imports {module}"
+                for module in modules
+                if any(module == bad or module.startswith(bad + ".") for bad in MODEL_LOADING)
+            ]
+    assert loading == []

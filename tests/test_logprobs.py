@@ -76,6 +76,21 @@ def generate(
     return tokens, reported, events
 
 
+def assert_alternatives(
+    top: Sequence[tuple[int, float]], listed: Sequence[int], row: np.ndarray, count: int
+) -> None:
+    """``top`` is exactly ``count`` entries: the possible tokens ``listed`` first, then
+    the likeliest others by ``row`` (the logits before the filters), at -inf."""
+    assert len(top) == count
+    assert [t for t, _ in top[: len(listed)]] == list(listed)
+    filler = [t for t, _ in top[len(listed) :]]
+    assert all(lp == -np.inf for _, lp in top[len(listed) :])
+    assert len(set(filler)) == len(filler) and not set(filler) & set(listed)
+    if filler:
+        others = np.setdiff1d(np.arange(row.shape[0]), [*listed, *filler])
+        assert row[filler].min() >= (row[others].max() if others.size else -np.inf)
+
+
 def assert_close(got: Sequence[TokenLogprob], want: Sequence[TokenLogprob]) -> None:
     assert [item.token for item in got] == [item.token for item in want]
     for mine, theirs in zip(got, want, strict=True):
@@ -114,11 +129,13 @@ def test_greedy_logprobs_are_the_log_softmax_of_the_targets_row_for_each_prefix(
         assert item.token == token
         assert item.logprob == pytest.approx(reference[token], abs=1e-9)
         # Greedy: the emitted token is the likeliest, so it heads the alternatives.
-        # A row with fewer possible tokens (after the first half of "é") lists fewer.
+        # A row with fewer possible tokens (after the first half of "é") still lists
+        # three: the impossible ones at -inf.
         ranked = [t for t in np.argsort(-reference, kind="stable")[:3] if reference[t] > -np.inf]
-        assert [t for t, _ in item.top] == [int(t) for t in ranked]
+        assert_alternatives(item.top, [int(t) for t in ranked], target.logits_for(context), 3)
         assert item.top[0] == (token, pytest.approx(item.logprob))
-        assert [v for _, v in item.top] == pytest.approx(reference[ranked].tolist())
+        finite = [v for _, v in item.top[: len(ranked)]]
+        assert finite == pytest.approx(reference[ranked].tolist())
         context.append(token)
 
 
@@ -137,8 +154,10 @@ def test_sampled_logprobs_are_the_log_of_the_filtered_distribution_sampled_from(
         assert item.token == token
         assert item.logprob == pytest.approx(math.log(p.prob_of(token)), abs=1e-9)
         order = [i for i in np.argsort(-p.probs, kind="stable")[:4] if p.probs[i] > 0]
-        assert [t for t, _ in item.top] == [int(p.ids[i]) for i in order]
-        assert [v for _, v in item.top] == pytest.approx(np.log(p.probs[order]).tolist())
+        # Exactly four: where the filters left fewer, the rest follow at -inf.
+        assert_alternatives(item.top, [int(p.ids[i]) for i in order], target.logits_for(context), 4)
+        finite = [v for _, v in item.top[: len(order)]]
+        assert finite == pytest.approx(np.log(p.probs[order]).tolist())
         context.append(token)
 
 
@@ -168,9 +187,12 @@ def test_under_a_grammar_logprobs_are_of_the_masked_row():
         allowed = check.allowed()
         reference = log_softmax(np.where(allowed, target.logits_for(context), -np.inf))
         assert item.logprob == pytest.approx(reference[token], abs=1e-9)
-        # Only tokens the grammar allows here are offered as alternatives.
-        assert item.top and all(allowed[t] for t, _ in item.top)
-        assert len(item.top) == min(20, int(allowed.sum()))
+        # The tokens the grammar allows come first; the refused ones fill up to 20 at -inf.
+        possible = [t for t, lp in item.top if lp > -np.inf]
+        assert possible and all(allowed[t] for t in possible)
+        assert len(possible) == min(20, int(allowed.sum()))
+        assert all(not allowed[t] for t, lp in item.top if lp == -np.inf)
+        assert len(item.top) == 20
         check.consume([token])
         context.append(token)
 

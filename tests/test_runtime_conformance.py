@@ -19,12 +19,14 @@ import pytest
 
 from backends.base import ChatMessage, IncrementalDetokenizer, Model
 from backends.controller import CostModel
-from backends.engine import Engine
+from backends.engine import Engine, GenerationRequest
 from backends.errors import IncompatiblePairError
 from backends.pair_check import check_pair
+from backends.reasoning import ReasoningSplit, ReasoningSplitter
 from backends.speculative import FINISH_STOP, GenerationEvent
 from tests.model_files import DRAFT_KEY, SMOLLM2_KEY, TARGET_KEY
 from tests.real_runtimes import generate, load_model, plain_logits_at
+from tests.thinking_model import QWEN3_TEMPLATE
 
 pytestmark = pytest.mark.real_model
 
@@ -166,6 +168,34 @@ def test_prefill_fills_the_cache_like_forward_does(smollm2: Model):
 def test_chat_template_comes_from_the_model(smollm2: Model):
     text = smollm2.apply_chat_template([ChatMessage("user", "hi")])
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_the_thinking_switch_reaches_the_template_on_a_real_runtime(
+    smollm2: Model, monkeypatch: pytest.MonkeyPatch
+):
+    # SmolLM2 does not think (no small thinking model is on PyPI); with Qwen3's template
+    # in its place, the runtime renders the switch, and its reply, read through the
+    # reasoning splitter, is all answer: no tag, nothing lost.
+    monkeypatch.setattr(smollm2, "chat_template", QWEN3_TEMPLATE)
+    engine = Engine(smollm2)
+    question = [ChatMessage("user", "Say hello.")]
+    off = engine.chat_prompt_text(question, thinking=False)
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert engine.chat_prompt_text(question).endswith("<|im_start|>assistant\n")
+    reasoning = engine.reasoning_format(off)
+    assert reasoning is not None and not reasoning.starts_inside
+    request = GenerationRequest(
+        prompt_tokens=tuple(engine.text_prompt(off)), drafter="none", max_tokens=12
+    )
+    splitter = ReasoningSplitter(reasoning)
+    split = ReasoningSplit()
+    events = list(engine.generate(request))
+    for event in events:
+        split = split + splitter.feed(event.segments, len(event.tokens))
+    split = split + splitter.finish()
+    assert split.reasoning_text == "" and split.reasoning_tokens == 0
+    assert split.answer_text == "".join(event.text for event in events)
+    assert split.answer_tokens == events[-1].stats.generated_tokens
 
 
 def test_end_of_generation_tokens_come_from_the_vocabulary(smollm2: Model):

@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from app.server.runner import AgentServer
+from app.engine.runner import AgentServer
 from app.settings import Settings
 from backends.base import ChatMessage, ToolSpec
 from backends.chat_template import render_chat
@@ -279,13 +279,17 @@ def test_json_schema_response_format_reaches_the_request_and_ignored_fields_are_
             reasoning_effort="low",
             logit_bias={},
             n=1,
-            presence_penalty=0,
+            presence_penalty=0.5,
+            frequency_penalty=-0.25,
             logprobs=False,
             seed=1,
         )
     assert response.choices[0].message.content == '{"city": "Paris"}'
     text = engine.requests[0].constraint.text  # type: ignore[union-attr]
     assert text is not None and text.schema == schema and text.strict
+    # The penalties reach the loop's sampling parameters.
+    params = engine.requests[0].params
+    assert (params.presence_penalty, params.frequency_penalty) == (0.5, -0.25)
 
 
 BAD_TOOL_REQUESTS = [
@@ -340,7 +344,10 @@ BAD_TOOL_REQUESTS = [
         id="tool-result-for-no-call",
     ),
     pytest.param(
-        {"frequency_penalty": 0.5}, "unsupported_parameter", "frequency_penalty", id="penalty"
+        {"frequency_penalty": -2.5}, "invalid_value", "frequency_penalty", id="penalty-below"
+    ),
+    pytest.param(
+        {"frequency_penalty": "0.5"}, "invalid_type", "frequency_penalty", id="penalty-type"
     ),
     pytest.param({"presence_penalty": 3}, "invalid_value", "presence_penalty", id="penalty-range"),
     pytest.param({"logit_bias": {"42": 5}}, "invalid_value", "logit_bias", id="logit-bias"),
@@ -499,6 +506,63 @@ def test_starter_must_call_when_the_tool_choice_says_so(starter: RunningServer, 
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["function"]["parameters"])
     usage = response.model_extra or {}
     assert usage["draftpen"]["grammar_forced"] > 0
+
+
+FORECAST_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_forecast",
+        "description": "The weather forecast for a city over the next days",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 40},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "units": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "days", "units"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.real_model
+def test_starter_auto_calls_follow_the_schema_and_plain_questions_get_text(
+    starter: RunningServer,
+):
+    import jsonschema
+
+    def ask(question: str) -> Any:
+        return starter.openai().chat.completions.create(
+            model="starter",
+            messages=[
+                {"role": "system", "content": WEATHER_SYSTEM},
+                {"role": "user", "content": question},
+            ],
+            tools=[FORECAST_TOOL],  # type: ignore[list-item]
+            tool_choice="auto",
+            temperature=0,
+            max_tokens=80,
+        )
+
+    called = ask("What will the weather be in Oslo over the next 3 days, in celsius?")
+    choice = called.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    [call] = choice.message.tool_calls or []
+    assert call.function.name == "get_forecast"
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, FORECAST_TOOL["function"]["parameters"])
+    assert arguments["city"] == "Oslo"
+    # The lazy grammar took over once <tool_call> was written: the wrapper, the keys
+    # and the function's name were forced.
+    assert (called.model_extra or {})["draftpen"]["grammar_forced"] > 0
+
+    answered = ask("Say hello in French, in one short sentence. No tools needed.")
+    choice = answered.choices[0]
+    assert choice.finish_reason == "stop", choice
+    assert not choice.message.tool_calls
+    assert choice.message.content and "<tool_call>" not in choice.message.content
 
 
 JSON_SCHEMAS = {

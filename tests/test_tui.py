@@ -18,7 +18,14 @@ from app.tui.screens.settings import SettingsScreen
 from app.tui.widgets.chat_list import ChatList, ChatListItem
 from app.tui.widgets.message_view import DRAFT_STYLE, MessageView
 from app.tui.widgets.stats_bar import StatsBar
-from tests.tui_helpers import make_app, run, scripted_engine, send, settle
+from tests.tui_helpers import (
+    make_app,
+    run,
+    scripted_engine,
+    send,
+    settle,
+    stop_engine_servers,  # noqa: F401 (an autouse fixture)
+)
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts"
 CODE_REPLY = (
@@ -30,7 +37,7 @@ CODE_REPLY = (
 async def wait_until_ready(app, pilot) -> None:  # type: ignore[no-untyped-def]
     for _ in range(200):
         await pilot.pause()
-        if app.engine is not None:
+        if app.ready:
             return
     raise AssertionError(f"engine never loaded: {app.engine_status}")
 
@@ -60,7 +67,14 @@ def test_reply_streams_in_and_stats_bar_shows_the_loops_statistics() -> None:
             stats = final.stats
             shown = stats_text(app)
             assert f"{stats.generated_tokens} tokens" in shown
-            assert f"{stats.decode_tokens_per_second:.1f} tok/s" in shown
+            # The rate shown is the engine's, as the stream carries it (its seconds
+            # rounded to 0.1 ms on the wire).
+            received = app.history.messages(app.chat_screen.chat_id)[-1].stats
+            assert received is not None
+            rate = received["decode_tokens_per_second"]
+            wire_seconds = round(stats.decode_seconds, 4)
+            assert rate == pytest.approx(stats.generated_tokens / wire_seconds, rel=1e-6)
+            assert f"{rate:.1f} tok/s" in shown
             assert (
                 f"accepted {stats.accepted}/{stats.drafted} ({stats.acceptance_rate:.0%})" in shown
             )
@@ -76,8 +90,10 @@ def test_reply_streams_in_and_stats_bar_shows_the_loops_statistics() -> None:
 
 
 def test_escape_stops_the_reply_at_once_and_keeps_what_was_written() -> None:
-    # Held inside the second code block, where the n-gram drafter is being accepted.
-    engine = scripted_engine([CODE_REPLY], hold_after=100)
+    # Held inside the second code block, where the n-gram drafter is being accepted;
+    # long enough that the engine, told by the closed stream, stops far from the end.
+    long_reply = CODE_REPLY * 8
+    engine = scripted_engine([long_reply], hold_after=100)
     app = make_app({"fake": engine})
 
     async def body() -> None:
@@ -91,17 +107,55 @@ def test_escape_stops_the_reply_at_once_and_keeps_what_was_written() -> None:
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             app.save_screenshot(str(ARTIFACTS / "chat-mid-generation.svg"))
             await pilot.press("escape")
+            await pilot.pause()
+            # Stopped at once, though the engine is still inside its round.
+            assert app.chat_screen.reply is None and engine.target.holding.is_set()
+            [view] = reply_views(app)
+            assert len(view.content) >= 100 and long_reply.startswith(view.content)
             engine.target.release.set()
             await settle(app, pilot)
-            [view] = reply_views(app)
+            # The stream closed; the engine stopped soon after, far short of the end.
+            for _ in range(400):  # a loaded machine can take seconds
+                if engine.events and engine.events[-1].finish_reason is not None:
+                    break
+                await pilot.pause(0.05)
             written = engine.events[-1]
             assert written.finish_reason == "cancelled"
-            # Stopped within the round that was running: far short of the whole reply.
-            assert 100 <= written.stats.generated_tokens < len(CODE_REPLY)
-            assert view.content == CODE_REPLY[: written.stats.generated_tokens]
+            assert 100 <= written.stats.generated_tokens < len(long_reply) // 2
             stored = app.history.messages(app.chat_screen.chat_id)[-1]
             assert (stored.state, stored.content) == (STOPPED, view.content)
             assert "stopped" in str(view.query_one(".heading").render())
+
+    run(body)
+
+
+def test_while_writing_only_completed_blocks_are_markdown_and_the_tail_is_plain_text() -> None:
+    # Held inside the first code block: the paragraph before it is done, the code is not.
+    held_at = CODE_REPLY.index("return")
+    engine = scripted_engine([CODE_REPLY], hold_after=held_at)
+    app = make_app({"fake": engine}, settings=Settings(drafter="none", temperature=0.0))
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            await send(pilot, "Write double()")
+            assert engine.target.holding.wait(10)
+            [view] = reply_views(app)
+            for _ in range(100):
+                await pilot.pause(0.05)
+                if len(view.content) >= held_at:
+                    break
+            written = view.content
+            assert len(written) >= held_at and CODE_REPLY.startswith(written)
+            done = "Here is the function:\n\n"
+            assert view.query_one(Markdown).source == done
+            tail = view.query_one(".tail", Static)
+            assert tail.display and str(tail.render()) == written[len(done) :]
+            engine.target.release.set()
+            await settle(app, pilot)
+            # Finished: all of it is Markdown, and the tail is gone.
+            assert view.query_one(Markdown).source == CODE_REPLY
+            assert not tail.display
 
     run(body)
 
@@ -302,7 +356,7 @@ def test_settings_screen_validates_and_saves_to_the_config_file() -> None:
             # The next reply uses them.
             await send(pilot, "hi")
             await settle(app, pilot)
-            request = app.engine.requests[-1]  # type: ignore[union-attr]
+            request = app.served.engine.requests[-1]
             assert request.max_tokens == 64 and request.params.temperature == 0.3
 
     run(body)
@@ -347,9 +401,9 @@ def test_pair_picker_loads_the_chosen_pair() -> None:
             await wait_until_ready(app, pilot)
             for _ in range(100):
                 await pilot.pause()
-                if app.engine is engines["other"]:
+                if app.ready and app.served.engine is engines["other"]:
                     break
-            assert app.engine is engines["other"]
+            assert app.served.engine is engines["other"] and app.loaded.pair == "other"
             assert engines["fake"].target.closed  # the old pair's memory is freed
             await send(pilot, "hi")
             await settle(app, pilot)
@@ -458,7 +512,7 @@ def test_switching_pairs_while_writing_is_refused_and_keeps_the_engine_open() ->
             assert engines["fake"].target.holding.wait(10)
             app.load_pair("other")
             await pilot.pause()
-            assert app.engine is engines["fake"] and not engines["fake"].target.closed
+            assert app.served.loaded == [engines["fake"]] and not engines["fake"].target.closed
             engines["fake"].target.release.set()
             await settle(app, pilot)
             assert reply_views(app)[-1].content == CODE_REPLY

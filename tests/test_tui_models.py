@@ -28,7 +28,12 @@ from tests.test_hub_downloads import (
     catalog_text,
 )
 from tests.test_tui import ARTIFACTS
-from tests.tui_helpers import make_app, run, scripted_engine
+from tests.tui_helpers import (
+    make_app,
+    run,
+    scripted_engine,
+    stop_engine_servers,  # noqa: F401 (an autouse fixture)
+)
 
 GIB = 2**30
 
@@ -84,7 +89,7 @@ def cell_texts(screen: ModelsScreen, pair: str) -> list[str]:
 async def open_models(app, pilot) -> ModelsScreen:  # type: ignore[no-untyped-def]
     for _ in range(100):
         await pilot.pause()
-        if app.engine is not None:
+        if app.ready:
             break
     await pilot.press("ctrl+o")
     await pilot.pause()

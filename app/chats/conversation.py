@@ -23,25 +23,34 @@ class FittedPrompt:
 
     tokens: tuple[int, ...]
     dropped_messages: int
+    # The prompt as the chat template rendered it (where the reply starts, whether the
+    # template opened a reasoning block).
+    text: str = ""
 
 
 def fit_conversation(
-    engine: Engine, messages: Sequence[ChatMessage], max_tokens: int
+    engine: Engine,
+    messages: Sequence[ChatMessage],
+    max_tokens: int,
+    *,
+    thinking: bool | None = None,
 ) -> FittedPrompt:
     """Prompt tokens for ``messages``, dropping the oldest turns until a reply fits.
 
     Room is kept for ``max_tokens`` of reply, or a quarter of the context if that is
     less. When even the newest message alone is too long, its tokens are returned as
-    they are and the loop reports that the prompt does not fit.
+    they are and the loop reports that the prompt does not fit. ``thinking`` False turns
+    a thinking model's reasoning off through its template's switch.
     """
     system = [message for message in messages[:1] if message.role == "system"]
     turns = list(messages[len(system) :])
     budget = engine.target.n_ctx - min(max_tokens, int(engine.target.n_ctx * MIN_REPLY_SHARE))
     dropped = 0
     while True:
-        tokens = engine.chat_prompt([*system, *turns])
+        text = engine.chat_prompt_text([*system, *turns], thinking=thinking)
+        tokens = engine.text_prompt(text)
         if len(tokens) <= budget or len(turns) <= 1:
-            return FittedPrompt(tuple(tokens), dropped)
+            return FittedPrompt(tuple(tokens), dropped, text)
         # Drop a whole exchange where possible, so the prompt never starts mid-answer.
         cut = 2 if len(turns) > 2 and turns[1].role == "assistant" else 1
         turns = turns[cut:]

@@ -45,6 +45,10 @@ def chat_to_markdown(chat: Chat, messages: Sequence[StoredMessage]) -> str:
         note = _STATE_NOTES.get(message.state)
         lines.append(f"## {heading}" + (f" ({note})" if note else ""))
         lines.append("")
+        if message.reasoning:
+            # Folded, as the chat app shows it: GitHub and most viewers render <details>.
+            lines += ["<details><summary>Reasoning</summary>", ""]
+            lines += [message.reasoning.rstrip("\n"), "", "</details>", ""]
         lines.append(message.content.rstrip("\n"))
         lines.append("")
     return "\n".join(lines)

@@ -56,6 +56,14 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         ALTER TABLE chats ADD COLUMN pair TEXT;
         """,
     ),
+    (
+        # A thinking model's reasoning, kept apart from the answer in ``content`` so it
+        # is never sent back to the model as answer text.
+        "0003_message_reasoning",
+        """
+        ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT '';
+        """,
+    ),
 )
 
 # Message states. "interrupted" is never stored: it is how "writing" reads after a crash.
@@ -95,6 +103,9 @@ class StoredMessage:
     # (text, from_draft) runs that concatenate to ``content``; empty when unknown.
     segments: tuple[tuple[str, bool], ...] = ()
     stats: dict[str, object] | None = None
+    # A thinking model's reasoning before the answer (empty for other messages). Never
+    # part of ``content``: the conversation sent back to the model is the answers only.
+    reasoning: str = ""
 
 
 class History:
@@ -218,10 +229,18 @@ class History:
         segments: Sequence[tuple[str, bool]] = (),
         state: str | None = None,
         stats: dict[str, object] | None = None,
+        reasoning: str | None = None,
     ) -> None:
-        """Save a message's text so far (and, when it ends, its state and statistics)."""
+        """Save a message's text so far (and, when it ends, its state and statistics).
+
+        ``reasoning`` (a thinking model's, kept apart from ``content``) is left as it
+        is when None.
+        """
         assignments = ["content = ?", "segments = ?"]
         values: list[object] = [content, json.dumps([[text, bool(d)] for text, d in segments])]
+        if reasoning is not None:
+            assignments.append("reasoning = ?")
+            values.append(reasoning)
         if state is not None:
             assignments.append("state = ?")
             values.append(state)
@@ -273,4 +292,5 @@ def _message_from_row(row: sqlite3.Row) -> StoredMessage:
         created_at=row["created_at"],
         segments=segments,
         stats=json.loads(row["stats"]) if row["stats"] else None,
+        reasoning=row["reasoning"],
     )

@@ -1,4 +1,9 @@
-"""``draftpen generate``: answer one prompt, the text to stdout and the figures to stderr."""
+"""``draftpen generate``: answer one prompt, the text to stdout and the figures to stderr.
+
+It loads the pair in this process (what it measures is the loop itself), unless
+``--engine`` asks the engine (``draftpen serve``, started if none runs) to answer: then
+the pair the engine holds is used and nothing is loaded here.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,18 @@ import json
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterable, Iterator
 
+from app.cli.reply_stream import ReplyStream
 from app.cli.stats_line import format_stats
 from app.errors import DraftpenError
 from app.options import add_model_options, add_sampling_options, sampling_params
+from app.settings import Settings
 from backends.base import ChatMessage
 from backends.engine import GenerationRequest
-from backends.speculative import FINISH_CANCELLED
+from backends.reasoning import ReasoningFormat
+from backends.sampling import SamplingParams
+from backends.speculative import FINISH_CANCELLED, GenerationEvent
 
 EXIT_INTERRUPTED = 130
 
@@ -35,6 +45,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     generate.add_argument("--system", default=None, help="system prompt (chat mode)")
     generate.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    generate.add_argument(
+        "--engine",
+        action="store_true",
+        help="ask the engine (draftpen serve; started if none runs) instead of loading the "
+        "pair in this process",
+    )
     generate.set_defaults(func=run_generate, raw=False)
 
 
@@ -67,6 +83,8 @@ def run_generate(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     if args.max_tokens < 1 or args.draft_tokens < 0:
         raise DraftpenError("--max-tokens must be at least 1 and --draft-tokens at least 0")
+    if args.engine:
+        return _report(args, *_events_from_engine(args, settings, prompt, params))
     engine = load_engine(
         args.pair or settings.default_pair,
         n_ctx=args.context or settings.context_length,
@@ -75,14 +93,18 @@ def run_generate(args: argparse.Namespace) -> int:
         calibrate=args.drafter == "auto",
         exact_output=args.exact_output,
     )
+    thinking = args.thinking if args.thinking is not None else settings.thinking
     try:
+        reasoning = None
         if args.raw:
             prompt_tokens = engine.text_prompt(prompt)
         else:
             messages = [ChatMessage("user", prompt)]
             if args.system:
                 messages.insert(0, ChatMessage("system", args.system))
-            prompt_tokens = engine.chat_prompt(messages)
+            prompt_text = engine.chat_prompt_text(messages, thinking=thinking)
+            prompt_tokens = engine.text_prompt(prompt_text)
+            reasoning = engine.reasoning_format(prompt_text)
         request = GenerationRequest(
             prompt_tokens=tuple(prompt_tokens),
             params=params,
@@ -94,23 +116,84 @@ def run_generate(args: argparse.Namespace) -> int:
         )
         cancel = threading.Event()
         _interrupt_sets(cancel)
-        pieces: list[str] = []
-        last = None
-        decision = ""
-        for event in engine.generate(request, cancel):
-            pieces.append(event.text)
-            if not args.json:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
-            last = event
-            decision = event.decision or decision
+        # A thinking model's reasoning goes to stderr (or "reasoning" in --json).
+        return _report(args, engine.generate(request, cancel), lambda: reasoning)
     finally:
         engine.close()
-    assert last is not None
+
+
+def _events_from_engine(
+    args: argparse.Namespace, settings: Settings, prompt: str, params: SamplingParams
+) -> tuple[Iterator[GenerationEvent], Callable[[], ReasoningFormat | None]]:
+    """The answer's events from the engine (its notices go to stderr), and how its
+    reasoning is marked (known once the first event has arrived)."""
+    from app.client import ChatTurn, Loading, Waiting, ensure_engine
+
+    if args.raw:
+        raise DraftpenError("--engine answers chat prompts only; leave out --raw.")
+    pair = args.pair or settings.default_pair
+    client = ensure_engine(settings, on_status=_note)
+    if args.context is not None:
+        client.load(pair, on_progress=_note, context_length=args.context)
+    messages = [ChatMessage("user", prompt)]
+    if args.system:
+        messages.insert(0, ChatMessage("system", args.system))
+    turn = ChatTurn(
+        pair,
+        tuple(messages),
+        params,
+        max_tokens=args.max_tokens,
+        drafter=args.drafter,
+        draft_tokens=args.draft_tokens,
+        fit_context=False,
+        exact=args.exact_output,
+        stop=tuple(args.stop),
+        thinking=args.thinking if args.thinking is not None else settings.thinking,
+    )
+    cancel = threading.Event()
+    _interrupt_sets(cancel)
+    stream = client.chat(turn, cancel)
+
+    def events() -> Iterator[GenerationEvent]:
+        for item in stream:
+            if isinstance(item, Waiting):
+                _note(f"waiting behind {', '.join(item.ahead)}")
+            elif isinstance(item, Loading):
+                _note(item.text)
+            else:
+                yield item
+
+    return events(), lambda: stream.reasoning
+
+
+def _note(text: str) -> None:
+    print(f"draftpen: {text}", file=sys.stderr, flush=True)
+
+
+def _report(
+    args: argparse.Namespace,
+    events: Iterable[GenerationEvent],
+    reasoning: Callable[[], ReasoningFormat | None],
+) -> int:
+    """Stream the answer to stdout and any reasoning to stderr (or collect both for
+    --json), then the figures. ``reasoning`` is asked once the first event is in."""
+    reply: ReplyStream | None = None
+    last = None
+    decision = ""
+    for event in events:
+        if reply is None:
+            reply = ReplyStream(reasoning(), echo=not args.json)
+        reply.add(event)
+        last = event
+        decision = event.decision or decision
+    if last is None or reply is None:
+        raise DraftpenError("The answer was cancelled before it began.")
     if args.json:
         json.dump(
             {
-                "text": "".join(pieces),
+                "text": reply.answer,
+                "reasoning": reply.reasoning_text,
+                "reasoning_tokens": reply.reasoning_tokens,
                 "finish_reason": last.finish_reason,
                 "stats": last.stats.as_dict(),
                 "decision": decision,
@@ -123,4 +206,5 @@ def run_generate(args: argparse.Namespace) -> int:
         print(format_stats(last.stats), file=sys.stderr)
         if decision:
             print(f"drafter choice (auto): {decision}", file=sys.stderr)
-    return EXIT_INTERRUPTED if last.finish_reason == FINISH_CANCELLED else 0
+    cancelled = last.finish_reason in (FINISH_CANCELLED, None)  # None: the stream was closed
+    return EXIT_INTERRUPTED if cancelled else 0

@@ -19,6 +19,7 @@ from app.models.fit import DEFAULT_CONTEXT, MachineMemory, machine_memory
 from app.models.overview import VariantRow, pair_overview
 from app.models.pair_download import PullEvent, download_pair
 from app.models.pair_files import pair_variant
+from app.models.recommend import recommend_pair
 from app.models.sources.on_this_machine import FoundModel, ScanResult, scan
 from app.models.store import ModelStore, ProgressStage
 from app.models.user_pairs import (
@@ -29,6 +30,7 @@ from app.models.user_pairs import (
 )
 from app.settings import models_dir, user_catalog_path
 from backends.errors import BackendError
+from backends.select import choose_runtime
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -136,9 +138,17 @@ def list_pairs(args: argparse.Namespace) -> int:
         f"This machine: {_describe_machine(machine)}; fit at {DEFAULT_CONTEXT} tokens of context",
         file=out,
     )
-    for pair in pair_overview(catalog, store, machine):
+    rows = pair_overview(catalog, store, machine)
+    runtime = choose_runtime(None)
+    best = recommend_pair(rows, machine, runtime)
+    if best is None:
+        print("No pair fits this machine's memory (each pair's fit is below).", file=out)
+    else:
+        print(f"Recommended here: {best.pair} ({best.runtime}), {best.reason}.", file=out)
+    for pair in rows:
         print(file=out)
-        print(f"{pair.name:<10} {pair.description}", file=out)
+        mark = "  * recommended for this machine" if best and pair.name == best.pair else ""
+        print(f"{pair.name:<10} {pair.description}{mark}", file=out)
         for variant in pair.variants:
             _print_variant(variant, out)
     return 0
@@ -258,17 +268,8 @@ def print_scan(result: ScanResult, out: TextIO) -> None:
         return
     print(file=out)
     print("Pairs (target + smaller draft), by llama.cpp's vocabulary rule:", file=out)
-    numbers = {model.path: number for number, model in enumerate(result.models, 1)}
-    for pairing in result.pairings:
-        names = f"[{numbers[pairing.target.path]}] + [{numbers[pairing.draft.path]}]"
-        if pairing.check.compatible:
-            print(
-                f"  {names} can pair: draftpen models add NAME "
-                f"--target {pairing.target.path} --draft {pairing.draft.path}",
-                file=out,
-            )
-        else:
-            print(f"  {names} cannot pair: {pairing.check.problem}", file=out)
+    for line in result.verdict_lines():
+        print(f"  {line}", file=out)
     print(file=out)
     print("Any target also runs alone, with n-gram drafts: draftpen chat --target PATH", file=out)
 

@@ -1,47 +1,78 @@
 """A plain line-by-line terminal chat: ``draftpen chat --plain`` (no full-screen UI).
 
-Reads a message, streams the reply through the shared loop, prints the statistics
-line, keeps the conversation (the loop reuses the cached prefix of earlier turns).
-Ctrl+C stops a reply and keeps what was written; Ctrl+D or /exit leaves.
+A client of the engine, like the chat app: finds ``draftpen serve`` on its socket (or
+starts one, and says so), stays attached, has it load the pair, then reads a message,
+streams the reply (the engine reuses the cached prefix of earlier turns), prints the
+statistics line and keeps the conversation. Ctrl+C stops a reply and keeps what was
+written; Ctrl+D or /exit leaves. If the engine dies mid-reply, what it wrote is kept,
+marked as interrupted, and a new engine is started.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
 
+from app.cli.reply_stream import ReplyStream
 from app.cli.stats_line import format_stats
+from app.client import ChatTurn, EngineClient, EngineLost, Loading, Waiting, ensure_engine
 from app.errors import DraftpenError
 from app.settings import Settings
 from backends.base import ChatMessage
-from backends.engine import Engine, GenerationRequest
-from backends.errors import BackendError
 from backends.speculative import SpeculativeStats
 
 HELP = "Type a message and press Enter. /new starts over, /exit (or Ctrl+D) leaves."
+INTERRUPTED_NOTE = "[interrupted: the engine stopped]"
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class EngineSession:
+    """The engine this chat talks to: connected, attached, holding the pair."""
+
+    def __init__(self, args: argparse.Namespace, settings: Settings, pair: str) -> None:
+        self.args = args
+        self.settings = settings
+        self.pair = pair
+        self.client: EngineClient | None = None
+        self._attachment = contextlib.ExitStack()
+
+    def start(self) -> EngineClient:
+        """Connect (starting an engine if none runs), attach, load the pair."""
+        self.close()
+        options = ("--runtime", self.args.runtime) if self.args.runtime else ()
+        client = ensure_engine(self.settings, on_status=_say, serve_options=options)
+        self._attachment.enter_context(client.attach())
+        _say(f"draftpen: loading {self.pair} ...")
+        client.load(
+            self.pair,
+            on_progress=lambda text: _say(f"  {text}"),
+            context_length=self.settings.context_length,
+            exact=self.settings.exact_output,
+        )
+        self.client = client
+        return client
+
+    def close(self) -> None:
+        """Let go of the engine (it stops by itself once idle, if we started it)."""
+        self._attachment.close()
+        self._attachment = contextlib.ExitStack()
+        self.client = None
 
 
 def run_plain_chat(args: argparse.Namespace, settings: Settings) -> int:
     """Chat until the user leaves; ``settings`` already carry this run's flags."""
-    from app.loading import load_engine
-
     pair = args.pair or settings.default_pair
-    params = settings.sampling_params(seed=args.seed)
-    print(f"draftpen: loading {pair} ...", file=sys.stderr)
-    engine = load_engine(
-        pair,
-        n_ctx=settings.context_length,
-        runtime=args.runtime,
-        with_draft=settings.drafter in ("auto", "model"),
-        calibrate=settings.drafter == "auto",
-        exact_output=settings.exact_output,
-        on_progress=lambda message: print(f"  {message}", file=sys.stderr),
-    )
+    session = EngineSession(args, settings, pair)
+    client = session.start()
     system = settings.system_prompt
     messages: list[ChatMessage] = [ChatMessage("system", system)] if system else []
-    print(HELP, file=sys.stderr)
+    _say(HELP)
     try:
         while True:
             try:
@@ -56,47 +87,72 @@ def run_plain_chat(args: argparse.Namespace, settings: Settings) -> int:
                 return 0
             if text == "/new":
                 messages = messages[:1] if system else []
-                print("(new chat)", file=sys.stderr)
+                _say("(new chat)")
                 continue
             messages.append(ChatMessage("user", text))
+            turn = ChatTurn(
+                pair=pair,
+                messages=tuple(messages),
+                params=settings.sampling_params(seed=args.seed),
+                max_tokens=settings.max_tokens,
+                drafter=settings.drafter,
+                draft_tokens=settings.draft_tokens,
+                fit_context=True,
+                exact=settings.exact_output,
+                stop=tuple(args.stop),
+                thinking=settings.thinking,
+            )
+            pieces: list[str] = []
             try:
-                request = GenerationRequest(
-                    prompt_tokens=tuple(engine.chat_prompt(messages)),
-                    params=params,
-                    max_tokens=settings.max_tokens,
-                    drafter=settings.drafter,
-                    draft_tokens=settings.draft_tokens,
-                    stop=tuple(args.stop),
-                    exact=settings.exact_output,
-                )
-                reply, stats = _stream_reply(engine, request)
-            except (BackendError, DraftpenError) as error:
-                messages.pop()
-                print(f"\ndraftpen: {error}", file=sys.stderr)
+                stats = _stream_reply(client, turn, pieces)
+            except EngineLost as error:
+                # Keep what was written, say so, and carry on with a new engine.
+                if pieces:
+                    messages.append(ChatMessage("assistant", "".join(pieces)))
+                else:
+                    messages.pop()
+                _say(f"\n{INTERRUPTED_NOTE} {error}\ndraftpen: starting the engine again ...")
+                client = session.start()
                 continue
-            messages.append(ChatMessage("assistant", reply))
-            print(f"\n[{format_stats(stats)}]", file=sys.stderr)
+            except DraftpenError as error:
+                messages.pop()
+                _say(f"\ndraftpen: {error}")
+                continue
+            messages.append(ChatMessage("assistant", "".join(pieces)))
+            if stats is not None:
+                _say(f"\n[{format_stats(stats)}]")
     finally:
-        engine.close()
+        session.close()
 
 
-def _stream_reply(engine: Engine, request: GenerationRequest) -> tuple[str, SpeculativeStats]:
-    """Stream one reply; Ctrl+C stops it at the end of the current round."""
+def _stream_reply(
+    client: EngineClient, turn: ChatTurn, pieces: list[str]
+) -> SpeculativeStats | None:
+    """Stream one reply's answer into ``pieces``; Ctrl+C stops it (the engine stops at
+    its round). A thinking model's reasoning goes to stderr and never into ``pieces``:
+    it does not go back into the conversation."""
     cancel = threading.Event()
 
     def stop_reply(signum: int, frame: object) -> None:
         cancel.set()
 
     previous = signal.signal(signal.SIGINT, stop_reply)
-    pieces: list[str] = []
-    last = None
+    stats = None
+    stream = client.chat(turn, cancel)
+    reply: ReplyStream | None = None
     try:
-        for event in engine.generate(request, cancel):
-            pieces.append(event.text)
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-            last = event
+        for item in stream:
+            if isinstance(item, Waiting):
+                _say(f"(waiting for the engine: {item.position} ahead: {', '.join(item.ahead)})")
+            elif isinstance(item, Loading):
+                _say(f"(the engine is loading {turn.pair}: {item.text})")
+            else:
+                if reply is None:  # the stream knows the reasoning format from here
+                    reply = ReplyStream(stream.reasoning)
+                answered = len(reply.answer)
+                reply.add(item)
+                pieces.append(reply.answer[answered:])
+                stats = item.stats
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert last is not None
-    return "".join(pieces), last.stats
+    return stats

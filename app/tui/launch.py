@@ -1,4 +1,4 @@
-"""Start the chat app with the real engine loader and catalog (``draftpen`` / ``draftpen chat``)."""
+"""Start the chat app as a client of the engine (``draftpen`` / ``draftpen chat``)."""
 
 from __future__ import annotations
 
@@ -7,25 +7,19 @@ import logging
 from collections.abc import Callable
 
 from app.chats.history import History
-from app.loading import load_engine
+from app.client import EngineClient, ensure_engine
 from app.settings import Settings
-from app.tui.app import DraftpenApp
-from backends.engine import Engine
+from app.tui.app import DraftpenApp, EngineConnector
 
 
-def engine_loader_for(runtime: str | None) -> Callable[..., Engine]:
-    """Loads a pair with its draft model and this machine's measured costs."""
+def engine_connector_for(runtime: str | None) -> EngineConnector:
+    """Finds the engine, or starts one (with ``--runtime`` when the user chose one)."""
+    serve_options = ("--runtime", runtime) if runtime else ()
 
-    def load(pair_name: str, settings: Settings, progress: Callable[[str], None]) -> Engine:
-        return load_engine(
-            pair_name,
-            n_ctx=settings.context_length,
-            runtime=runtime,
-            exact_output=settings.exact_output,
-            on_progress=progress,
-        )
+    def connect(settings: Settings, on_status: Callable[[str], None]) -> EngineClient:
+        return ensure_engine(settings, on_status=on_status, serve_options=serve_options)
 
-    return load
+    return connect
 
 
 def run_tui(args: argparse.Namespace, settings: Settings) -> int:
@@ -38,7 +32,7 @@ def run_tui(args: argparse.Namespace, settings: Settings) -> int:
     # screen reports download problems itself.
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     app = DraftpenApp(
-        engine_loader=engine_loader_for(args.runtime),
+        connect=engine_connector_for(args.runtime),
         history=History(),
         settings=settings,
         pair_name=args.pair,

@@ -16,6 +16,8 @@ from app.models.fit import MachineMemory, machine_memory
 from app.models.overview import pair_overview
 from app.models.pair_download import PullEventCallback, download_pair
 from app.models.pair_files import pair_models
+from app.models.recommend import Recommendation, recommend_pair
+from app.models.sources.on_this_machine import ScanPlaces, ScanResult, scan
 from app.models.store import ModelStore
 from app.settings import models_dir
 from backends.select import choose_runtime
@@ -33,6 +35,8 @@ class PairListing:
     fit: str
     fits: bool
     state: str  # downloaded, partial, absent, or "no <runtime> models"
+    # The pair recommend_pair picks for this machine (models list marks the same one).
+    recommended: bool = False
 
     @property
     def available(self) -> bool:
@@ -58,17 +62,25 @@ class ModelsService:
         machine: MachineMemory | None = None,
         *,
         check_tokenizers: bool = True,
+        scan_places: ScanPlaces | None = None,
     ) -> None:
         self.catalog = catalog if catalog is not None else load_catalog()
         self.store = store if store is not None else ModelStore(models_dir())
         self.runtime = runtime if runtime is not None else choose_runtime(None)
         self.machine = machine if machine is not None else machine_memory()
         self.check_tokenizers = check_tokenizers
+        # Where scan() looks (None: this user's HF cache, LM Studio and Ollama folders).
+        self.scan_places = scan_places
+        # Set by rows(): the pair to run on this machine, and why.
+        self.recommendation: Recommendation | None = None
 
     def rows(self) -> list[PairListing]:
-        """Every pair in the catalog with sizes, fit verdict and download state."""
+        """Every pair in the catalog with sizes, fit verdict, download state, recommendation."""
         listings = []
-        for pair in pair_overview(self.catalog, self.store, self.machine):
+        overview = pair_overview(self.catalog, self.store, self.machine)
+        self.recommendation = recommend_pair(overview, self.machine, self.runtime)
+        best = self.recommendation.pair if self.recommendation else None
+        for pair in overview:
             row = pair.variant(self.runtime)
             if row is None:
                 listings.append(
@@ -95,9 +107,14 @@ class ModelsService:
                     fit=row.fit.summary,
                     fits=row.fit.fits,
                     state=row.state,
+                    recommended=pair.name == best,
                 )
             )
         return listings
+
+    def scan(self) -> ScanResult:
+        """GGUF files already on this machine and which can pair (``draftpen models scan``)."""
+        return scan(self.scan_places)
 
     def variant(self, pair_name: str) -> PairVariant:
         """The pair's models for this runtime."""

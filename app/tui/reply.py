@@ -28,9 +28,11 @@ class ReplyFigures:
     # The loop's own time per token (outside the runtime's forward calls); 0 in
     # figures saved before it was measured.
     host_ms_per_token: float = 0.0
+    # Tokens a thinking model spent reasoning (part of generated_tokens).
+    reasoning_tokens: int = 0
 
     @classmethod
-    def from_event(cls, event: GenerationEvent) -> ReplyFigures:
+    def from_event(cls, event: GenerationEvent, reasoning_tokens: int = 0) -> ReplyFigures:
         """The figures as of ``event`` (the loop's snapshot, not recomputed)."""
         stats = event.stats
         return cls(
@@ -45,6 +47,7 @@ class ReplyFigures:
             estimated_speedup=event.estimated_speedup,
             finish_reason=event.finish_reason,
             host_ms_per_token=stats.host_ms_per_token,
+            reasoning_tokens=reasoning_tokens,
         )
 
     @classmethod
@@ -66,7 +69,9 @@ class ReplyFigures:
     def summary(self) -> str:
         """The final figures, as shown under a finished reply and in the stats bar."""
         return (
-            f"{self.generated_tokens} tokens · {self.decode_tokens_per_second:.1f} tok/s · "
+            f"{self.generated_tokens} tokens"
+            + (f" ({self.reasoning_tokens} reasoning)" if self.reasoning_tokens else "")
+            + f" · {self.decode_tokens_per_second:.1f} tok/s · "
             f"accepted {self.accepted}/{self.drafted} ({self.acceptance_rate:.0%}) · "
             f"mean accepted length {self.mean_accepted_length:.2f}"
             + (f" · host {self.host_ms_per_token:.2f} ms/token" if self.host_ms_per_token else "")

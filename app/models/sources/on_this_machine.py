@@ -84,6 +84,26 @@ class ScanResult:
         """The pairings that pass the vocabulary rule."""
         return tuple(pairing for pairing in self.pairings if pairing.check.compatible)
 
+    def verdict_lines(self) -> list[str]:
+        """A line per target + draft, models numbered from 1 in ``models`` order.
+
+        ``[1] + [2] can pair: draftpen models add NAME --target ... --draft ...``, or
+        ``[1] + [3] cannot pair: <the pair check's reason>``; the CLI and the models
+        screen print the same lines.
+        """
+        numbers = {model.path: number for number, model in enumerate(self.models, 1)}
+        lines = []
+        for pairing in self.pairings:
+            names = f"[{numbers[pairing.target.path]}] + [{numbers[pairing.draft.path]}]"
+            if pairing.check.compatible:
+                lines.append(
+                    f"{names} can pair: draftpen models add NAME "
+                    f"--target {pairing.target.path} --draft {pairing.draft.path}"
+                )
+            else:
+                lines.append(f"{names} cannot pair: {pairing.check.problem}")
+        return lines
+
 
 def scan(places: ScanPlaces | None = None) -> ScanResult:
     """Find the GGUF models in ``places`` and check every smaller one as a draft."""

@@ -1,13 +1,17 @@
 """The chat screen: chat list, conversation, prompt and live statistics.
 
-Generation runs in a thread worker that drives the shared speculative loop through
-:meth:`Engine.generate` and posts each event back (``post_message`` is thread-safe);
-everything that touches widgets or the history database happens here, on the UI thread.
-The reply is saved as it grows (at most half a second behind), so a crash keeps it.
+A thread worker streams the reply from the engine (:meth:`EngineClient.chat`) and
+gathers its events into the reply (under a lock); the UI thread wakes a few times a
+second while a reply is written to draw what arrived, and the worker posts only the
+reply's start, notices (waiting in the engine's queue, the engine loading) and its end.
+Everything that touches widgets or the history database happens on the UI thread. The
+reply is saved as it grows (at most half a second behind), so a crash keeps it; if the
+engine dies mid-reply, what it wrote is saved as interrupted and the engine restarted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -22,14 +26,24 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer, Header
 
-from app.chats.conversation import fit_conversation
 from app.chats.export import chat_to_markdown, export_path, last_code_block
-from app.chats.history import COMPLETE, FAILED, STOPPED, WRITING, History, StoredMessage
+from app.chats.history import (
+    COMPLETE,
+    FAILED,
+    INTERRUPTED,
+    STOPPED,
+    WRITING,
+    History,
+    StoredMessage,
+)
+from app.client import ChatTurn, EngineClient, EngineLost, Loading, Waiting
 from app.errors import DraftpenError, HistoryError
 from app.rates import RollingRate
 from app.settings import Settings, data_dir
+from app.tui.priority import LowerPriority
 from app.tui.reply import ReplyFigures, merge_segments
 from app.tui.screens.dialogs import ConfirmDialog, RenameDialog
 from app.tui.widgets.chat_list import ChatList
@@ -37,8 +51,7 @@ from app.tui.widgets.message_view import MessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.stats_bar import StatsBar
 from backends.base import ChatMessage
-from backends.engine import Engine, GenerationRequest
-from backends.errors import BackendError
+from backends.reasoning import ReasoningSplit, ReasoningSplitter
 from backends.speculative import FINISH_CANCELLED, GenerationEvent
 
 
@@ -52,33 +65,76 @@ class ChatHost(Protocol):
     history: History
     settings: Settings
     pair_name: str
-    engine: Engine | None
+    client: EngineClient | None
     engine_status: str
+
+    @property
+    def ready(self) -> bool:
+        """Whether the engine holds the pair, so a message can be sent."""
+        ...
 
     def load_pair(self, pair_name: str) -> None:
         """Load ``pair_name`` behind the UI, replacing the current pair."""
         ...
 
+    def restart_engine(self, reason: str) -> None:
+        """Say ``reason``, start a new engine and load the pair again."""
+        ...
+
 
 NEW_CHAT_TITLE = "New chat"
 SAVE_INTERVAL_SECONDS = 0.5
-# The reply's text and the stats bar are redrawn together, on one timer: every redraw
-# renders the screen on the UI thread, which takes CPU that CPU decoding needs.
-REFRESH_SECONDS = 0.25
+# The reply's text and the stats bar are redrawn together, on one timer that runs only
+# while a reply is written: every redraw renders the screen on the UI thread, which
+# takes CPU that decoding needs.
+REFRESH_SECONDS = 0.5
 
 
 @dataclass
 class ReplyInProgress:
-    """The reply being written: where it is shown and stored, and what it has so far."""
+    """The reply being written: where it is shown and stored, and what it has so far.
+
+    The worker thread adds to ``segments``, ``content`` and ``last_event`` under
+    ``lock``; the UI thread reads them under it (:meth:`snapshot`).
+    """
 
     message_id: int
     chat_id: int
     view: MessageView
     cancel: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
     segments: list[tuple[str, bool]] = field(default_factory=list)
     content: str = ""
+    # A thinking model's reasoning so far, kept apart from the answer in ``content``.
+    reasoning: str = ""
+    reasoning_tokens: int = 0
     last_event: GenerationEvent | None = None
+    # What the reply waits for before its first token (the queue, a load), or "".
+    notice: str = ""
     last_saved: float = 0.0
+
+    def add(self, event: GenerationEvent, split: ReasoningSplit | None = None) -> None:
+        """Take in one event of the loop (worker thread); ``split``: its reasoning apart."""
+        with self.lock:
+            if split is None:
+                merge_segments(self.segments, event.segments)
+                self.content += event.text
+            else:
+                merge_segments(self.segments, split.answer)
+                self.content += split.answer_text
+                self.reasoning += split.reasoning_text
+                self.reasoning_tokens += split.reasoning_tokens
+            self.last_event = event
+
+    def snapshot(self) -> tuple[list[tuple[str, bool]], str, GenerationEvent | None]:
+        """The segments (a copy), text and latest event as of now (UI thread)."""
+        with self.lock:
+            return list(self.segments), self.content, self.last_event
+
+    def reasoning_so_far(self) -> tuple[str, int]:
+        """The reasoning text and its token count as of now (UI thread)."""
+        with self.lock:
+            return self.reasoning, self.reasoning_tokens
 
 
 class ChatScreen(Screen[None]):
@@ -96,11 +152,30 @@ class ChatScreen(Screen[None]):
     AUTO_FOCUS = "#prompt"
 
     @dataclass
-    class ReplyUpdate(Message):
-        """The loop produced ``event`` for the reply stored as ``message_id``."""
+    class ReplyStarted(Message):
+        """The first event of ``message_id`` arrived: replace "Ready" with live figures."""
 
         message_id: int
-        event: GenerationEvent
+
+    @dataclass
+    class ReplyNotice(Message):
+        """The reply waits: ``text`` says for what (the engine's queue, a load)."""
+
+        message_id: int
+        text: str
+
+    @dataclass
+    class ReplyLost(Message):
+        """The engine went away while writing ``message_id``; ``error`` says so."""
+
+        message_id: int
+        error: str
+
+    @dataclass
+    class ReplyFinished(Message):
+        """The reply stored as ``message_id`` ended; its last event has the figures."""
+
+        message_id: int
 
     @dataclass
     class ReplyFailed(Message):
@@ -115,6 +190,9 @@ class ChatScreen(Screen[None]):
         self.reply: ReplyInProgress | None = None
         self.rolling_rate = RollingRate()
         self.last_export: Path | None = None
+        self._refresh_timer: Timer | None = None
+        # The model runs in the engine's process: all of this one may yield to it.
+        self.priority = LowerPriority(whole_process=True)
 
     @property
     def draftpen(self) -> ChatHost:
@@ -137,7 +215,6 @@ class ChatScreen(Screen[None]):
             await self.open_chat(chats[0].id)
         else:
             self.refresh_chat_list()
-        self.set_interval(REFRESH_SECONDS, self._refresh_reply)
         # The UI is up; now load the models behind it.
         self.draftpen.load_pair(self.draftpen.pair_name)
 
@@ -227,11 +304,11 @@ class ChatScreen(Screen[None]):
 
     @on(PromptInput.Submitted)
     async def _send(self, event: PromptInput.Submitted) -> None:
-        engine = self.draftpen.engine
+        client = self.draftpen.client
         if self.reply is not None:
             self.notify("Still writing: press Esc to stop first.", severity="warning")
             return
-        if engine is None:
+        if client is None or not self.draftpen.ready:
             self.notify(self.draftpen.engine_status, severity="warning")
             return
         history = self.draftpen.history
@@ -255,7 +332,28 @@ class ChatScreen(Screen[None]):
         self.reply = ReplyInProgress(reply_message.id, self.chat_id, reply_view)
         self.rolling_rate.reset()
         self.rolling_rate.add(0)
-        self._write_reply(engine, self._conversation(), self.draftpen.settings, self.reply)
+        self._write_reply(client, self._turn(), self.reply)
+        self._refresh_timer = self.set_interval(REFRESH_SECONDS, self._refresh_reply)
+        self.priority.lower()
+
+    def _turn(self) -> ChatTurn:
+        """What to ask the engine for: the open chat and how to write the reply.
+
+        The engine leaves out the oldest turns that do not fit its context (the history
+        keeps them).
+        """
+        settings = self.draftpen.settings
+        return ChatTurn(
+            pair=self.draftpen.pair_name,
+            messages=tuple(self._conversation()),
+            params=settings.sampling_params(),
+            max_tokens=settings.max_tokens,
+            drafter=settings.drafter,
+            draft_tokens=settings.draft_tokens,
+            fit_context=True,
+            exact=settings.exact_output,
+            thinking=settings.thinking,
+        )
 
     def _conversation(self) -> list[ChatMessage]:
         """The open chat as the model sees it: system prompt, then every usable turn."""
@@ -268,103 +366,174 @@ class ChatScreen(Screen[None]):
         return messages
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
-    def _write_reply(
-        self,
-        engine: Engine,
-        conversation: list[ChatMessage],
-        settings: Settings,
-        reply: ReplyInProgress,
-    ) -> None:
-        """Run the shared loop and post every event to the UI (runs in a thread)."""
+    def _write_reply(self, client: EngineClient, turn: ChatTurn, reply: ReplyInProgress) -> None:
+        """Stream the reply from the engine, gathering it into ``reply`` (runs in a thread)."""
         try:
-            prompt = fit_conversation(engine, conversation, settings.max_tokens)
-            if prompt.dropped_messages:
-                self.app.call_from_thread(
-                    self.notify,
-                    f"The chat is longer than the context: the oldest {prompt.dropped_messages} "
-                    "messages were left out of this prompt (they stay in the history).",
-                )
-            request = GenerationRequest(
-                prompt_tokens=prompt.tokens,
-                params=settings.sampling_params(),
-                max_tokens=settings.max_tokens,
-                drafter=settings.drafter,
-                draft_tokens=settings.draft_tokens,
-                exact=settings.exact_output,
-            )
-            for event in engine.generate(request, reply.cancel):
-                self.post_message(self.ReplyUpdate(reply.message_id, event))
-        except (BackendError, DraftpenError, ValueError) as error:
+            stream = client.chat(turn, reply.cancel)
+            splitter: ReasoningSplitter | None = None
+            generated = 0
+            for item in stream:
+                if isinstance(item, Waiting):
+                    self.post_message(self.ReplyNotice(reply.message_id, waiting_text(item)))
+                elif isinstance(item, Loading):
+                    text = f"The engine is loading {turn.pair}: {item.text}…"
+                    self.post_message(self.ReplyNotice(reply.message_id, text))
+                else:
+                    first = reply.last_event is None
+                    if first and stream.reasoning is not None:  # known with the first event
+                        splitter = ReasoningSplitter(stream.reasoning)
+                    # Events rebuilt from the stream carry no token ids: the running
+                    # count says how many tokens this one brought.
+                    tokens = item.stats.generated_tokens - generated
+                    generated = item.stats.generated_tokens
+                    split = None
+                    if splitter is not None:  # split here, off the UI thread
+                        split = splitter.feed(item.segments, tokens)
+                        if item.finish_reason is not None:
+                            split = split + splitter.finish()
+                    reply.add(item, split)
+                    if first:
+                        self.post_message(self.ReplyStarted(reply.message_id))
+            self.post_message(self.ReplyFinished(reply.message_id))
+        except EngineLost as error:
+            self.post_message(self.ReplyLost(reply.message_id, str(error)))
+        except (DraftpenError, ValueError) as error:
             self.post_message(self.ReplyFailed(reply.message_id, str(error)))
         except Exception as error:  # a bug: say so, and keep what was written
             self.post_message(
                 self.ReplyFailed(reply.message_id, f"unexpected {type(error).__name__}: {error}")
             )
 
-    @on(ReplyUpdate)
-    async def _reply_update(self, message: ReplyUpdate) -> None:
+    @on(ReplyNotice)
+    def _reply_notice(self, message: ReplyNotice) -> None:
         reply = self.reply
         if reply is None or reply.message_id != message.message_id:
             return
-        event = message.event
-        merge_segments(reply.segments, event.segments)
-        reply.content += event.text
-        first_event = reply.last_event is None
-        reply.last_event = event
-        if first_event:  # replace "Ready" at once; the timer keeps it fresh from here
-            self._refresh_live_stats()
-        self.rolling_rate.add(event.stats.generated_tokens)
-        if event.finish_reason is not None:
-            await self._show_reply_text()
-            self._finish_reply(reply, event)
-        elif time.monotonic() - reply.last_saved >= SAVE_INTERVAL_SECONDS:
-            with self._saving():
-                self.draftpen.history.update_message(
-                    reply.message_id, content=reply.content, segments=reply.segments
-                )
-            reply.last_saved = time.monotonic()
+        reply.notice = message.text
+        if reply.last_event is None:
+            self.query_one(StatsBar).show_status(message.text)
 
-    async def _show_reply_text(self) -> None:
-        """Bring the reply's view up to date with the text received so far."""
-        reply = self.reply
-        if reply is None or not reply.view.is_attached or reply.view.content == reply.content:
-            return
-        conversation = self.query_one("#conversation", VerticalScroll)
-        following = conversation.is_vertical_scroll_end
-        await reply.view.append(reply.segments, reply.content)
-        if following:
-            conversation.scroll_end(animate=False)
-
-    def _finish_reply(self, reply: ReplyInProgress, event: GenerationEvent) -> None:
-        figures = ReplyFigures.from_event(event)
-        state = STOPPED if event.finish_reason == FINISH_CANCELLED else COMPLETE
+    async def _keep_unfinished(
+        self, reply: ReplyInProgress, state: str, note: str | None = None
+    ) -> None:
+        """Save and show what a reply that did not finish wrote, marked ``state``."""
+        segments, content, _ = reply.snapshot()
         with self._saving():
             self.draftpen.history.update_message(
                 reply.message_id,
-                content=reply.content,
-                segments=reply.segments,
+                content=content,
+                segments=segments,
                 state=state,
-                stats={**figures.as_dict(), "loop": event.stats.as_dict()},
+                reasoning=reply.reasoning_so_far()[0],
             )
         if reply.view.is_attached:
-            reply.view.finish(figures, state)
-        self.query_one(StatsBar).show_final(figures)
-        self.reply = None
+            await reply.view.append(segments, content, complete=True)
+            reply.view.finish(None, state, note=note)
 
-    @on(ReplyFailed)
-    def _reply_failed(self, message: ReplyFailed) -> None:
+    @on(ReplyLost)
+    async def _reply_lost(self, message: ReplyLost) -> None:
         reply = self.reply
         if reply is None or reply.message_id != message.message_id:
             return
+        await self._keep_unfinished(reply, INTERRUPTED, note="interrupted: the engine stopped")
+        self.notify(
+            f"{message.error} What it wrote is kept; the chat is intact.",
+            title="The engine stopped mid-reply",
+            severity="error",
+            timeout=15,
+        )
+        self._reply_ended()
+        self.draftpen.restart_engine("The engine stopped mid-reply.")
+
+    @on(ReplyStarted)
+    async def _reply_started(self, message: ReplyStarted) -> None:
+        if self.reply is not None and self.reply.message_id == message.message_id:
+            await self._refresh_reply()
+
+    @on(ReplyFinished)
+    async def _reply_finished(self, message: ReplyFinished) -> None:
+        reply = self.reply
+        if reply is None or reply.message_id != message.message_id:
+            return
+        segments, content, event = reply.snapshot()
+        await self._show_reply_text(segments, content)  # the reasoning's last words too
+        if reply.view.is_attached:
+            await reply.view.append(segments, content, complete=True)
+        self._finish_reply(reply, segments, content, event)
+
+    async def _show_reply_text(self, segments: list[tuple[str, bool]], content: str) -> None:
+        """Bring the reply's view up to date with the text received so far."""
+        reply = self.reply
+        if reply is None or not reply.view.is_attached:
+            return
+        reasoning, reasoning_tokens = reply.reasoning_so_far()
+        text_changed = reply.view.content != content
+        if not text_changed and reply.view.reasoning == reasoning:
+            return
+        conversation = self.query_one("#conversation", VerticalScroll)
+        following = conversation.is_vertical_scroll_end
+        if reasoning:
+            # Above the answer; it collapses when the answer's first text arrives.
+            await reply.view.show_reasoning(
+                reasoning, answered=bool(content), tokens=reasoning_tokens
+            )
+        if text_changed:
+            await reply.view.append(segments, content)
+        if following:
+            conversation.scroll_end(animate=False)
+
+    def _finish_reply(
+        self,
+        reply: ReplyInProgress,
+        segments: list[tuple[str, bool]],
+        content: str,
+        event: GenerationEvent | None,
+    ) -> None:
+        # Esc closes the stream, so a stopped reply ends on its last event before the
+        # finish (or on none, stopped while it waited in the queue).
+        stopped = reply.cancel.is_set() and (event is None or event.finish_reason is None)
+        reasoning_tokens = reply.reasoning_so_far()[1]
+        figures = ReplyFigures.from_event(event, reasoning_tokens) if event is not None else None
+        if stopped and figures is not None:
+            figures = dataclasses.replace(figures, finish_reason=FINISH_CANCELLED)
+        finish = figures.finish_reason if figures is not None else FINISH_CANCELLED
+        state = STOPPED if finish == FINISH_CANCELLED else COMPLETE
+        stats = None
+        if figures is not None and event is not None:
+            stats = {**figures.as_dict(), "loop": event.stats.as_dict()}
         with self._saving():
             self.draftpen.history.update_message(
-                reply.message_id, content=reply.content, segments=reply.segments, state=FAILED
+                reply.message_id,
+                content=content,
+                segments=segments,
+                state=state,
+                stats=stats,
+                reasoning=reply.reasoning_so_far()[0],
             )
         if reply.view.is_attached:
-            reply.view.finish(None, FAILED)
+            reply.view.finish(figures, state)
+        if figures is not None:
+            self.query_one(StatsBar).show_final(figures)
+        else:
+            self.query_one(StatsBar).show_status("Stopped before the first token.")
+        self._reply_ended()
+
+    def _reply_ended(self) -> None:
+        self.reply = None
+        if self._refresh_timer is not None:
+            self._refresh_timer.stop()
+            self._refresh_timer = None
+        self.priority.restore()
+
+    @on(ReplyFailed)
+    async def _reply_failed(self, message: ReplyFailed) -> None:
+        reply = self.reply
+        if reply is None or reply.message_id != message.message_id:
+            return
+        await self._keep_unfinished(reply, FAILED)
         self.query_one(StatsBar).show_status(f"error: {message.error}")
         self.notify(message.error, title="Generation failed", severity="error", timeout=10)
-        self.reply = None
+        self._reply_ended()
 
     @contextmanager
     def _saving(self) -> Iterator[None]:
@@ -375,25 +544,41 @@ class ChatScreen(Screen[None]):
             self.notify(str(error), title="Not saved", severity="error", timeout=15)
 
     def action_stop(self) -> None:
-        """Stop the reply now (at the end of the current round); what was written stays."""
-        if self.reply is not None:
+        """Stop the reply now; what was shown stays.
+
+        The reply ends here at once; its stream closes when the worker next hears from
+        the engine, and the engine stops at the end of the round it is in.
+        """
+        if self.reply is not None and not self.reply.cancel.is_set():
             self.reply.cancel.set()
+            self.post_message(self.ReplyFinished(self.reply.message_id))
 
     def _stop_for(self, purpose: str) -> None:
         if self.reply is not None and not self.reply.cancel.is_set():
-            self.reply.cancel.set()
+            self.action_stop()
             self.notify(f"Stopped the reply to {purpose}; what it wrote is kept.")
 
     async def _refresh_reply(self) -> None:
-        """The timer's tick: the reply's new text and the live figures, in one redraw."""
-        await self._show_reply_text()
-        self._refresh_live_stats()
-
-    def _refresh_live_stats(self) -> None:
+        """The timer's tick: the reply's new text, the live figures, and a save."""
         reply = self.reply
-        if reply is not None and reply.last_event is not None:
-            figures = ReplyFigures.from_event(reply.last_event)
-            self.query_one(StatsBar).show_live(figures, self.rolling_rate.rate())
+        if reply is None:
+            return
+        segments, content, event = reply.snapshot()
+        await self._show_reply_text(segments, content)
+        if event is None:
+            return
+        self.rolling_rate.add(event.stats.generated_tokens)
+        figures = ReplyFigures.from_event(event, reply.reasoning_so_far()[1])
+        self.query_one(StatsBar).show_live(figures, self.rolling_rate.rate())
+        if time.monotonic() - reply.last_saved >= SAVE_INTERVAL_SECONDS:
+            with self._saving():
+                self.draftpen.history.update_message(
+                    reply.message_id,
+                    content=content,
+                    segments=segments,
+                    reasoning=reply.reasoning_so_far()[0],
+                )
+            reply.last_saved = time.monotonic()
 
     # -- copy and export ----------------------------------------------------------------
 
@@ -441,6 +626,12 @@ class ChatScreen(Screen[None]):
         self.notify(f"Exported to {path}", title="Export")
 
 
+def waiting_text(waiting: Waiting) -> str:
+    """What the stats bar says while the reply waits in the engine's queue."""
+    ahead = ", ".join(waiting.ahead) if waiting.ahead else "other requests"
+    return f"Waiting for the engine: {waiting.position} ahead ({ahead})…"
+
+
 def _view_for(message: StoredMessage) -> MessageView:
     figures = ReplyFigures.from_dict(message.stats) if message.stats else None
     return MessageView(
@@ -450,6 +641,7 @@ def _view_for(message: StoredMessage) -> MessageView:
         figures=figures,
         state=message.state,
         message_id=message.id,
+        reasoning=message.reasoning,
     )
 
 

@@ -1,5 +1,9 @@
 """The models screen: every pair with sizes, fit and state; download, cancel, delete, use.
 
+The pair recommended for this machine is starred, with the reason above the table; below
+it, the GGUF files already on the machine and which of them can pair (``models scan``),
+read in a thread worker when the screen opens (S scans again).
+
 Downloads run in a thread worker; its progress events come back as messages and move
 one bar per model and one for the whole pair (bytes, speed, time left). Cancelling keeps
 what was fetched, and the next download of the pair resumes from there.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from textual import on, work
@@ -22,8 +27,10 @@ from textual.widgets import DataTable, Footer, Header, Label, ProgressBar
 from app.errors import DownloadCancelledError, DraftpenError
 from app.models.disk import format_bytes
 from app.models.pair_download import PullEvent
+from app.models.sources.on_this_machine import ScanResult
 from app.tui.models_service import ModelsService, PairListing
 from app.tui.screens.dialogs import ConfirmDialog
+from app.tui.widgets.found_models import FoundModelsView
 from backends.errors import BackendError
 
 # State first: the description is long and is the column a narrow terminal cuts.
@@ -49,6 +56,7 @@ class ModelsScreen(Screen[str | None]):
         Binding("d", "download", "Download"),
         Binding("delete,x", "delete", "Delete files"),
         Binding("escape", "cancel_or_close", "Cancel download / back"),
+        Binding("s", "scan", "Scan this machine"),
     ]
 
     @dataclass
@@ -65,6 +73,12 @@ class ModelsScreen(Screen[str | None]):
         error: str | None
         cancelled: bool = False
 
+    @dataclass
+    class Scanned(Message):
+        """The scan of this machine's GGUF files finished."""
+
+        result: ScanResult
+
     def __init__(self, service: ModelsService, current_pair: str | None) -> None:
         super().__init__()
         self.service = service
@@ -78,7 +92,9 @@ class ModelsScreen(Screen[str | None]):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Label("", id="machine-runtime")
+        yield Label("", id="recommendation")
         yield DataTable(id="pairs", cursor_type="row", zebra_stripes=True)
+        yield FoundModelsView(id="found-models")
         with Vertical(id="download"):
             yield Label("", id="download-title")
             yield Label("", id="target-label")
@@ -99,6 +115,7 @@ class ModelsScreen(Screen[str | None]):
         self.query_one("#pairs", DataTable).add_columns(*COLUMNS)
         self.query_one("#download").display = False
         self.refresh_rows()
+        self.action_scan()
 
     def on_unmount(self) -> None:
         # Quitting mid-download: stop the worker thread (the partial file is kept).
@@ -118,10 +135,17 @@ class ModelsScreen(Screen[str | None]):
         self.rows = self.service.rows()
         for row in self.rows:
             marker = "● " if row.name == self.current_pair else "  "
+            star = " ★" if row.recommended else ""
             sizes = row.sizes if row.available else ""
             table.add_row(
-                marker + row.name, row.state, sizes, row.fit, row.description, key=row.name
+                marker + row.name + star, row.state, sizes, row.fit, row.description, key=row.name
             )
+        best = getattr(self.service, "recommendation", None)
+        self.query_one("#recommendation", Label).update(
+            f"★ Recommended here: {best.pair}, {best.reason}."
+            if best is not None
+            else "No pair fits this machine's memory (see the fit column)."
+        )
         if self.rows:
             table.move_cursor(row=min(cursor, len(self.rows) - 1))
 
@@ -201,6 +225,23 @@ class ModelsScreen(Screen[str | None]):
         self.app.push_screen(
             ConfirmDialog(f"Delete the files of {row.name} ({row.sizes})?"), delete
         )
+
+    def action_scan(self) -> None:
+        """Look for GGUF files on this machine again (in a worker: it reads headers)."""
+        self._scan()
+
+    @work(thread=True, exclusive=True, group="scan", exit_on_error=False)
+    def _scan(self) -> None:
+        try:
+            result = self.service.scan()
+        except OSError as error:
+            self.post_message(self.Scanned(ScanResult((), (), ((Path("."), str(error)),))))
+            return
+        self.post_message(self.Scanned(result))
+
+    @on(Scanned)
+    def _scanned(self, message: Scanned) -> None:
+        self.query_one(FoundModelsView).show(message.result)
 
     # -- the download worker -----------------------------------------------------------
 

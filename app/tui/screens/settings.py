@@ -1,4 +1,4 @@
-"""The settings screen: sampling, drafting and the system prompt, saved to settings.toml."""
+"""The settings screen: sampling, drafting, thinking, system prompt; saved to settings.toml."""
 
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ NUMBER_FIELDS: tuple[tuple[str, str, str], ...] = (
 EXACT_OUTPUT_CHOICES = (
     ("fastest kernels, any batch", False),
     ("bit for bit (slower prompts on CPU)", True),
+)
+# For models that reason aloud (Qwen3, ...); off goes through the template's own switch.
+THINKING_CHOICES = (
+    ("on (think before answering)", True),
+    ("off (the template's switch)", False),
 )
 DRAFTER_LABELS = {
     "auto": "auto (measures and picks per round)",
@@ -72,6 +77,14 @@ class SettingsScreen(ModalScreen[Settings | None]):
                     allow_blank=False,
                     id="exact_output",
                 )
+            with Horizontal(classes="field"):
+                yield Label("Thinking", classes="field-label")
+                yield Select(
+                    THINKING_CHOICES,
+                    value=self.settings.thinking,
+                    allow_blank=False,
+                    id="thinking",
+                )
             yield Label("System prompt", classes="field-label")
             yield TextArea(self.settings.system_prompt, id="system_prompt")
             yield Label("", id="settings-error", markup=False)
@@ -91,6 +104,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 raise SettingsError(f"{label} must be a number, not {text!r}") from None
         values["drafter"] = self.query_one("#drafter", Select).value
         values["exact_output"] = self.query_one("#exact_output", Select).value
+        values["thinking"] = self.query_one("#thinking", Select).value
         values["system_prompt"] = self.query_one("#system_prompt", TextArea).text
         return dataclasses.replace(self.settings, **values)  # type: ignore[arg-type]
 

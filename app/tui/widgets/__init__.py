@@ -1,1 +1,2 @@
-"""The chat app's widgets: the chat list, a message, the prompt, the stats bar."""
+"""The chat app's widgets: the chat list, a message (and its reasoning), the prompt, the stats
+bar, and the models screen's list of GGUF files found on this machine."""

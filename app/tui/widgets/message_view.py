@@ -1,4 +1,10 @@
-"""One message of the conversation: Markdown, or text tinted by provenance."""
+"""One message of the conversation: Markdown, or text tinted by provenance.
+
+While a reply is written only its completed Markdown blocks are rendered, each once;
+the unfinished tail is one cheap text widget (tinted spans when draft colours are on).
+Re-rendering all of a growing reply's Markdown several times a second took CPU from
+decoding (see ``app.tui.live_text``).
+"""
 
 from __future__ import annotations
 
@@ -12,12 +18,14 @@ from textual.widgets import Label, Markdown, Static
 
 from app.chats.export import last_code_block
 from app.chats.history import FAILED, INTERRUPTED, STOPPED
+from app.tui.live_text import completed_length, split_segments
 from app.tui.reply import ReplyFigures
+from app.tui.widgets.reasoning_view import ReasoningView
 
 ROLE_LABELS = {"user": "You", "assistant": "draftpen", "system": "System"}
 STATE_NOTES = {
     STOPPED: "stopped",
-    INTERRUPTED: "interrupted (draftpen closed while writing)",
+    INTERRUPTED: "interrupted (draftpen or its engine stopped while writing)",
     FAILED: "failed",
 }
 # Tokens the target accepted from the draft, and tokens it produced itself.
@@ -50,23 +58,37 @@ class MessageView(Vertical, can_focus=True):
         figures: ReplyFigures | None = None,
         state: str = "",
         message_id: int | None = None,
+        reasoning: str = "",
     ) -> None:
         super().__init__(classes=f"message {role}")
+        # A thinking model's reasoning, shown apart above the answer (ReasoningView).
+        self.reasoning = reasoning
         self.role = role
         self.content = content
         self.segments = list(segments) if segments else ([(content, False)] if content else [])
         self.figures = figures
         self.state = state
+        self.note: str | None = None  # says more than the state's usual note
         self.message_id = message_id
+        # How much of ``content`` the Markdown (and tinted) widgets show; the rest is
+        # the live tail. A stored message is shown whole.
+        self.rendered_length = len(self.content)
 
     def compose(self) -> ComposeResult:
         yield Label(self._heading(), classes="heading")
+        if self.reasoning:
+            reasoning_tokens = self.figures.reasoning_tokens if self.figures else 0
+            # Shut above an answer; open when the reply was stopped before answering.
+            yield ReasoningView(
+                self.reasoning, tokens=reasoning_tokens, collapsed=bool(self.content)
+            )
         yield Markdown(self.content, classes="markdown")
         yield Static(provenance_text(self.segments), classes="provenance")
+        yield Static("", classes="tail")
         yield Static(self.footer_text, classes="footer", markup=False)
 
     def _heading(self) -> str:
-        note = STATE_NOTES.get(self.state)
+        note = self.note or STATE_NOTES.get(self.state)
         return ROLE_LABELS.get(self.role, self.role) + (f"  ({note})" if note else "")
 
     @property
@@ -74,31 +96,74 @@ class MessageView(Vertical, can_focus=True):
         """The figures line under a finished reply (empty for other messages)."""
         return self.figures.summary() if self.figures is not None else ""
 
-    async def append(self, segments: list[tuple[str, bool]], content: str) -> None:
-        """Show newly written text (``segments`` and ``content`` are the whole reply so far)."""
-        added = content[len(self.content) :]
+    @property
+    def tail_text(self) -> str:
+        """The written text not yet rendered as Markdown (the unfinished block)."""
+        return self.content[self.rendered_length :]
+
+    async def append(
+        self, segments: list[tuple[str, bool]], content: str, *, complete: bool = False
+    ) -> None:
+        """Show the reply so far (``segments`` and ``content`` are all of it).
+
+        Completed blocks go to the Markdown widget once; the rest is the live tail.
+        ``complete`` (the reply ended) renders everything.
+        """
         self.content = content
         self.segments = segments
-        if self.app.has_class("-provenance"):
-            self.query_one(".provenance", Static).update(provenance_text(segments))
-        if added:
+        boundary = len(content) if complete else completed_length(content)
+        tints = self.app.has_class("-provenance")
+        if boundary > self.rendered_length:
+            added = content[self.rendered_length : boundary]
+            self.rendered_length = boundary
+            if tints:
+                self._show_tinted_blocks()
             await self.query_one(".markdown", Markdown).append(added)
+        self._show_tail(tints)
 
-    def finish(self, figures: ReplyFigures | None, state: str) -> None:
-        """The reply ended: attach its final figures and state."""
+    def _show_tinted_blocks(self) -> None:
+        head, _ = split_segments(self.segments, self.rendered_length)
+        self.query_one(".provenance", Static).update(provenance_text(head))
+
+    def _show_tail(self, tints: bool) -> None:
+        tail_widget = self.query_one(".tail", Static)
+        if tints:
+            _, tail = split_segments(self.segments, self.rendered_length)
+            tail_widget.update(provenance_text(tail))
+        else:
+            tail_widget.update(Text(self.tail_text))
+        tail_widget.display = bool(self.tail_text)
+
+    async def show_reasoning(self, reasoning: str, *, answered: bool, tokens: int = 0) -> None:
+        """Show the reasoning so far above the answer (collapsed once the answer starts)."""
+        self.reasoning = reasoning
+        views = self.query(ReasoningView)
+        if views:
+            views.first().show(reasoning, answered=answered, tokens=tokens)
+        else:
+            view = ReasoningView(reasoning, answered=answered, tokens=tokens)
+            await self.mount(view, before=self.query_one(".markdown", Markdown))
+
+    def finish(self, figures: ReplyFigures | None, state: str, *, note: str | None = None) -> None:
+        """The reply ended: attach its final figures and state (``note``: why, if unusual)."""
         self.figures = figures
         self.state = state
+        self.note = note
+        for reasoning in self.query(ReasoningView):
+            reasoning.finish(figures.reasoning_tokens if figures else 0)
         self.query_one(".heading", Label).update(self._heading())
         self.query_one(".footer", Static).update(self.footer_text)
         self.set_class(bool(self.footer_text), "-has-footer")
 
     def show_provenance(self, enabled: bool) -> None:
-        """Bring the tinted view up to date before it is shown."""
+        """Bring the tinted view (or the plain tail) up to date before it is shown."""
         if enabled:
-            self.query_one(".provenance", Static).update(provenance_text(self.segments))
+            self._show_tinted_blocks()
+        self._show_tail(enabled)
 
     def on_mount(self) -> None:
         self.set_class(bool(self.footer_text), "-has-footer")
+        self.query_one(".tail", Static).display = False
 
     def action_copy_message(self) -> None:
         """Copy the whole message to the clipboard."""

@@ -7,9 +7,9 @@ message says what is wrong and what is accepted. JSON Schemas (tool parameters,
 ``response_format``) are checked against their meta-schema with ``jsonschema``.
 
 Fields that change nothing for a local model (``user``, ``metadata``, ``store``, ...)
-are accepted and ignored. Fields the decoding loop does not honour yet (penalties) are
-parsed and range-checked like the others, so their values are in the
-request model, and refused at anything but their neutral value by :data:`NOT_YET_HONOURED`.
+are accepted and ignored. Fields the decoding loop does not honour yet would be
+parsed and range-checked like the others, and refused at anything but their neutral
+value by :data:`NOT_YET_HONOURED` (empty today: the penalties it held are applied).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from app.client.wire import DraftpenRequestOptions
 from backends.base import ChatMessage, ToolCall, ToolSpec
 from backends.engine import DRAFTER_CHOICES
 
@@ -31,12 +32,7 @@ NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 # Fields the decoding loop does not honour yet, and what to send instead. They are typed
 # and range-checked in the request models like every other field; a value other than
 # their neutral one (absent, false, 0) gets a 400 naming the field.
-NOT_YET_HONOURED: dict[str, str] = {
-    "presence_penalty": "penalties are not applied yet; leave presence_penalty out or send 0 "
-    "(temperature, top_p, top_k and min_p are supported)",
-    "frequency_penalty": "penalties are not applied yet; leave frequency_penalty out or send 0 "
-    "(temperature, top_p, top_k and min_p are supported)",
-}
+NOT_YET_HONOURED: dict[str, str] = {}
 
 
 class ApiError(Exception):
@@ -139,6 +135,9 @@ class Message(_Strict):
     tool_call_id: str | None = None
     # Sent back by clients that replay OpenAI's assistant messages; not shown to the model.
     refusal: str | None = None
+    # An earlier reply's reasoning, as this server (and llama.cpp's, and vLLM) returned it:
+    # accepted so clients can send messages back unchanged, and never shown to the model.
+    reasoning_content: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -277,10 +276,12 @@ class GenerationFields(_Strict):
     stream_options: StreamOptions | None = None
     prediction: Prediction | None = None
     speculative: Speculative | None = None
+    # draftpen's own clients: provenance, progress notices, fitting the context.
+    draftpen: DraftpenRequestOptions | None = None
     # Accepted at their neutral values only, because common clients always send them.
     n: int | None = None
     logit_bias: dict[str, float] | None = None
-    # Not honoured yet (see NOT_YET_HONOURED): parsed so they can reach the loop.
+    # OpenAI's penalties on tokens already in the reply, applied to p and q alike.
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     # Change nothing for a local model; accepted and ignored.
@@ -349,6 +350,26 @@ class GenerationFields(_Strict):
                 )
 
 
+class ChatTemplateKwargs(_Strict):
+    """``chat_template_kwargs``, as llama.cpp's server and vLLM take it: template variables.
+
+    Only the thinking switch is taken; other variables are refused by name rather than
+    passed to a template that may not read them.
+    """
+
+    enable_thinking: bool | None = None
+
+
+# reasoning_effort values (OpenAI's), and whether each asks for thinking at all.
+REASONING_EFFORTS: dict[str, bool] = {
+    "none": False,
+    "minimal": False,
+    "low": True,
+    "medium": True,
+    "high": True,
+}
+
+
 class ChatCompletionRequest(GenerationFields):
     """``POST /v1/chat/completions``."""
 
@@ -360,11 +381,14 @@ class ChatCompletionRequest(GenerationFields):
     # The target's log-probabilities of the reply's tokens, and top_logprobs alternatives.
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    # Thinking on or off for a model that reasons aloud, through its template's switch:
+    # chat_template_kwargs.enable_thinking, else reasoning_effort ("none"/"minimal": off).
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     # Change nothing for a local model; accepted and ignored.
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
-    reasoning_effort: str | None = None
     verbosity: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
@@ -381,6 +405,19 @@ class ChatCompletionRequest(GenerationFields):
     def requested_logprobs(self) -> int | None:
         """``top_logprobs`` (0 when left out) once ``logprobs`` is true; else None."""
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    @property
+    def thinking(self) -> bool | None:
+        """Whether the request asks for thinking (None: it does not say).
+
+        ``chat_template_kwargs.enable_thinking`` wins over ``reasoning_effort``.
+        """
+        kwargs = self.chat_template_kwargs
+        if kwargs is not None and kwargs.enable_thinking is not None:
+            return kwargs.enable_thinking
+        if self.reasoning_effort is not None:
+            return REASONING_EFFORTS[self.reasoning_effort]
+        return None
 
     def check(self) -> None:
         """The field rules, then the conversation's and the tools' rules."""

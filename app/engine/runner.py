@@ -1,4 +1,4 @@
-"""Running the agent server: uvicorn on the sockets, a clean stop, the socket removed."""
+"""Running the engine: uvicorn on the sockets, idle exit, a clean stop, the socket removed."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,14 @@ from typing import Any
 import uvicorn
 import uvicorn.config
 
-from app.server.api import MAX_BODY_BYTES, AgentApi
-from app.server.queue import (
+from app.engine.api import MAX_BODY_BYTES, AgentApi
+from app.engine.pairs import FixedPairs, PairDirectory
+from app.engine.queue import (
     DEFAULT_QUEUE_LIMIT,
     GenerationQueue,
 )
-from app.server.unix_socket import (
+from app.engine.scheduler import LoadOptions, PairScheduler
+from app.engine.unix_socket import (
     bind_tcp_socket,
     bind_unix_socket,
     peer_checked_protocol,
@@ -32,6 +35,8 @@ logger = logging.getLogger("draftpen.server")
 
 # How long shutdown waits for the generation in progress to reach its next round.
 _WORKER_STOP_SECONDS = 30.0
+# How often an engine with --idle-exit looks whether it is idle.
+_IDLE_CHECK_SECONDS = 0.2
 
 
 def _log_config() -> dict[str, Any]:
@@ -46,9 +51,10 @@ class _UvicornServer(uvicorn.Server):
     """uvicorn's server, stopping the generations before it waits for open responses."""
 
     def __init__(
-        self, config: uvicorn.Config, queue: GenerationQueue, stop: threading.Event
+        self, config: uvicorn.Config, api: AgentApi, queue: GenerationQueue, stop: threading.Event
     ) -> None:
         super().__init__(config)
+        self._api = api
         self._queue = queue
         self._stop = stop
 
@@ -60,45 +66,63 @@ class _UvicornServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # uvicorn waits for every open response to finish; cancelling the generations
-        # makes streams end at the next round (finish_reason "cancelled").
+        # makes streams end at the next round (finish_reason "cancelled"); attached
+        # front ends' connections end too.
         self._queue.shutdown()
+        self._api.close_attachments()
         await super().shutdown(sockets=sockets)
 
 
 class AgentServer:
-    """One engine served on a Unix socket (and on TCP only when ``tcp`` is given).
+    """The engine served on a Unix socket (and on TCP only when ``tcp`` is given).
 
-    :meth:`run` blocks until the server is stopped (SIGTERM/SIGINT, or :meth:`stop`
-    from another thread), then cancels what is in flight and removes its socket. The
-    caller keeps ownership of the engine. ``allowed_uid`` is the one user served over
-    the Unix socket (default: this process's); ``stop``, when already set at startup
-    (a SIGTERM during model loading), makes the server stop at once.
+    Pairs come from ``pairs`` and are loaded by ``scheduler`` when a request names one;
+    or, for tests and embedding programs, ``engine`` is the one pair served, as
+    ``model_id``, and the caller keeps ownership of it. :meth:`run` blocks until the
+    server is stopped (SIGTERM/SIGINT, :meth:`stop` from another thread, or
+    ``idle_exit`` seconds with no work and no attached client), then cancels what is in
+    flight and removes its socket. ``allowed_uid`` is the one user served over the Unix
+    socket (default: this process's); ``stop``, when already set at startup (a SIGTERM
+    during model loading), makes the server stop at once.
     """
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | None = None,
         *,
-        model_id: str,
+        model_id: str | None = None,
         socket_path: Path,
         settings: Settings,
+        scheduler: PairScheduler | None = None,
+        pairs: PairDirectory | None = None,
         queue_limit: int = DEFAULT_QUEUE_LIMIT,
         tcp: tuple[str, int] | None = None,
         allowed_uid: int | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
         stop: threading.Event | None = None,
         configure_logging: bool = True,
+        idle_exit: float | None = None,
     ) -> None:
-        self.engine = engine
+        if engine is not None:
+            fixed = FixedPairs(model_id or engine.target.name, engine)
+            options = LoadOptions(engine.target.n_ctx, settings.exact_output)
+            scheduler = PairScheduler(fixed.loader, options)
+            scheduler.adopt(fixed.name, engine, options)
+            pairs = fixed
+        if scheduler is None or pairs is None:
+            raise ValueError("AgentServer needs an engine, or a scheduler and its pairs")
+        self.scheduler = scheduler
         self.socket_path = socket_path
         self.tcp = tcp
-        self.queue = GenerationQueue(engine, max_waiting=queue_limit)
+        self.idle_exit = idle_exit
+        self.queue = GenerationQueue(scheduler, max_waiting=queue_limit)
         self.api = AgentApi(
-            engine,
+            scheduler,
             self.queue,
-            model_id=model_id,
+            pairs=pairs,
             settings=settings,
             max_body_bytes=max_body_bytes,
+            idle_exit=idle_exit is not None,
         )
         self._stop = stop or threading.Event()
         uid = os.getuid() if allowed_uid is None else allowed_uid
@@ -112,8 +136,24 @@ class AgentServer:
             log_config=_log_config() if configure_logging else None,
             timeout_graceful_shutdown=int(_WORKER_STOP_SECONDS),
         )
-        self._server = _UvicornServer(config, self.queue, self._stop)
+        self._server = _UvicornServer(config, self.api, self.queue, self._stop)
         self.worker_stopped = True
+
+    def idle_seconds(self) -> float | None:
+        """How long nothing has run or waited and no front end was attached; None if busy."""
+        state = self.queue.state()
+        if state.idle_since is None or self.api.attached > 0:
+            return None
+        return time.monotonic() - max(state.idle_since, self.api.detached_at)
+
+    def _watch_idle(self, grace: float, done: threading.Event) -> None:
+        """Stop the server once it has been idle for ``grace`` seconds (--idle-exit)."""
+        while not done.wait(_IDLE_CHECK_SECONDS):
+            idle = self.idle_seconds()
+            if idle is not None and idle >= grace:
+                logger.info("idle for %.0fs with no client attached: stopping (--idle-exit)", idle)
+                self.stop()
+                return
 
     def run(self, announce: Callable[[str], None] | None = None) -> None:
         """Listen, serve until stopped, then clean up; ``announce`` gets each address."""
@@ -130,7 +170,19 @@ class AgentServer:
                 announce(f"unix:{self.socket_path}")
                 if self.tcp is not None:
                     announce(f"http://{self.tcp[0]}:{self.tcp[1]}")
-            self._server.run(sockets=sockets)
+            watching = threading.Event()
+            if self.idle_exit is not None:
+                watcher = threading.Thread(
+                    target=self._watch_idle,
+                    args=(self.idle_exit, watching),
+                    name="draftpen-idle-exit",
+                    daemon=True,
+                )
+                watcher.start()
+            try:
+                self._server.run(sockets=sockets)
+            finally:
+                watching.set()
         finally:
             self.queue.shutdown()
             self.worker_stopped = self.queue.join(_WORKER_STOP_SECONDS)

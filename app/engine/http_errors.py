@@ -6,15 +6,18 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from app.server.schema import (
+from app.engine.schema import (
     ApiError,
 )
+from app.errors import DraftpenError
 from backends.constraints import GrammarError
 from backends.errors import BackendError, ContextOverflowError
 
 
-def generation_error(error: Exception) -> ApiError:
-    """The API error for an exception raised by the engine while generating."""
+def generation_error(error: BaseException) -> ApiError:
+    """The API error for an exception raised by the engine while loading or generating."""
+    if isinstance(error, ApiError):
+        return error  # found while preparing the request against the loaded pair
     if isinstance(error, ContextOverflowError):
         return ApiError(400, str(error), code="context_length_exceeded")
     if isinstance(error, GrammarError):
@@ -28,6 +31,9 @@ def generation_error(error: Exception) -> ApiError:
         )
     if isinstance(error, BackendError):
         return ApiError(500, str(error), error_type="server_error", code="generation_failed")
+    if isinstance(error, DraftpenError):
+        # Loading the pair failed (a file gone or broken since the request was checked).
+        return ApiError(500, str(error), error_type="server_error", code="model_load_failed")
     return ApiError(
         500,
         f"Generation failed: {error!r}. The server log has the details.",
@@ -46,7 +52,8 @@ async def http_error_response(request: Request, error: Exception) -> Response:
     if error.status_code == 404:
         message = (
             f"There is no {request.url.path} here. draftpen serves GET /v1/models, "
-            "POST /v1/chat/completions, POST /v1/completions and GET /health."
+            "POST /v1/chat/completions, POST /v1/completions, GET /health, and for its own "
+            "clients POST /draftpen/load and GET /draftpen/attach."
         )
     elif error.status_code == 405:
         message = f"{request.method} is not allowed on {request.url.path}."

@@ -22,19 +22,14 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+# Where the socket lives by default is the wire's to say: clients look there too.
+from app.client.wire import default_socket_path as default_socket_path
 from app.errors import ServeError, ServerAlreadyRunningError
-from app.settings import runtime_dir
 
 logger = logging.getLogger("draftpen.server")
 
-SOCKET_NAME = "draftpen.sock"
 # sockaddr_un.sun_path holds 108 bytes on Linux and 104 on macOS, with the NUL.
 _MAX_SOCKET_PATH_BYTES = 103 if sys.platform == "darwin" else 107
-
-
-def default_socket_path() -> Path:
-    """``$XDG_RUNTIME_DIR/draftpen/draftpen.sock``, or the same name in a private dir."""
-    return runtime_dir() / SOCKET_NAME
 
 
 def prepare_socket_dir(path: Path, *, private: bool) -> None:

@@ -24,7 +24,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from app.server.tally import GenerationTally
+from app.client.wire import encode_reasoning, encode_segments
+from app.engine.tally import GenerationTally
+from backends.reasoning import ReasoningFormat
 from backends.speculative import GenerationEvent, TokenLogprob
 from backends.tool_calls import (
     ArgumentsPiece,
@@ -49,17 +51,25 @@ class ResponseFormat:
         *,
         include_usage: bool,
         token_bytes: Callable[[int], bytes] | None = None,
+        provenance: bool = False,
+        response_id: str | None = None,
     ) -> None:
-        self.id = f"{self.id_prefix}-{uuid.uuid4().hex[:24]}"
+        self.id = response_id or new_response_id(self.id_prefix)
         self.created = int(time.time())
         self.model_id = model_id
         self.include_usage = include_usage
+        # A draftpen client asked for each event's text as [[text, from_draft], ...].
+        self.provenance = provenance
         # Set when the request asked for logprobs: a token's bytes, for its text.
         self.token_bytes = token_bytes
         self._first_chunk = True
         # Logprobs of tokens generated but not yet sent in a chunk (their text may be
         # held back, or still being read as a tool call).
         self._pending_logprobs: list[TokenLogprob] = []
+
+    def new_tally(self) -> GenerationTally:
+        """A fresh tally for this response's events."""
+        return GenerationTally()
 
     def _envelope(self, object_name: str) -> dict[str, Any]:
         return {
@@ -79,6 +89,31 @@ class ResponseFormat:
             chunk["usage"] = None  # as OpenAI: only the last chunk carries usage
         chunk["draftpen"] = tally.draftpen()
         return chunk
+
+    def notice_chunk(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """A chunk with no choices whose ``draftpen`` object carries a queue or load notice."""
+        return {**self._envelope(self.chunk_object), "choices": [], "draftpen": fields}
+
+    def event_chunks(self, event: GenerationEvent, tally: GenerationTally) -> list[dict[str, Any]]:
+        """:meth:`stream_chunks`, and for a client that asked for provenance, the event's
+        own text as ``draftpen.segments``, on exactly one chunk.
+
+        Segments are the loop's text as it came (reasoning tags included, nothing held
+        back or parsed), so a draftpen client rebuilds the loop's events from them; a
+        new chunk with no choices carries them when the event made no chunk of its own.
+        """
+        chunks = self.stream_chunks(event, tally)
+        if self.provenance and event.text:
+            if not chunks:
+                chunks.append(self.notice_chunk(tally.draftpen()))
+            chunks[0]["draftpen"]["segments"] = encode_segments(event.segments)
+            chunks[0]["draftpen"]["reasoning"] = encode_reasoning(self.reasoning_marks)
+        return chunks
+
+    @property
+    def reasoning_marks(self) -> ReasoningFormat | None:
+        """How the reply marks reasoning (None here: only chat replies have any)."""
+        return None
 
     def stream_chunks(self, event: GenerationEvent, tally: GenerationTally) -> list[dict[str, Any]]:
         """The chunks for one event: its text (if any), then the finish (if it is the last)."""
@@ -148,21 +183,50 @@ class ChatFormat(ResponseFormat):
         include_usage: bool,
         tool_parser: ToolCallParser | None = None,
         token_bytes: Callable[[int], bytes] | None = None,
+        reasoning: ReasoningFormat | None = None,
+        provenance: bool = False,
+        response_id: str | None = None,
     ) -> None:
-        super().__init__(model_id, include_usage=include_usage, token_bytes=token_bytes)
+        super().__init__(
+            model_id,
+            include_usage=include_usage,
+            token_bytes=token_bytes,
+            provenance=provenance,
+            response_id=response_id,
+        )
         self.tool_parser = tool_parser
+        # Set for a model that reasons aloud: its reasoning goes to reasoning_content.
+        self.reasoning = reasoning
+
+    @property
+    def reasoning_marks(self) -> ReasoningFormat | None:
+        """How this reply marks a thinking model's reasoning, if it does."""
+        return self.reasoning
+
+    def new_tally(self) -> GenerationTally:
+        """A tally that splits the reply's reasoning from its answer, where there is any."""
+        return GenerationTally(self.reasoning)
 
     def stream_chunks(self, event: GenerationEvent, tally: GenerationTally) -> list[dict[str, Any]]:
-        """Without tools, the plain text chunks; with them, content and call deltas."""
+        """Plain text chunks; with tools, content and call deltas; reasoning apart."""
         parser = self.tool_parser
-        if parser is None:
+        if parser is None and self.reasoning is None:
             return super().stream_chunks(event, tally)
         self._pending_logprobs.extend(event.token_logprobs)
-        pieces = parser.feed(event.text)
-        if event.finish_reason is not None:
-            pieces += parser.finish()
+        split = tally.latest
+        deltas: list[dict[str, Any]] = []
+        if split.reasoning_text:
+            deltas.append({"reasoning_content": split.reasoning_text})
+        if parser is not None:
+            # The parser sees the answer only: a call written while reasoning is not made.
+            pieces = parser.feed(split.answer_text)
+            if event.finish_reason is not None:
+                pieces += parser.finish()
+            deltas += _deltas(pieces)
+        elif split.answer_text:
+            deltas.append({"content": split.answer_text})
         chunks = []
-        for delta in _deltas(pieces):
+        for delta in deltas:
             if self._first_chunk:
                 delta = {"role": "assistant", "content": None, **delta}
                 self._first_chunk = False
@@ -180,18 +244,24 @@ class ChatFormat(ResponseFormat):
     def response(self, tally: GenerationTally) -> dict[str, Any]:
         """The whole response; the reply runs through the same parser as a stream's."""
         parser = self.tool_parser
-        if parser is None:
+        if parser is None and self.reasoning is None:
             return super().response(tally)
         reply = ParsedReply()
-        for piece in tally.pieces:
-            reply.add(parser.feed(piece))
-        reply.add(parser.finish())
+        if parser is not None:
+            for piece in tally.pieces:
+                reply.add(parser.feed(piece))
+            reply.add(parser.finish())
+        else:
+            reply.add([ContentPiece(tally.text)])
         calls = reply.tool_calls
         message: dict[str, Any] = {
             "role": "assistant",
             "content": reply.content if reply.content or not calls else None,
             "refusal": None,
         }
+        if tally.reasoning_text:
+            # Where llama.cpp's server and vLLM put it; never inside content.
+            message["reasoning_content"] = tally.reasoning_text
         if calls:
             message["tool_calls"] = [
                 {
@@ -301,8 +371,16 @@ class CompletionFormat(ResponseFormat):
         *,
         include_usage: bool,
         token_bytes: Callable[[int], bytes] | None = None,
+        provenance: bool = False,
+        response_id: str | None = None,
     ) -> None:
-        super().__init__(model_id, include_usage=include_usage, token_bytes=token_bytes)
+        super().__init__(
+            model_id,
+            include_usage=include_usage,
+            token_bytes=token_bytes,
+            provenance=provenance,
+            response_id=response_id,
+        )
         # Where the next token's text starts in the completion (a stream's chunks go on
         # counting from where the previous one stopped).
         self._text_offset = 0
@@ -342,6 +420,11 @@ IMPOSSIBLE_LOGPROB = -9999.0
 def wire_logprob(logprob: float) -> float:
     """A logprob as JSON can carry it: -inf (a token the filters removed) is -9999."""
     return logprob if math.isfinite(logprob) else IMPOSSIBLE_LOGPROB
+
+
+def new_response_id(prefix: str) -> str:
+    """A fresh response id, such as ``chatcmpl-…`` (OpenAI's shape)."""
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
 def sse_event(data: dict[str, Any] | str) -> str:

@@ -1,17 +1,29 @@
-"""What a generation has produced so far: its text, logprobs, statistics and prediction counts."""
+"""What a generation has produced so far: its text, logprobs, statistics and prediction counts.
+
+For a model that reasons aloud, the tally splits each event's text into reasoning and
+answer (:mod:`backends.reasoning`): ``pieces`` and ``text`` are the answer only, which is
+all that tool-call parsing and ``content`` ever see.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from backends.reasoning import ReasoningFormat, ReasoningSplit, ReasoningSplitter
 from backends.speculative import GenerationEvent, TokenLogprob
 
 
 class GenerationTally:
     """What a generation has produced so far, read by the response formats."""
 
-    def __init__(self) -> None:
+    def __init__(self, reasoning: ReasoningFormat | None = None) -> None:
+        # The answer's text, one piece per event (reasoning left out).
         self.pieces: list[str] = []
+        self.reasoning_pieces: list[str] = []
+        self.reasoning_tokens = 0
+        # What the latest event added, split (all answer for a model that does not think).
+        self.latest = ReasoningSplit()
+        self._splitter = ReasoningSplitter(reasoning) if reasoning is not None else None
         # Every generated token's logprob (empty unless the request asked for them).
         self.logprobs: list[TokenLogprob] = []
         self.last: GenerationEvent | None = None
@@ -26,18 +38,36 @@ class GenerationTally:
         drafted = event.stats.drafted - self._drafted
         accepted = event.stats.accepted - self._accepted
         self._drafted, self._accepted = event.stats.drafted, event.stats.accepted
-        if event.drafter == "prediction":
+        # "grammar+prediction": the prediction drafted after grammar-forced tokens,
+        # which are counted apart (grammar_forced), not as drafted.
+        if event.drafter in ("prediction", "grammar+prediction"):
             self.prediction_drafted += drafted
             self.prediction_accepted += accepted
-        self.pieces.append(event.text)
+        self.latest = self._split(event)
+        self.pieces.append(self.latest.answer_text)
+        self.reasoning_pieces.append(self.latest.reasoning_text)
+        self.reasoning_tokens += self.latest.reasoning_tokens
         self.logprobs.extend(event.token_logprobs)
         self.last = event
         self.decision = event.decision or self.decision
 
+    def _split(self, event: GenerationEvent) -> ReasoningSplit:
+        if self._splitter is None:
+            return ReasoningSplit(answer=event.segments, answer_tokens=len(event.tokens))
+        split = self._splitter.feed(event.segments, len(event.tokens))
+        if event.finish_reason is not None:
+            split = split + self._splitter.finish()
+        return split
+
     @property
     def text(self) -> str:
-        """The whole answer so far."""
+        """The whole answer so far (without the reasoning)."""
         return "".join(self.pieces)
+
+    @property
+    def reasoning_text(self) -> str:
+        """The reasoning so far (empty for a model that does not think)."""
+        return "".join(self.reasoning_pieces)
 
     @property
     def finish_reason(self) -> str | None:
@@ -54,6 +84,8 @@ class GenerationTally:
             "draft_length": self.last.draft_length,
             "estimated_speedup": round(self.last.estimated_speedup, 3),
             "decision": self.decision,
+            # Of generated_tokens, those a thinking model spent reasoning (so far).
+            "reasoning_tokens": self.reasoning_tokens,
         }
 
     def usage(self) -> dict[str, Any]:
@@ -67,7 +99,7 @@ class GenerationTally:
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens if stats else 0},
             "completion_tokens_details": {
-                "reasoning_tokens": 0,
+                "reasoning_tokens": self.reasoning_tokens,
                 "accepted_prediction_tokens": self.prediction_accepted,
                 "rejected_prediction_tokens": self.prediction_drafted - self.prediction_accepted,
             },

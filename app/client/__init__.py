@@ -1,0 +1,42 @@
+"""How a front end finds, starts and talks to the engine (``draftpen serve``).
+
+``ensure_engine`` finds the engine on the socket or starts one; :class:`EngineClient`
+asks it for its health, its pairs, a load, and streams a chat reply as
+:class:`Waiting`, :class:`Loading` and :class:`~backends.speculative.GenerationEvent`
+items. ``wire`` holds the request and response shapes the engine uses too.
+
+May import: ``app.settings``, ``app.errors``, ``backends`` (its data types). Never
+``app.engine`` (it is reached over the socket) and never a front end: the chat app and
+the plain REPL import this package, not the other way round.
+"""
+
+from app.client.engine_client import ChatTurn, EngineClient, Loading, Waiting
+from app.client.errors import (
+    EngineError,
+    EngineLost,
+    EngineRequestError,
+    EngineStartError,
+    EngineVersionError,
+    NotAnEngineError,
+)
+from app.client.starting import engine_log_path, ensure_engine, find_engine
+from app.client.wire import HealthReport as EngineHealth
+from app.client.wire import PairCard as PairListing
+
+__all__ = [
+    "ChatTurn",
+    "EngineClient",
+    "EngineError",
+    "EngineHealth",
+    "EngineLost",
+    "EngineRequestError",
+    "EngineStartError",
+    "EngineVersionError",
+    "Loading",
+    "NotAnEngineError",
+    "PairListing",
+    "Waiting",
+    "engine_log_path",
+    "ensure_engine",
+    "find_engine",
+]

@@ -1,0 +1,345 @@
+"""A typed client of the engine's API over its Unix socket: the front ends' one way in.
+
+Every call opens its own HTTP connection (httpx over the socket), so one client may be
+used from several threads at once: the chat app streams a reply in a worker while its
+models screen asks for the pair list. Transport failures become :class:`EngineLost`;
+errors the engine answers become :class:`EngineRequestError` with the engine's message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.client.errors import EngineLost, EngineRequestError
+from app.client.wire import (
+    DraftpenRequestOptions,
+    HealthReport,
+    LoadedPairReport,
+    LoadRequest,
+    PairCard,
+    QueueNotice,
+    decode_reasoning,
+    decode_segments,
+    stats_from_wire,
+)
+from backends.base import ChatMessage
+from backends.reasoning import ReasoningFormat
+from backends.sampling import SamplingParams
+from backends.speculative import GenerationEvent, TextSegment
+
+# No line for this long on a stream the engine keeps alive (it sends a comment every
+# second while a request waits) means the engine is stuck or gone.
+STREAM_SILENCE_SECONDS = 120.0
+_CONNECT_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """One reply to ask for: the conversation so far and how to write the reply."""
+
+    pair: str
+    messages: tuple[ChatMessage, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None
+    drafter: str | None = None
+    draft_tokens: int | None = None
+    # Leave out the oldest turns that do not fit the context, as the chat app always did.
+    fit_context: bool = True
+    exact: bool | None = None
+    stop: tuple[str, ...] = ()
+    # A thinking model thinks (True), answers at once (False), or as its template likes.
+    thinking: bool | None = None
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The request waits in the engine's queue behind ``position`` others (1: it runs next)."""
+
+    position: int
+    ahead: tuple[str, ...]  # what runs and waits before it: "agent request (starter)"
+
+
+@dataclass(frozen=True)
+class Loading:
+    """The engine is loading the pair the request needs."""
+
+    text: str
+
+
+ChatItem = Waiting | Loading | GenerationEvent
+
+
+class EngineClient:
+    """The engine on one socket. Cheap to create; holds no connection between calls."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket_path = socket_path
+
+    def _http(self, read_timeout: float | None = 30.0) -> httpx.Client:
+        transport = httpx.HTTPTransport(uds=os.fspath(self.socket_path))
+        timeout = httpx.Timeout(read_timeout, connect=_CONNECT_SECONDS)
+        return httpx.Client(transport=transport, base_url="http://draftpen", timeout=timeout)
+
+    def _get(self, path: str) -> Any:
+        try:
+            with self._http() as http:
+                response = http.get(path)
+        except httpx.TransportError as error:
+            raise _lost(self.socket_path, error) from error
+        return _json_or_raise(response)
+
+    def health(self) -> HealthReport:
+        """``GET /health``: version, loaded pairs, the queue."""
+        return HealthReport.model_validate(self._get("/health"))
+
+    def pairs(self) -> list[PairCard]:
+        """``GET /v1/models``: the downloaded pairs, each with its ``loaded`` flag."""
+        body = self._get("/v1/models")
+        return [PairCard.model_validate(card) for card in body.get("data", [])]
+
+    def load(
+        self,
+        pair_name: str,
+        on_progress: Callable[[str], None] | None = None,
+        context_length: int | None = None,
+        exact: bool | None = None,
+    ) -> LoadedPairReport:
+        """Make the engine load ``pair_name`` (or reload it with other settings).
+
+        Progress lines go to ``on_progress`` as the engine reports them; returns what is
+        loaded once it is. Raises :class:`EngineRequestError` when the pair cannot be
+        loaded (not downloaded, a broken file), with the engine's message.
+        """
+        body = LoadRequest(pair=pair_name, context_length=context_length, exact=exact)
+        report = on_progress or (lambda text: None)
+        for payload in self._stream("/draftpen/load", body.model_dump(exclude_none=True)):
+            extra = payload.get("draftpen") or {}
+            if "loading" in extra:
+                report(str(extra["loading"]))
+            if "loaded" in extra:
+                return LoadedPairReport.model_validate(extra["loaded"])
+        raise EngineLost(f"The engine on {self.socket_path} ended the load without an answer.")
+
+    def chat(self, turn: ChatTurn, cancel: threading.Event) -> ChatStream:
+        """Stream one reply: :class:`Waiting`, :class:`Loading`, then generation events.
+
+        The events carry the loop's text with provenance and the running statistics;
+        the last has a ``finish_reason``. Setting ``cancel`` closes the stream, and the
+        engine stops at its next round. Raises :class:`EngineLost` if the engine goes
+        away. The stream's ``reasoning`` says how a thinking model marks its reasoning.
+        """
+        payloads = self._stream("/v1/chat/completions", chat_request_body(turn), cancel)
+        return ChatStream(payloads)
+
+    @contextlib.contextmanager
+    def attach(self) -> Iterator[None]:
+        """Hold a connection that tells the engine a front end is using it.
+
+        An engine started with ``--idle-exit`` stops only when idle and no client is
+        attached. Raises :class:`EngineLost` if the engine cannot be reached.
+        """
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.settimeout(_CONNECT_SECONDS)
+            connection.connect(os.fspath(self.socket_path))
+            connection.sendall(b"GET /draftpen/attach HTTP/1.1\r\nHost: draftpen\r\n\r\n")
+            status = connection.recv(64).split(b"\r\n", 1)[0]
+        except OSError as error:
+            connection.close()
+            raise _lost(self.socket_path, error) from error
+        if b" 200 " not in status + b" ":
+            connection.close()
+            answer = status.decode(errors="replace")
+            raise EngineRequestError(
+                f"The engine on {self.socket_path} refused to attach ({answer})."
+            )
+        try:
+            yield
+        finally:
+            connection.close()
+
+    # -- streams ---------------------------------------------------------------
+
+    def _stream(
+        self, path: str, body: dict[str, Any], cancel: threading.Event | None = None
+    ) -> Generator[dict[str, Any], None, None]:
+        """The JSON payloads of a server-sent event stream, until ``[DONE]``."""
+        try:
+            with (
+                self._http(read_timeout=STREAM_SILENCE_SECONDS) as http,
+                http.stream("POST", path, json=body) as response,
+            ):
+                if response.status_code != 200:
+                    response.read()
+                    _json_or_raise(response)
+                for line in response.iter_lines():
+                    if cancel is not None and cancel.is_set():
+                        return  # leaving the block closes the stream: the engine cancels
+                    if not line.startswith("data: "):
+                        continue  # blank lines and keep-alive comments
+                    data = line.removeprefix("data: ")
+                    if data == "[DONE]":
+                        return
+                    payload = json.loads(data)
+                    if "error" in payload:
+                        error = payload["error"] or {}
+                        raise EngineRequestError(
+                            str(error.get("message", "The engine failed the request.")),
+                            code=error.get("code"),
+                        )
+                    yield payload
+        except httpx.TransportError as error:
+            raise _lost(self.socket_path, error) from error
+        if cancel is None or not cancel.is_set():
+            raise EngineLost(
+                f"The engine on {self.socket_path} closed the stream before it finished."
+            )
+
+
+class ChatStream:
+    """A reply as it streams: iterate it for its items (:data:`ChatItem`).
+
+    ``reasoning`` is how the reply marks a thinking model's reasoning (the engine knows
+    it from the chat template), set once the first event is in; None for a model that
+    does not think aloud. The HTTP stream closes after the last event, or on
+    :meth:`close`.
+    """
+
+    def __init__(self, payloads: Generator[dict[str, Any], None, None]) -> None:
+        self._payloads = payloads
+        self._finished = False
+        self.reasoning: ReasoningFormat | None = None
+
+    def __iter__(self) -> ChatStream:
+        return self
+
+    def __next__(self) -> ChatItem:
+        while not self._finished:
+            payload = next(self._payloads)  # StopIteration: the stream ended
+            extra = payload.get("draftpen") or {}
+            if "reasoning" in extra:
+                self.reasoning = decode_reasoning(extra["reasoning"])
+            item = chat_item(payload)
+            if item is None:
+                continue
+            if isinstance(item, GenerationEvent) and item.finish_reason is not None:
+                self.close()
+            return item
+        raise StopIteration
+
+    def close(self) -> None:
+        """Stop reading: the connection closes, and an unfinished reply is cancelled."""
+        self._finished = True
+        self._payloads.close()
+
+
+def chat_request_body(turn: ChatTurn) -> dict[str, Any]:
+    """The chat-completions request a :class:`ChatTurn` becomes."""
+    params = turn.params
+    body: dict[str, Any] = {
+        "model": turn.pair,
+        "messages": [{"role": m.role, "content": m.content} for m in turn.messages],
+        "stream": True,
+        "temperature": params.temperature,
+        "top_k": params.top_k,
+        "top_p": params.top_p,
+        "min_p": params.min_p,
+        "draftpen": DraftpenRequestOptions(
+            provenance=True, progress=True, fit_context=turn.fit_context, client="chat"
+        ).model_dump(),
+    }
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if turn.max_tokens is not None:
+        body["max_tokens"] = turn.max_tokens
+    if turn.stop:
+        body["stop"] = list(turn.stop)
+    speculative: dict[str, Any] = {}
+    if turn.drafter is not None:
+        speculative["drafter"] = turn.drafter
+    if turn.draft_tokens is not None:
+        speculative["k"] = turn.draft_tokens
+    if turn.exact is not None:
+        speculative["exact"] = turn.exact
+    if speculative:
+        body["speculative"] = speculative
+    if turn.thinking is not None:
+        body["chat_template_kwargs"] = {"enable_thinking": turn.thinking}
+    return body
+
+
+def chat_item(payload: dict[str, Any], *, provenance: bool = True) -> ChatItem | None:
+    """What one stream chunk says: a notice, an event with text or the finish, or nothing.
+
+    With ``provenance`` (what :meth:`EngineClient.chat` asks for) an event's text is its
+    ``draftpen.segments``, the loop's own text (a thinking model's tags included), which
+    the engine sends on exactly one chunk per event; the chunk's ``delta`` is OpenAI's
+    rendering of it (reasoning apart, tool calls parsed) and is not read. Without it the
+    text is the delta's content.
+    """
+    extra = payload.get("draftpen") or {}
+    if "queue" in extra:
+        notice = QueueNotice.model_validate(extra["queue"])
+        return Waiting(notice.position, tuple(notice.ahead))
+    if "loading" in extra:
+        return Loading(str(extra["loading"]))
+    choices = payload.get("choices") or []
+    choice = choices[0] if choices else {}
+    finish_reason = choice.get("finish_reason")
+    if provenance:
+        segments = decode_segments(extra.get("segments", []))
+        text = "".join(segment.text for segment in segments)
+    else:
+        text = (choice.get("delta") or {}).get("content") or ""
+        segments = (TextSegment(text, False),) if text else ()
+    if not text and finish_reason is None:
+        return None  # the opening chunk, a rendering of text already read, or usage
+    return GenerationEvent(
+        text=text,
+        segments=segments,
+        tokens=(),
+        from_draft=(),
+        drafter=str(extra.get("drafter", "none")),
+        draft_length=int(extra.get("draft_length", 0)),
+        stats=stats_from_wire(extra),
+        finish_reason=finish_reason,
+        estimated_speedup=float(extra.get("estimated_speedup", 1.0)),
+        decision=str(extra.get("decision", "")),
+    )
+
+
+def _json_or_raise(response: httpx.Response) -> Any:
+    """The body of a 200 answer; an error answer raises with the engine's message."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if response.status_code == 200 and body is not None:
+        return body
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and error.get("message"):
+        raise EngineRequestError(
+            str(error["message"]), status=response.status_code, code=error.get("code")
+        )
+    raise EngineRequestError(
+        f"The engine answered {response.status_code} without an explanation.",
+        status=response.status_code,
+    )
+
+
+def _lost(path: Path, error: Exception) -> EngineLost:
+    return EngineLost(
+        f"Lost the draftpen engine on {path} ({error or type(error).__name__}). "
+        "It may have stopped or crashed; starting draftpen again starts a new one "
+        "(its log: the draftpen cache directory, engine.log)."
+    )

@@ -1,0 +1,42 @@
+"""What can go wrong between a front end and the engine, in messages that name the fix."""
+
+from __future__ import annotations
+
+from app.errors import DraftpenError
+
+
+class EngineError(DraftpenError):
+    """A problem reaching or using the engine."""
+
+
+class EngineLost(EngineError):
+    """The engine went away (it died, or was stopped) while a client was using it.
+
+    Whatever was received so far is valid; a front end keeps it, says so, and may start
+    the engine again with :func:`~app.client.ensure_engine`.
+    """
+
+
+class NotAnEngineError(EngineError):
+    """The socket belongs to something that is not a draftpen engine."""
+
+
+class EngineVersionError(EngineError):
+    """The engine on the socket speaks another version of the API."""
+
+
+class EngineStartError(EngineError):
+    """A client started an engine and it did not come up."""
+
+
+class EngineRequestError(EngineError):
+    """The engine refused or failed a request; the message is the engine's own.
+
+    ``status`` is the HTTP status (0 when the error came inside a stream) and ``code``
+    the OpenAI-style error code, such as ``model_not_found``.
+    """
+
+    def __init__(self, message: str, *, status: int = 0, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code

@@ -1,0 +1,17 @@
+"""The engine: one process that holds the loaded pair and serves every client (the chat
+app, the plain REPL, agents) over the Unix socket with an OpenAI-compatible API
+(``draftpen serve``).
+
+``api`` holds the routes; ``schema`` validates requests; ``chunks`` shapes responses and
+stream chunks; ``job_responses`` turns a job's items into a streamed or whole answer;
+``tally`` sums a generation's events; ``pairs`` says which pairs can be served;
+``scheduler`` holds the pair in memory (loads on demand, keep-alive); ``queue`` runs one
+job at a time on one worker thread; ``unix_socket`` owns the socket file; ``runner``
+starts and stops the server (and stops it when idle); ``command`` is ``serve``'s options.
+
+May import: ``app.client`` (the wire's shapes both ends share; ``find_engine``, to say
+who holds the socket), ``app.models``,
+``app.chats``, ``app.settings``, ``app.errors``, ``app.loading``, ``backends``. Only
+``app.main`` imports it: front ends reach the engine over the socket, through
+``app.client``.
+"""

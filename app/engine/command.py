@@ -1,0 +1,272 @@
+"""``draftpen serve``: the engine. Every front end and agent is its client, over a Unix socket.
+
+It serves the downloaded pairs by name, loading one when a request names it (one pair in
+memory at a time) and unloading it after ``--keep-alive`` without work; ``--pair``
+loads one before it listens. Started by a front end (``--idle-exit``), it stops when it
+has been idle that long with no front end attached; run as a service, it stays.
+
+Prints one line on stdout once it listens (``draftpen serve: listening on unix:PATH``),
+logs to stderr, and runs until SIGTERM or Ctrl+C; then it cancels what is generating,
+removes its socket and exits 0 (130 after Ctrl+C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from app.engine.queue import DEFAULT_QUEUE_LIMIT
+from app.errors import DraftpenError
+from app.options import add_model_options
+
+if TYPE_CHECKING:
+    from app.settings import Settings
+
+# Ollama's default keep-alive, and how long an engine started by a front end waits for
+# work once the last front end has gone.
+DEFAULT_KEEP_ALIVE = "5m"
+DEFAULT_IDLE_EXIT = "5m"
+
+_DURATION = re.compile(r"^(?P<number>\d+(?:\.\d+)?)(?P<unit>ms|s|m|h)?$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: str, option: str) -> float | None:
+    """Ollama's durations: ``"5m"``, ``"30s"``, ``"1h"``, ``"90"`` (seconds), ``"0"``;
+    a negative number (``"-1"``) means forever (None)."""
+    text = value.strip().lower()
+    if re.fullmatch(r"-\d+(\.\d+)?[a-z]*", text):
+        return None
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise DraftpenError(
+            f"{option} wants a duration such as 5m, 30s, 1h, 0 (at once) or -1 (never), "
+            f"not {value!r}."
+        )
+    return float(match["number"]) * _UNIT_SECONDS[match["unit"]]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``serve`` command."""
+    serve = subparsers.add_parser(
+        "serve",
+        help="run the engine: an OpenAI-compatible API for the chat app and agents, on a "
+        "Unix socket",
+        description="Run the engine that the chat app and agents share. It loads the pair "
+        "a request names (its 'model') when it is not loaded, one pair at a time.",
+    )
+    add_model_options(serve)  # --pair, --context, --runtime, --target, --draft
+    # The engine reads them its own way: --pair is loaded up front, not a default.
+    serve_help = {
+        "pair": "a pair to load before listening (default: none; a request's model loads its pair)",
+        "context": "context length of the pairs the engine loads (default: from settings; "
+        "POST /draftpen/load can reload one with another)",
+    }
+    for action in serve._actions:
+        if action.dest in serve_help:
+            action.help = serve_help[action.dest]
+    serve.add_argument(
+        "--socket",
+        default=None,
+        metavar="PATH",
+        help="socket path (default: $DRAFTPEN_SOCKET, else "
+        "$XDG_RUNTIME_DIR/draftpen/draftpen.sock, else a private directory under "
+        "draftpen's cache)",
+    )
+    serve.add_argument(
+        "--queue",
+        type=int,
+        default=DEFAULT_QUEUE_LIMIT,
+        metavar="N",
+        help="requests that may wait behind the one generating; more get 503 "
+        f"(default {DEFAULT_QUEUE_LIMIT})",
+    )
+    serve.add_argument(
+        "--tcp",
+        default=None,
+        metavar="HOST:PORT",
+        help="also listen on TCP, e.g. 127.0.0.1:8080 (no peer check: any process "
+        "that reaches the address may use the model)",
+    )
+    serve.add_argument(
+        "--keep-alive",
+        default=DEFAULT_KEEP_ALIVE,
+        metavar="DURATION",
+        help="unload the pair after this long without requests: 5m, 30s, 1h, 0 (as soon "
+        f"as the queue is empty), -1 (never) (default {DEFAULT_KEEP_ALIVE})",
+    )
+    serve.add_argument(
+        "--idle-exit",
+        nargs="?",
+        const=DEFAULT_IDLE_EXIT,
+        default=None,
+        metavar="DURATION",
+        help="stop after this long with no request and no front end attached (how a front "
+        f"end starts the engine; default when given alone: {DEFAULT_IDLE_EXIT}). Without "
+        "it the engine runs until stopped, as a service does.",
+    )
+    serve.add_argument(
+        "--conversation-cache",
+        default=None,
+        metavar="SIZE",
+        help="RAM for keeping conversations' KV state, so interleaved conversations do "
+        "not re-read their prompts: auto (an eighth of RAM), 0 (off) or a size such as "
+        "2GiB (default: the conversation_cache setting, auto)",
+    )
+    serve.set_defaults(func=run_serve)
+
+
+def parse_tcp_address(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6) to a (host, port) pair."""
+    host, separator, port_text = value.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not separator or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise DraftpenError(f"--tcp wants HOST:PORT, such as 127.0.0.1:8080, not {value!r}.")
+    return host, int(port_text)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """``draftpen serve``: (load ``--pair``,) listen, serve until stopped."""
+    from app.client.wire import SOCKET_ENV
+    from app.engine.pairs import CatalogPairs, catalog_loader
+    from app.engine.runner import AgentServer
+    from app.engine.scheduler import LoadOptions, PairScheduler
+    from app.engine.unix_socket import default_socket_path, ensure_not_running, prepare_socket_dir
+    from app.settings import load_settings
+    from backends.select import choose_runtime
+
+    settings = load_settings()
+    if args.queue < 0:
+        raise DraftpenError("--queue must be 0 or more.")
+    if args.context is not None and args.context < 16:
+        raise DraftpenError("--context must be at least 16 tokens.")
+    keep_alive = parse_duration(args.keep_alive, "--keep-alive")
+    idle_exit = parse_duration(args.idle_exit, "--idle-exit") if args.idle_exit else None
+    tcp = parse_tcp_address(args.tcp) if args.tcp else None
+    cache_bytes = _conversation_cache_bytes(args.conversation_cache, settings)
+    if args.socket or os.environ.get(SOCKET_ENV, "").strip():
+        socket_path = Path(args.socket).expanduser().absolute() if args.socket else None
+        socket_path = socket_path or default_socket_path()
+        prepare_socket_dir(socket_path, private=False)
+    else:
+        socket_path = default_socket_path()
+        prepare_socket_dir(socket_path, private=True)
+    # Refuse before the slow part: loading a model only to find the place taken.
+    _refuse_if_taken(socket_path)
+    ensure_not_running(socket_path)
+
+    runtime = choose_runtime(args.runtime)
+    pairs = CatalogPairs(runtime)
+    defaults = LoadOptions(
+        context_length=args.context or settings.context_length, exact=settings.exact_output
+    )
+    scheduler = PairScheduler(
+        catalog_loader(runtime, conversation_cache_bytes=cache_bytes),
+        defaults,
+        keep_alive=keep_alive,
+    )
+
+    # SIGTERM (systemd, launchd, kill) means "stop cleanly": while serving, uvicorn
+    # handles it; before that, this flag stops the server as soon as it starts.
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    server: AgentServer | None = None
+    try:
+        if args.pair:
+            engine = catalog_loader(runtime, conversation_cache_bytes=cache_bytes)(
+                args.pair, defaults, _progress
+            )
+            scheduler.adopt(args.pair, engine, defaults)
+        server = AgentServer(
+            socket_path=socket_path,
+            settings=settings,
+            scheduler=scheduler,
+            pairs=pairs,
+            queue_limit=args.queue,
+            tcp=tcp,
+            stop=stop,
+            idle_exit=idle_exit,
+        )
+        if not stop.is_set():
+            server.run(announce=_announce(args.pair, keep_alive, idle_exit))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        # A generation stuck in one long call still uses the models: leave them to the
+        # process exit rather than free them under it.
+        if server is None or server.worker_stopped:
+            scheduler.unload("the engine stopped")
+    return 0
+
+
+def _refuse_if_taken(socket_path: Path) -> None:
+    """Say who holds the socket: an engine (which one), or another program."""
+    from app.client import EngineError, find_engine
+    from app.errors import ServeError, ServerAlreadyRunningError
+
+    try:
+        running = find_engine(socket_path)
+    except EngineError as error:
+        raise ServeError(str(error)) from error
+    if running is not None:
+        raise ServerAlreadyRunningError(str(socket_path))
+
+
+def _conversation_cache_bytes(option: str | None, settings: Settings) -> int:
+    """The budget ``--conversation-cache`` asks for, else the setting's."""
+    from app.settings import BYTE_SIZE_HINT, conversation_cache_bytes
+
+    if option is None:
+        return conversation_cache_bytes(settings.conversation_cache)
+    try:
+        return conversation_cache_bytes(option)
+    except DraftpenError:
+        raise DraftpenError(
+            f"--conversation-cache wants {BYTE_SIZE_HINT}, not {option!r}."
+        ) from None
+
+
+def _progress(message: str) -> None:
+    print(f"draftpen serve: {message}", file=sys.stderr, flush=True)
+
+
+def _duration_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    return "at once" if seconds == 0 else f"after {seconds:g}s idle"
+
+
+def _announce(
+    pair: str | None, keep_alive: float | None, idle_exit: float | None
+) -> Callable[[str], None]:
+    def announce(address: str) -> None:
+        if address.startswith("unix:"):
+            # The one line on stdout: scripts and tests wait for it.
+            print(f"draftpen serve: listening on {address}", flush=True)
+            path = address.removeprefix("unix:")
+            held = f"'{pair}' loaded" if pair else "no pair loaded yet"
+            _progress(
+                f"{held}; a request naming a downloaded pair loads it; unloads "
+                f"{_duration_text(keep_alive)}; "
+                + (
+                    f"stops after {idle_exit:g}s with no work and no front end attached"
+                    if idle_exit is not None
+                    else "runs until stopped"
+                )
+            )
+            _progress(f"try: curl --unix-socket {path} http://draftpen/v1/models")
+        else:
+            print(
+                f"draftpen serve: also listening on {address}/v1 - no peer check on TCP: "
+                "any process that can reach this address can use the model",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return announce
