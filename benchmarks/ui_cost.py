@@ -358,7 +358,9 @@ async def _in_app(runner: Runner, args: argparse.Namespace, *, tints: bool) -> A
             if getattr(app, "engine", None) is not None or getattr(app, "ready", False):
                 break
         if tints:
-            app.action_toggle_provenance()
+            toggled = app.action_toggle_provenance()
+            if inspect.isawaitable(toggled):  # async in later trees
+                await toggled
         prompt = app.chat_screen.query_one("#prompt")
         prompt.focus()
         prompt.insert(PROMPT)

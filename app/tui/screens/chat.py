@@ -234,9 +234,9 @@ class ChatScreen(Screen[None]):
             self.sub_title = chat.title
             views = [_view_for(message) for message in self.draftpen.history.messages(chat_id)]
             await conversation.mount_all(views)
-            conversation.scroll_end(animate=False)
         else:
             self.sub_title = NEW_CHAT_TITLE
+        conversation.anchor()  # at the newest message, following what is added
         self.refresh_chat_list()
 
     @on(ChatList.Selected)
@@ -327,13 +327,15 @@ class ChatScreen(Screen[None]):
         conversation = self.query_one("#conversation", VerticalScroll)
         reply_view = MessageView("assistant", state=WRITING, message_id=reply_message.id)
         await conversation.mount_all([_view_for(user_message), reply_view])
-        conversation.scroll_end(animate=False)
+        conversation.anchor()  # follow the reply (until the person scrolls away)
         self.refresh_chat_list()
         self.reply = ReplyInProgress(reply_message.id, self.chat_id, reply_view)
         self.rolling_rate.reset()
         self.rolling_rate.add(0)
         self._write_reply(client, self._turn(), self.reply)
         self._refresh_timer = self.set_interval(REFRESH_SECONDS, self._refresh_reply)
+        # A blinking cursor repaints the prompt twice a second: steady while writing.
+        self.query_one(PromptInput).cursor_blink = False
         self.priority.lower()
 
     def _turn(self) -> ChatTurn:
@@ -470,8 +472,8 @@ class ChatScreen(Screen[None]):
         text_changed = reply.view.content != content
         if not text_changed and reply.view.reasoning == reasoning:
             return
-        conversation = self.query_one("#conversation", VerticalScroll)
-        following = conversation.is_vertical_scroll_end
+        # The conversation is anchored: it follows the new lines unless the person
+        # scrolled away from the end.
         if reasoning:
             # Above the answer; it collapses when the answer's first text arrives.
             await reply.view.show_reasoning(
@@ -479,8 +481,6 @@ class ChatScreen(Screen[None]):
             )
         if text_changed:
             await reply.view.append(segments, content)
-        if following:
-            conversation.scroll_end(animate=False)
 
     def _finish_reply(
         self,
@@ -523,6 +523,7 @@ class ChatScreen(Screen[None]):
         if self._refresh_timer is not None:
             self._refresh_timer.stop()
             self._refresh_timer = None
+        self.query_one(PromptInput).cursor_blink = True
         self.priority.restore()
 
     @on(ReplyFailed)
