@@ -17,9 +17,7 @@ from app.client import ChatTurn, EngineClient
 from backends.base import ChatMessage
 
 _HEADERS = (
-    b"HTTP/1.1 200 OK\r\n"
-    b"Content-Type: text/event-stream\r\n"
-    b"Transfer-Encoding: chunked\r\n\r\n"
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 )
 
 
