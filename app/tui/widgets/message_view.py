@@ -116,7 +116,7 @@ class MessageView(Vertical, can_focus=True):
         """
         self.content = content
         self.segments = segments
-        boundary = len(content) if complete else completed_length(content)
+        boundary = len(content) if complete else completed_length(content, self.rendered_length)
         tints = self.app.has_class("-provenance")
         blocks_added = boundary > self.rendered_length
         if blocks_added:
