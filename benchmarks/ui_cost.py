@@ -144,6 +144,7 @@ def _alternate(runner: Runner, args: argparse.Namespace) -> list[dict[str, Any]]
         for mode in order:
             niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
             load = os.getloadavg()[0]
+            idle_before = _cpu_idle()
             if mode == "headless":
                 rate, tokens, prompt_tokens = runner.headless()
                 ui = AppRun.empty()
@@ -159,6 +160,9 @@ def _alternate(runner: Runner, args: argparse.Namespace) -> list[dict[str, Any]]
                     "tokens": tokens,
                     "prompt_tokens": prompt_tokens,
                     "load_1min": load,
+                    # The machine's idle CPU share over the run (prefill and all): room
+                    # a UI at the lowest priority could draw in without taking any.
+                    "machine_idle_share": _idle_share(idle_before, _cpu_idle()),
                     "ui_cpu_share": ui.share,
                     "ui_cpu_ms_per_token": ui.per_token * 1000,
                     "ui_cpu_share_decoding": ui.share_decoding,
@@ -174,13 +178,28 @@ def _alternate(runner: Runner, args: argparse.Namespace) -> list[dict[str, Any]]
                 f"while decoding {ui.share_decoding:.1%}, "
                 f"{ui.per_token_decoding * 1000:.1f} ms/token; loop late "
                 f"{ui.late_p50 * 1000:.0f}/{ui.late_max * 1000:.0f} ms (median/max); "
-                f"load {load:.2f}",
+                f"load {load:.2f}; machine idle {runs[-1]['machine_idle_share']:.1%}",
                 file=sys.stderr,
             )
     return runs
 
 
 _SHARED_HISTORY: list[Path] = []
+
+
+def _cpu_idle() -> tuple[float, float]:
+    """(idle, total) jiffies of all CPUs since boot, from /proc/stat (zeros elsewhere)."""
+    try:
+        with open("/proc/stat") as stat:
+            values = [float(value) for value in stat.readline().split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    return values[3] + values[4], sum(values)  # idle + iowait
+
+
+def _idle_share(before: tuple[float, float], after: tuple[float, float]) -> float:
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else 0.0
 
 
 def _fresh_history() -> Any:
@@ -450,7 +469,7 @@ def _report(runs: list[dict[str, Any]], args: argparse.Namespace, tree: Path, se
     )
     print(
         f"{'mode':14s} {'mean tok/s':>10s} {'vs headless':>11s} {'UI CPU':>7s} "
-        f"{'UI ms/tok':>9s} {'decoding':>8s} {'ms/tok':>6s} {'late ms':>9s}  runs"
+        f"{'UI ms/tok':>9s} {'decoding':>8s} {'ms/tok':>6s} {'late ms':>9s} {'idle':>5s}  runs"
     )
     summary = {}
     for mode in MODES:
@@ -465,6 +484,7 @@ def _report(runs: list[dict[str, Any]], args: argparse.Namespace, tree: Path, se
                 "ui_cpu_share_decoding",
                 "ui_cpu_ms_per_token_decoding",
                 "loop_late_ms_p50",
+                "machine_idle_share",
             )
         }
         late_max = max(run["loop_late_ms_max"] for run in mine)
@@ -481,7 +501,8 @@ def _report(runs: list[dict[str, Any]], args: argparse.Namespace, tree: Path, se
         print(
             f"{mode:14s} {mean:10.2f} {mean / headless:10.2f}x {figures['ui_cpu_share']:7.1%} "
             f"{figures['ui_cpu_ms_per_token']:9.1f} {figures['ui_cpu_share_decoding']:8.1%} "
-            f"{figures['ui_cpu_ms_per_token_decoding']:6.1f} {late:>9s}  {listed}"
+            f"{figures['ui_cpu_ms_per_token_decoding']:6.1f} {late:>9s} "
+            f"{figures['machine_idle_share']:5.0%}  {listed}"
         )
     prompts = sorted({run["prompt_tokens"] for run in runs})
     print(f"prompt tokens of every run: {prompts} (one value: every run read the same prompt)")
