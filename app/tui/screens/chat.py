@@ -234,9 +234,9 @@ class ChatScreen(Screen[None]):
             self.sub_title = chat.title
             views = [_view_for(message) for message in self.draftpen.history.messages(chat_id)]
             await conversation.mount_all(views)
+            conversation.scroll_end(animate=False)
         else:
             self.sub_title = NEW_CHAT_TITLE
-        conversation.anchor()  # at the newest message, following what is added
         self.refresh_chat_list()
 
     @on(ChatList.Selected)
@@ -327,7 +327,7 @@ class ChatScreen(Screen[None]):
         conversation = self.query_one("#conversation", VerticalScroll)
         reply_view = MessageView("assistant", state=WRITING, message_id=reply_message.id)
         await conversation.mount_all([_view_for(user_message), reply_view])
-        conversation.anchor()  # follow the reply (until the person scrolls away)
+        conversation.scroll_end(animate=False)
         self.refresh_chat_list()
         self.reply = ReplyInProgress(reply_message.id, self.chat_id, reply_view)
         self.rolling_rate.reset()
@@ -458,29 +458,35 @@ class ChatScreen(Screen[None]):
         if reply is None or reply.message_id != message.message_id:
             return
         segments, content, event = reply.snapshot()
-        await self._show_reply_text(segments, content)  # the reasoning's last words too
-        if reply.view.is_attached:
-            await reply.view.append(segments, content, complete=True)
+        await self._show_reply_text(segments, content, complete=True)
         self._finish_reply(reply, segments, content, event)
 
-    async def _show_reply_text(self, segments: list[tuple[str, bool]], content: str) -> None:
-        """Bring the reply's view up to date with the text received so far."""
+    async def _show_reply_text(
+        self, segments: list[tuple[str, bool]], content: str, *, complete: bool = False
+    ) -> None:
+        """Bring the reply's view up to date with the text received so far.
+
+        ``complete``: the reply ended, render all of it. The conversation follows the
+        reply unless the person scrolled away from its end; it scrolls only when the
+        reply's shape changed, since a scroll repaints all of it.
+        """
         reply = self.reply
         if reply is None or not reply.view.is_attached:
             return
         reasoning, reasoning_tokens = reply.reasoning_so_far()
-        text_changed = reply.view.content != content
-        if not text_changed and reply.view.reasoning == reasoning:
+        reasoning_changed = reply.view.reasoning != reasoning
+        if reply.view.content == content and not reasoning_changed and not complete:
             return
-        # The conversation is anchored: it follows the new lines unless the person
-        # scrolled away from the end.
-        if reasoning:
+        conversation = self.query_one("#conversation", VerticalScroll)
+        following = conversation.is_vertical_scroll_end
+        if reasoning_changed:
             # Above the answer; it collapses when the answer's first text arrives.
             await reply.view.show_reasoning(
                 reasoning, answered=bool(content), tokens=reasoning_tokens
             )
-        if text_changed:
-            await reply.view.append(segments, content)
+        reshaped = await reply.view.append(segments, content, complete=complete)
+        if following and (reshaped or reasoning_changed):
+            conversation.scroll_end(animate=False)
 
     def _finish_reply(
         self,

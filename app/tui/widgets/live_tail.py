@@ -38,11 +38,12 @@ class LiveTail(Static):
         self.layouts = 0
         self.redraws = 0
 
-    def show(self, content: Text, *, resize: bool = False) -> None:
+    def show(self, content: Text, *, resize: bool = False) -> bool:
         """Show ``content``: in place if it fits the lines held, else with more lines.
 
         ``resize`` (a layout happens anyway, say a block moved to the Markdown above)
-        lets the tail give back lines it no longer needs.
+        lets the tail give back lines it no longer needs. Returns whether the tail's
+        height changed (the screen is laid out again), False when it redrew in place.
         """
         width = self._text_width()
         self.update(content, layout=False)
@@ -51,12 +52,12 @@ class LiveTail(Static):
             resize = True
         if width <= 0:  # not laid out yet: let the layout size it, measure next time
             self._hold(None)
-            return
+            return True
         needed = self.get_content_height(Size(width, 0), self.app.size, width)
         if needed > self.reserved_lines or resize:
-            self._hold(needed + RESERVE_LINES)
-        else:
-            self.redraws += 1
+            return self._hold(needed + RESERVE_LINES) or resize
+        self.redraws += 1
+        return False
 
     def finish(self) -> None:
         """The reply ended: hide the tail and give its lines back."""
@@ -64,13 +65,17 @@ class LiveTail(Static):
         self.display = False
         self._hold(None)
 
-    def _hold(self, lines: int | None) -> None:
-        """Set the tail's height to ``lines`` (None: as the stylesheet says)."""
+    def _hold(self, lines: int | None) -> bool:
+        """Set the tail's height to ``lines`` (None: as the stylesheet says).
+
+        Returns whether it changed.
+        """
         if lines == (self.reserved_lines or None):
-            return
+            return False
         self.reserved_lines = lines or 0
         self.styles.height = lines  # a style change lays the screen out once
         self.layouts += 1
+        return True
 
     def _text_width(self) -> int:
         """Columns the text wraps at: the tail's own, or its parent's before layout."""

@@ -108,11 +108,13 @@ class MessageView(Vertical, can_focus=True):
 
     async def append(
         self, segments: list[tuple[str, bool]], content: str, *, complete: bool = False
-    ) -> None:
+    ) -> bool:
         """Show the reply so far (``segments`` and ``content`` are all of it).
 
         Completed blocks go to the Markdown widget once; the rest is the live tail.
-        ``complete`` (the reply ended) renders everything.
+        ``complete`` (the reply ended) renders everything. Returns whether the view's
+        height may have changed (blocks added, the tail resized): else only the tail's
+        own lines were repainted.
         """
         self.content = content
         self.segments = segments
@@ -128,8 +130,9 @@ class MessageView(Vertical, can_focus=True):
         tail = self.query_one(LiveTail)
         if complete:
             tail.finish()
-        else:
-            tail.show(self._tail_content(tints), resize=blocks_added)
+            return True
+        resized = tail.show(self._tail_content(tints), resize=blocks_added)
+        return blocks_added or resized
 
     async def _catch_up_markdown(self) -> None:
         """Hand the Markdown widget the completed blocks it does not hold yet."""
@@ -140,7 +143,12 @@ class MessageView(Vertical, can_focus=True):
 
     def _show_tinted_blocks(self) -> None:
         head, _ = split_segments(self.segments, self.rendered_length)
-        self.query_one(".provenance", Static).update(provenance_text(head))
+        text = provenance_text(head)
+        if self.rendered_length < len(self.content) and text.plain.endswith("\n"):
+            # The tail's widget starts on a line of its own: a head ending in a newline
+            # would otherwise show an empty line too many between them.
+            text.right_crop(1)
+        self.query_one(".provenance", Static).update(text)
 
     def _tail_content(self, tints: bool) -> Text:
         if tints:
