@@ -19,6 +19,11 @@ import threading
 
 # How much lower: 5 of 19 leaves the UI about a quarter of the share of a thread at
 # 0 (the engine), enough for a few redraws a second even when other programs are busy.
+# Lower buys nothing measurable (benchmarks/ui_cost.py --ui-priority, 2 cores): at nice
+# 19 the decode rate stayed within the noise of nice 5 while the UI's event loop woke
+# 0.1-0.3 s late (median) and up to 2 s, so Esc would wait that long; SCHED_IDLE froze
+# the UI for the whole reply, since llama.cpp leaves no idle CPU while it decodes (the
+# machine was 0.4% idle). Nor can an unprivileged process leave SCHED_IDLE again.
 UI_NICENESS = 5
 
 
