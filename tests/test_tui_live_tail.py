@@ -18,6 +18,7 @@ from app.chats.history import WRITING
 from app.tui.widgets.live_tail import RESERVE_LINES, LiveTail
 from app.tui.widgets.message_view import MessageView
 from app.tui.widgets.prompt_input import PromptInput
+from app.tui.widgets.reasoning_view import ReasoningView
 from tests.tui_helpers import (
     make_app,
     run,
@@ -59,6 +60,14 @@ class ViewApp(App[None]):
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             yield MessageView("assistant", state=WRITING)
+
+
+class ThinkingApp(App[None]):
+    """A thinking model's reasoning block, open while it thinks."""
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield ReasoningView("", answered=False)
 
 
 def lines(count: int) -> str:
@@ -148,6 +157,31 @@ def test_a_reply_growing_inside_its_paragraph_is_redrawn_without_laying_the_scre
 
 
 # Longer than the conversation is high (the app below is 24 rows), under max_tokens.
+def test_reasoning_that_grows_while_the_model_thinks_is_redrawn_in_place() -> None:
+    async def body() -> None:
+        app = ThinkingApp()
+        async with app.run_test(size=(WIDTH + 4, 40)) as pilot:
+            block = app.query_one(ReasoningView)
+            text = lines(RESERVE_LINES)
+            block.show(text[:20], answered=False, tokens=5)
+            await pilot.pause()
+            layouts = LayoutCounter(app)
+            # (The same token count: the title's own count is a label on its own line.)
+            for end in range(40, len(text), 40):
+                block.show(text[:end], answered=False, tokens=5)
+                await pilot.pause()
+            assert layouts.count == 0
+            shown = block.query_one(".reasoning-text", Static)
+            assert visible_text(shown).split() == text[:end].split()
+            # The answer starts: the block collapses, and its text keeps only its lines.
+            block.show(text, answered=True, tokens=len(text) // 4)
+            await pilot.pause()
+            assert block.collapsed and block.query_one(LiveTail).reserved_lines == 0
+            assert str(shown.render()) == text
+
+    run(body)
+
+
 LONG_REPLY = "\n".join(f"Line {number} of a long answer that streams in." for number in range(22))
 
 

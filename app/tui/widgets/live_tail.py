@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.geometry import Size
+from textual.visual import VisualType
 from textual.widgets import Static
 
 # Empty lines kept below the text: how many lines the tail can grow by before the
@@ -29,8 +30,8 @@ class LiveTail(Static):
     }
     """
 
-    def __init__(self, *, classes: str | None = None) -> None:
-        super().__init__("", classes=classes, markup=False)
+    def __init__(self, content: VisualType = "", *, classes: str | None = None) -> None:
+        super().__init__(content, classes=classes, markup=False)
         # Lines the tail holds now (its text plus the reserve); 0 while its height is
         # left to the stylesheet (hidden, or not laid out yet).
         self.reserved_lines = 0
@@ -58,6 +59,10 @@ class LiveTail(Static):
             return self._hold(needed + RESERVE_LINES) or resize
         self.redraws += 1
         return False
+
+    def settle(self) -> None:
+        """The text stopped growing: keep it, give back the empty lines held below it."""
+        self._hold(None)
 
     def finish(self) -> None:
         """The reply ended: hide the tail and give its lines back."""

@@ -2,13 +2,17 @@
 
 While the model reasons the block is open, so the reasoning can be read as it streams;
 it collapses by itself once, when the answer starts, and after that stays as the
-person leaves it (a click or Enter on its title opens it again). Its styles live here
-rather than in app.tcss so the widget is one self-contained piece.
+person leaves it (a click or Enter on its title opens it again). While it grows its
+text redraws in place, as a reply's live tail does (``app.tui.widgets.live_tail``).
+Its styles live here rather than in app.tcss so the widget is one self-contained piece.
 """
 
 from __future__ import annotations
 
-from textual.widgets import Collapsible, Static
+from rich.text import Text
+from textual.widgets import Collapsible
+
+from app.tui.widgets.live_tail import LiveTail
 
 THINKING_TITLE = "Thinking…"
 
@@ -56,7 +60,7 @@ class ReasoningView(Collapsible):
     ) -> None:
         title = reasoning_title(tokens) if answered else thinking_title(tokens)
         # Kept, not queried: an update may come before the block's children are mounted.
-        self._text = Static(reasoning, classes="reasoning-text", markup=False)
+        self._text = LiveTail(reasoning, classes="reasoning-text")
         super().__init__(
             self._text,
             title=title,
@@ -70,13 +74,18 @@ class ReasoningView(Collapsible):
         """Show the reasoning so far; the first time the answer has started, collapse."""
         if reasoning != self.reasoning:
             self.reasoning = reasoning
-            self._text.update(reasoning)
+            if answered or not self._text.is_mounted:
+                self._text.update(reasoning)
+            else:  # still thinking, the block open: redraw in place
+                self._text.show(Text(reasoning))
         if answered and not self.answered:
             self.answered = True
             self.collapsed = True
+            self._text.settle()
         self.title = reasoning_title(tokens) if self.answered else thinking_title(tokens)
 
     def finish(self, tokens: int) -> None:
         """The reply ended (perhaps stopped mid-thought): title it, leave it open or shut."""
         self.answered = True
+        self._text.settle()
         self.title = reasoning_title(tokens)
