@@ -7,6 +7,7 @@ reply's shape changes, and check that nothing is lost or clipped on the way.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from rich.text import Text
@@ -236,6 +237,52 @@ def test_draft_colours_alone_are_drawn_while_shown_and_markdown_catches_up_after
             # ...and is, whole, when it is shown.
             assert view.query_one(Markdown).source == reply
             assert view.query_one(Markdown).display and not tinted.display
+
+    run(body)
+
+
+def test_a_slow_redraw_never_takes_text_back_after_the_reply_is_drawn_whole() -> None:
+    reply = "Some words.\n\nMore words that end the reply."
+    engine = scripted_engine([reply], hold_after=15)
+    app = make_app({"fake": engine})
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            await send(pilot, "Say it")
+            assert engine.target.holding.wait(10)
+            view = await written_up_to(app, pilot, 15)
+            screen = app.chat_screen
+            writing = screen.reply
+            assert writing is not None
+            draw, snapshot = view.append, writing.snapshot
+            snapshots: list[str] = []
+
+            def first_snapshot_is_older() -> Any:
+                """The next redraw's snapshot: older than what the reply will end with."""
+                segments, content, event = snapshot()
+                if not snapshots:
+                    content = content[:10]
+                    segments = [(content, False)]
+                snapshots.append(content)
+                return segments, content, event
+
+            async def slow_draw(segments: Any, content: str, *, complete: bool = False) -> bool:
+                if not complete:  # a timer's redraw, caught mid-way by the reply's end
+                    await asyncio.sleep(0.3)
+                return await draw(segments, content, complete=complete)
+
+            writing.snapshot = first_snapshot_is_older  # type: ignore[method-assign]
+            view.append = slow_draw  # type: ignore[method-assign]
+            tick = asyncio.create_task(screen._refresh_reply())
+            await pilot.pause()
+            engine.target.release.set()
+            await settle(app, pilot)
+            await tick
+            await pilot.pause()
+            assert snapshots[0] == reply[:10] and snapshots[-1] == reply
+            assert view.content == reply and view.query_one(Markdown).source == reply
+            assert not view.query_one(LiveTail).display
 
     run(body)
 

@@ -11,6 +11,7 @@ engine dies mid-reply, what it wrote is saved as interrupted and the engine rest
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -112,6 +113,8 @@ class ReplyInProgress:
     # What the reply waits for before its first token (the queue, a load), or "".
     notice: str = ""
     last_saved: float = 0.0
+    # Drawn whole (finished, stopped or failed): no redraw may follow (UI thread).
+    ended: bool = False
 
     def add(self, event: GenerationEvent, split: ReasoningSplit | None = None) -> None:
         """Take in one event of the loop (worker thread); ``split``: its reasoning apart."""
@@ -191,6 +194,9 @@ class ChatScreen(Screen[None]):
         self.rolling_rate = RollingRate()
         self.last_export: Path | None = None
         self._refresh_timer: Timer | None = None
+        # One redraw of the reply at a time: the timer's ticks run beside the message
+        # handlers, and each awaits (mounting Markdown blocks) part-way through.
+        self._drawing = asyncio.Lock()
         # The model runs in the engine's process: all of this one may yield to it.
         self.priority = LowerPriority(whole_process=True)
 
@@ -419,18 +425,20 @@ class ChatScreen(Screen[None]):
         self, reply: ReplyInProgress, state: str, note: str | None = None
     ) -> None:
         """Save and show what a reply that did not finish wrote, marked ``state``."""
-        segments, content, _ = reply.snapshot()
-        with self._saving():
-            self.draftpen.history.update_message(
-                reply.message_id,
-                content=content,
-                segments=segments,
-                state=state,
-                reasoning=reply.reasoning_so_far()[0],
-            )
-        if reply.view.is_attached:
-            await reply.view.append(segments, content, complete=True)
-            reply.view.finish(None, state, note=note)
+        async with self._drawing:
+            reply.ended = True
+            segments, content, _ = reply.snapshot()
+            with self._saving():
+                self.draftpen.history.update_message(
+                    reply.message_id,
+                    content=content,
+                    segments=segments,
+                    state=state,
+                    reasoning=reply.reasoning_so_far()[0],
+                )
+            if reply.view.is_attached:
+                await reply.view.append(segments, content, complete=True)
+                reply.view.finish(None, state, note=note)
 
     @on(ReplyLost)
     async def _reply_lost(self, message: ReplyLost) -> None:
@@ -457,25 +465,43 @@ class ChatScreen(Screen[None]):
         reply = self.reply
         if reply is None or reply.message_id != message.message_id:
             return
-        segments, content, event = reply.snapshot()
-        await self._show_reply_text(segments, content, complete=True)
+        segments, content, event = await self._draw_reply(reply, complete=True)
         self._finish_reply(reply, segments, content, event)
 
+    async def _draw_reply(
+        self, reply: ReplyInProgress, *, complete: bool = False
+    ) -> tuple[list[tuple[str, bool]], str, GenerationEvent | None]:
+        """Show what ``reply`` has received so far; returns that snapshot.
+
+        ``complete``: the reply ended, render all of it. The snapshot is taken under
+        the drawing lock, so an older one is never drawn over a newer one.
+        """
+        async with self._drawing:
+            segments, content, event = reply.snapshot()
+            if not reply.ended:
+                reply.ended = complete
+                await self._show_reply_text(reply, segments, content, complete=complete)
+        return segments, content, event
+
     async def _show_reply_text(
-        self, segments: list[tuple[str, bool]], content: str, *, complete: bool = False
+        self,
+        reply: ReplyInProgress,
+        segments: list[tuple[str, bool]],
+        content: str,
+        *,
+        complete: bool = False,
     ) -> None:
         """Bring the reply's view up to date with the text received so far.
 
-        ``complete``: the reply ended, render all of it. The conversation follows the
-        reply unless the person scrolled away from its end; it scrolls only when the
-        reply's shape changed, since a scroll repaints all of it.
+        The conversation follows the reply unless the person scrolled away from its
+        end; it scrolls only when the reply's shape changed, since a scroll repaints all.
         """
-        reply = self.reply
-        if reply is None or not reply.view.is_attached:
+        if not reply.view.is_attached:
             return
         reasoning, reasoning_tokens = reply.reasoning_so_far()
         reasoning_changed = reply.view.reasoning != reasoning
-        if reply.view.content == content and not reasoning_changed and not complete:
+        text_changed = reply.view.content != content or complete
+        if not text_changed and not reasoning_changed:
             return
         conversation = self.query_one("#conversation", VerticalScroll)
         following = conversation.is_vertical_scroll_end
@@ -484,7 +510,7 @@ class ChatScreen(Screen[None]):
             await reply.view.show_reasoning(
                 reasoning, answered=bool(content), tokens=reasoning_tokens
             )
-        reshaped = await reply.view.append(segments, content, complete=complete)
+        reshaped = text_changed and await reply.view.append(segments, content, complete=complete)
         if following and (reshaped or reasoning_changed):
             conversation.scroll_end(animate=False)
 
@@ -570,9 +596,8 @@ class ChatScreen(Screen[None]):
         reply = self.reply
         if reply is None:
             return
-        segments, content, event = reply.snapshot()
-        await self._show_reply_text(segments, content)
-        if event is None:
+        segments, content, event = await self._draw_reply(reply)
+        if event is None or reply.ended:
             return
         self.rolling_rate.add(event.stats.generated_tokens)
         figures = ReplyFigures.from_event(event, reply.reasoning_so_far()[1])

@@ -131,6 +131,8 @@ class MessageView(Vertical, can_focus=True):
         if complete:
             tail.finish()
             return True
+        if not content:  # nothing written yet (a thinking model's reasoning, say)
+            return False
         resized = tail.show(self._tail_content(tints), resize=blocks_added)
         return blocks_added or resized
 
