@@ -11,6 +11,7 @@ the plain REPL import this package, not the other way round.
 """
 
 from app.client.engine_client import ChatTurn, EngineClient, Loading, Waiting
+from app.client.engine_log import engine_log_path
 from app.client.errors import (
     EngineError,
     EngineLost,
@@ -19,7 +20,7 @@ from app.client.errors import (
     EngineVersionError,
     NotAnEngineError,
 )
-from app.client.starting import engine_log_path, ensure_engine, find_engine
+from app.client.starting import ensure_engine, find_engine
 from app.client.wire import HealthReport as EngineHealth
 from app.client.wire import PairCard as PairListing
 
