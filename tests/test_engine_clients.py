@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from app.client import (
@@ -270,18 +271,26 @@ def test_an_engine_of_another_api_version_is_refused_naming_how_to_stop_it(engin
 # -- a real engine with SmolLM2 ----------------------------------------------------------
 
 
+def rss(pid: int) -> int:
+    """A process's resident memory, in bytes."""
+    return psutil.Process(pid).memory_info().rss
+
+
 @pytest.mark.real_model
 def test_chat_and_an_openai_client_at_once_share_one_load(engine: EngineClient):
-    require_model(SMOLLM2_KEY)
+    model_bytes = require_model(SMOLLM2_KEY).stat().st_size
     assert {card.id: card.loaded for card in engine.pairs()}.get(PAIR) is False
+    pid = engine.health().pid
+    empty = rss(pid)
 
-    def chat() -> list[Any]:
-        return list(engine.chat(chat_turn("Name a colour."), threading.Event()))
+    def chat(client: EngineClient) -> list[Any]:
+        return list(client.chat(chat_turn("Name a colour."), threading.Event()))
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        chatted = pool.submit(chat)
+        chatted = pool.submit(chat, engine)
         answered = pool.submit(sdk_chat, sdk(engine), "Name a fruit.")
         items, answer = chatted.result(timeout=300), answered.result(timeout=300)
+    grown_together = rss(pid) - empty
 
     assert chat_text(items) and answer
     # One of them loaded the pair while the other waited; the chat saw either.
@@ -290,6 +299,22 @@ def test_chat_and_an_openai_client_at_once_share_one_load(engine: EngineClient):
     assert [pair.pair for pair in health.loaded] == [PAIR] and health.loads == 1
     loaded = [card.id for card in engine.pairs() if card.loaded]
     assert loaded == [PAIR]
+
+    # The memory of one pair: what an engine grows by when it loads the pair once and
+    # answers the same two requests one after the other. A second copy of the pair
+    # would add its weights and its KV cache again (about as much once more).
+    alone = ensure_engine(
+        Settings(), socket_path=short_socket("rss-alone"), serve_options=["--keep-alive", "-1"]
+    )
+    try:
+        alone_pid = alone.health().pid
+        alone_empty = rss(alone_pid)
+        assert chat_text(chat(alone)) and sdk_chat(sdk(alone), "Name a fruit.")
+        grown_alone = rss(alone_pid) - alone_empty
+    finally:
+        stop_engine(alone)
+    assert grown_alone > 0.8 * model_bytes  # the weights, read by every forward, are resident
+    assert grown_together < 1.5 * grown_alone, (grown_together, grown_alone)
 
 
 @pytest.mark.real_model

@@ -62,10 +62,9 @@ def _engine_heading(where: dict[str, Any]) -> str:
     kernels = "exact" if where.get("exact_kernels") else "fastest"
     return (
         f"Through the engine (pid {where.get('pid')}, version {where.get('version')}, "
-        f"context {where.get('context_length')}, {kernels} kernels): each figure is the "
-        "engine's loop as its clients see it.\n"
-        "Forward costs and ceilings need the pair in this process: draftpen bench without "
-        "--engine measures them."
+        f"context {where.get('context_length')}, {kernels} kernels):\n"
+        "  each figure is the engine's loop as its clients see it. Forward costs and\n"
+        "  ceilings need the pair in this process: bench without --engine measures them."
     )
 
 
