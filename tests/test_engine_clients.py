@@ -409,6 +409,56 @@ def test_an_engine_killed_mid_reply_raises_engine_lost_and_a_new_one_starts(engi
         stop_engine(restarted)
 
 
+@pytest.mark.real_model
+def test_bench_through_the_engine_runs_the_suite_as_requests_and_reads_their_stats(
+    engine: EngineClient, tmp_path: Path
+):
+    require_model(SMOLLM2_KEY)  # the engine runs, idle, nothing loaded
+    output = tmp_path / "through-engine.json"
+    result = run_draftpen(
+        "bench",
+        "--engine",
+        "--pair",
+        "smollm2",
+        "--max-tokens",
+        "16",
+        "--category",
+        "code_edit",
+        "--category",
+        "json_schema",
+        "--modes",
+        "ngram,reference",
+        "--output",
+        str(output),
+        env={"DRAFTPEN_SOCKET": str(engine.socket_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    health = engine.health()
+    report = json.loads(output.read_text())
+    # It used the engine that ran (nothing was loaded in bench's own process) ...
+    assert "Starting the draftpen engine" not in result.stderr
+    assert report["through"]["process"] == "engine" and report["through"]["pid"] == health.pid
+    assert [pair.pair for pair in health.loaded] == ["smollm2"] and health.loads == 1
+    assert "left out with --engine" in result.stderr  # the yardsticks need a local pair
+    assert report["costs_ms"] is None and "Through the engine" in result.stdout
+    # ... which did the load and answered every generation: one untimed warm-up per mode
+    # that applies to the first prompt (plain, n-gram), then each mode on each prompt of
+    # both categories.
+    code_edit, json_schema = report["results"]["code_edit"], report["results"]["json_schema"]
+    assert set(code_edit) == {"plain", "n-gram K=10"}
+    assert set(json_schema) == {"plain", "plain, no grammar", "n-gram K=10"}
+    assert health.queue.completed == 1 + 2 + 2 * len(code_edit) + 2 * len(json_schema)
+    # The figures are the loop's, from the stream's statistics.
+    for by_mode in (code_edit, json_schema):
+        for label, figures in by_mode.items():
+            assert figures["generated_tokens"] > 0 and figures["decode_seconds"] > 0, label
+            assert len(figures["run_rates"]) == 2
+    assert code_edit["n-gram K=10"]["drafted"] > 0 and code_edit["plain"]["drafted"] == 0
+    # The schema reached the engine as response_format: its grammar forced tokens.
+    assert json_schema["plain"]["grammar_forced"] > 0
+    assert json_schema["plain, no grammar"]["grammar_forced"] == 0
+
+
 def test_serve_refuses_a_socket_another_program_holds(engine_home: Path):
     path = short_socket("serve-other")
     path.unlink(missing_ok=True)

@@ -165,7 +165,7 @@ def test_the_app_starts_an_engine_replies_stops_switches_pairs_and_survives_its_
     engines: StartedEngines, tmp_path: Path
 ) -> None:
     # A second name for SmolLM2's file: a pair switch without a second large model.
-    add_user_pair("smollm2-again", str(require_model(SMOLLM2_KEY)), None)
+    add_user_pair("smollm2-again", str(require_model(SMOLLM2_KEY)), None, replace=True)
     app = make_real_app(engines, chat_settings(), tmp_path / "history.sqlite3")
 
     async def body() -> None:
@@ -298,8 +298,9 @@ def row_cells(screen: ModelsScreen, pair: str) -> list[str]:
 def test_the_models_screen_lists_what_the_engine_serves_and_marks_what_it_holds(
     engines: StartedEngines, tmp_path: Path
 ) -> None:
-    # A second name for SmolLM2's file: a second pair without a second large model.
-    add_user_pair("smollm2-again", str(require_model(SMOLLM2_KEY)), None)
+    # A second name for SmolLM2's file: a second pair without a second large model
+    # (the module's home may have it already).
+    add_user_pair("smollm2-again", str(require_model(SMOLLM2_KEY)), None, replace=True)
     app = make_real_app(
         engines, chat_settings(), tmp_path / "history.sqlite3", models_service=ModelsService
     )
