@@ -112,6 +112,9 @@ def test_escape_stops_the_reply_at_once_and_keeps_what_was_written() -> None:
             assert app.chat_screen.reply is None and engine.target.holding.is_set()
             [view] = reply_views(app)
             assert len(view.content) >= 100 and long_reply.startswith(view.content)
+            # The client hung up at once: the engine hears it while still held, with no
+            # chunk in between to carry the news.
+            assert engine.cancels[-1].wait(10)
             engine.target.release.set()
             await settle(app, pilot)
             # The stream closed; the engine stopped soon after, far short of the end.

@@ -41,10 +41,12 @@ class RecordingEngine(Engine):
         super().__init__(*args, **kwargs)
         self.events: list[GenerationEvent] = []
         self.requests: list[GenerationRequest] = []
+        self.cancels: list[Any] = []  # each generation's cancel flag, as the engine set it
 
     def generate(self, request: GenerationRequest, cancel: Any = None):  # type: ignore[override]
         """The shared loop's events, recorded as they pass."""
         self.requests.append(request)
+        self.cancels.append(cancel)
         for event in super().generate(request, cancel):
             self.events.append(event)
             yield event

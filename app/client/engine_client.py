@@ -188,6 +188,8 @@ class EngineClient:
                 if response.status_code != 200:
                     response.read()
                     _json_or_raise(response)
+                if cancel is not None:
+                    _hang_up_on_cancel(response, cancel)
                 for line in response.iter_lines():
                     if cancel is not None and cancel.is_set():
                         return  # leaving the block closes the stream: the engine cancels
@@ -205,6 +207,8 @@ class EngineClient:
                         )
                     yield payload
         except httpx.TransportError as error:
+            if cancel is not None and cancel.is_set():
+                return  # our own hang-up ended the read
             raise _lost(self.socket_path, error) from error
         if cancel is None or not cancel.is_set():
             raise EngineLost(
@@ -335,6 +339,33 @@ def chat_item(payload: dict[str, Any], *, provenance: bool = True) -> ChatItem |
         estimated_speedup=float(extra.get("estimated_speedup", 1.0)),
         decision=str(extra.get("decision", "")),
     )
+
+
+# How often a stream's watcher looks at its cancel flag: Esc closes the connection
+# within this, so the engine stops at its next round even while no chunk arrives.
+_HANG_UP_POLL_SECONDS = 0.02
+
+
+def _hang_up_on_cancel(response: httpx.Response, cancel: threading.Event) -> None:
+    """Close the stream's connection the moment ``cancel`` is set, from a watcher thread.
+
+    The reading thread may be blocked waiting for the next chunk (the engine is inside
+    a long round, or waits in its queue); shutting the socket down wakes it and tells
+    the engine at once, which cancels the generation, instead of at the next chunk.
+    """
+    stream = response.extensions.get("network_stream")
+    connection = stream.get_extra_info("socket") if stream is not None else None
+    if not isinstance(connection, socket.socket):
+        return  # no socket to reach: the reader closes the stream at its next chunk
+
+    def watch() -> None:
+        while not response.is_closed:
+            if cancel.wait(_HANG_UP_POLL_SECONDS):
+                with contextlib.suppress(OSError):  # already closed: nothing to do
+                    connection.shutdown(socket.SHUT_RDWR)
+                return
+
+    threading.Thread(target=watch, name="draftpen-stream-hang-up", daemon=True).start()
 
 
 def _json_or_raise(response: httpx.Response) -> Any:

@@ -568,8 +568,8 @@ class ChatScreen(Screen[None]):
     def action_stop(self) -> None:
         """Stop the reply now; what was shown stays.
 
-        The reply ends here at once; its stream closes when the worker next hears from
-        the engine, and the engine stops at the end of the round it is in.
+        The reply ends here at once; the client hangs up its stream at once too, and
+        the engine, told by the closed connection, stops at the end of its round.
         """
         if self.reply is not None and not self.reply.cancel.is_set():
             self.reply.cancel.set()
