@@ -34,3 +34,17 @@ def test_segments_split_at_a_character_offset_keep_their_provenance() -> None:
     assert split_segments(segments, 3) == ([("abc", False)], [("def", True), ("gh", False)])
     assert split_segments(segments, 0) == ([], segments)
     assert split_segments(segments, 8) == (segments, [])
+
+
+def test_resuming_from_an_earlier_boundary_gives_the_same_answer_as_a_full_scan() -> None:
+    text = "Intro\n\n```python\nx = 1\n\ny = 2\n```\n\nMore text\n\nTail"
+    boundaries = {0}
+    for end in range(len(text) + 1):
+        prefix = text[:end]
+        whole = completed_length(prefix)
+        # Resuming from any boundary found for a shorter prefix agrees with a full scan.
+        for start in boundaries:
+            if start <= end:
+                assert completed_length(prefix, start) == whole, (end, start)
+        boundaries.add(whole)
+    assert boundaries >= {len("Intro\n\n"), len(text) - len("Tail")}

@@ -241,11 +241,11 @@ class DraftpenApp(App[None]):
         self.push_screen(screen, picked)
         screen.call_after_refresh(screen.select_pair, self.pair_name)
 
-    def action_toggle_provenance(self) -> None:
+    async def action_toggle_provenance(self) -> None:
         """Switch between draft-tinted text and rendered Markdown."""
         enabled = not self.has_class("-provenance")
         for view in self.query(MessageView):
-            view.show_provenance(enabled)
+            await view.show_provenance(enabled)
         self.set_class(enabled, "-provenance")
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

@@ -15,14 +15,16 @@ import re
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 
 
-def completed_length(text: str) -> int:
+def completed_length(text: str, start: int = 0) -> int:
     """How many leading characters of ``text`` form complete Markdown blocks.
 
     Only whole lines count. Outside a fence a blank line ends the blocks before it;
     a fence's closing line ends the fenced block (``text[:n]`` then ends with it).
+    ``start``: an earlier answer for a prefix of ``text`` (a block boundary, so never
+    inside a fence); the scan resumes there instead of reading the reply again.
     """
-    completed = 0
-    position = 0
+    completed = start
+    position = start
     fence: str | None = None  # the opening marker while inside a fenced block
     while True:
         newline = text.find("\n", position)

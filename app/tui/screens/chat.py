@@ -341,6 +341,8 @@ class ChatScreen(Screen[None]):
         self.rolling_rate.add(0)
         self._write_reply(client, self._turn(), self.reply)
         self._refresh_timer = self.set_interval(REFRESH_SECONDS, self._refresh_reply)
+        # A blinking cursor repaints the prompt twice a second: steady while writing.
+        self.query_one(PromptInput).cursor_blink = False
         self.priority.lower()
 
     def _turn(self) -> ChatTurn:
@@ -478,30 +480,34 @@ class ChatScreen(Screen[None]):
         if reply is None or reply.message_id != message.message_id:
             return
         segments, content, event = reply.snapshot()
-        await self._show_reply_text(segments, content)  # the reasoning's last words too
-        if reply.view.is_attached:
-            await reply.view.append(segments, content, complete=True)
+        await self._show_reply_text(segments, content, complete=True)
         self._finish_reply(reply, segments, content, event)
 
-    async def _show_reply_text(self, segments: list[tuple[str, bool]], content: str) -> None:
-        """Bring the reply's view up to date with the text received so far."""
+    async def _show_reply_text(
+        self, segments: list[tuple[str, bool]], content: str, *, complete: bool = False
+    ) -> None:
+        """Bring the reply's view up to date with the text received so far.
+
+        ``complete``: the reply ended, render all of it. The conversation follows the
+        reply unless the person scrolled away from its end; it scrolls only when the
+        reply's shape changed, since a scroll repaints all of it.
+        """
         reply = self.reply
         if reply is None or not reply.view.is_attached:
             return
         reasoning, reasoning_tokens = reply.reasoning_so_far()
-        text_changed = reply.view.content != content
-        if not text_changed and reply.view.reasoning == reasoning:
+        reasoning_changed = reply.view.reasoning != reasoning
+        if reply.view.content == content and not reasoning_changed and not complete:
             return
         conversation = self.query_one("#conversation", VerticalScroll)
         following = conversation.is_vertical_scroll_end
-        if reasoning:
+        if reasoning_changed:
             # Above the answer; it collapses when the answer's first text arrives.
             await reply.view.show_reasoning(
                 reasoning, answered=bool(content), tokens=reasoning_tokens
             )
-        if text_changed:
-            await reply.view.append(segments, content)
-        if following:
+        reshaped = await reply.view.append(segments, content, complete=complete)
+        if following and (reshaped or reasoning_changed):
             conversation.scroll_end(animate=False)
 
     def _finish_reply(
@@ -545,6 +551,7 @@ class ChatScreen(Screen[None]):
         if self._refresh_timer is not None:
             self._refresh_timer.stop()
             self._refresh_timer = None
+        self.query_one(PromptInput).cursor_blink = True
         self.priority.restore()
 
     @on(ReplyFailed)

@@ -1,9 +1,11 @@
 """One message of the conversation: Markdown, or text tinted by provenance.
 
 While a reply is written only its completed Markdown blocks are rendered, each once;
-the unfinished tail is one cheap text widget (tinted spans when draft colours are on).
-Re-rendering all of a growing reply's Markdown several times a second took CPU from
-decoding (see ``app.tui.live_text``).
+the unfinished tail is one cheap text widget (tinted spans when draft colours are on)
+that redraws in place (``app.tui.widgets.live_tail``). Re-rendering all of a growing
+reply's Markdown several times a second took CPU from decoding (see
+``app.tui.live_text``). Only the view that is shown is kept up to date while a reply
+is written (Markdown, or the tinted text); the other catches up when it is shown.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from app.chats.export import last_code_block
 from app.chats.history import FAILED, INTERRUPTED, STOPPED
 from app.tui.live_text import completed_length, split_segments
 from app.tui.reply import ReplyFigures
+from app.tui.widgets.live_tail import LiveTail
 from app.tui.widgets.reasoning_view import ReasoningView
 
 ROLE_LABELS = {"user": "You", "assistant": "draftpen", "system": "System"}
@@ -70,9 +73,11 @@ class MessageView(Vertical, can_focus=True):
         self.state = state
         self.note: str | None = None  # says more than the state's usual note
         self.message_id = message_id
-        # How much of ``content`` the Markdown (and tinted) widgets show; the rest is
-        # the live tail. A stored message is shown whole.
+        # How much of ``content`` is complete blocks (the rest is the live tail), and
+        # how much of that the Markdown widget holds (it lags while draft colours are
+        # shown instead). A stored message is shown whole.
         self.rendered_length = len(self.content)
+        self.markdown_length = len(self.content)
 
     def compose(self) -> ComposeResult:
         yield Label(self._heading(), classes="heading")
@@ -84,7 +89,7 @@ class MessageView(Vertical, can_focus=True):
             )
         yield Markdown(self.content, classes="markdown")
         yield Static(provenance_text(self.segments), classes="provenance")
-        yield Static("", classes="tail")
+        yield LiveTail(classes="tail")
         yield Static(self.footer_text, classes="footer", markup=False)
 
     def _heading(self) -> str:
@@ -103,36 +108,53 @@ class MessageView(Vertical, can_focus=True):
 
     async def append(
         self, segments: list[tuple[str, bool]], content: str, *, complete: bool = False
-    ) -> None:
+    ) -> bool:
         """Show the reply so far (``segments`` and ``content`` are all of it).
 
         Completed blocks go to the Markdown widget once; the rest is the live tail.
-        ``complete`` (the reply ended) renders everything.
+        ``complete`` (the reply ended) renders everything. Returns whether the view's
+        height may have changed (blocks added, the tail resized): else only the tail's
+        own lines were repainted.
         """
         self.content = content
         self.segments = segments
-        boundary = len(content) if complete else completed_length(content)
+        boundary = len(content) if complete else completed_length(content, self.rendered_length)
         tints = self.app.has_class("-provenance")
-        if boundary > self.rendered_length:
-            added = content[self.rendered_length : boundary]
+        blocks_added = boundary > self.rendered_length
+        if blocks_added:
             self.rendered_length = boundary
             if tints:
                 self._show_tinted_blocks()
+            else:
+                await self._catch_up_markdown()
+        tail = self.query_one(LiveTail)
+        if complete:
+            tail.finish()
+            return True
+        resized = tail.show(self._tail_content(tints), resize=blocks_added)
+        return blocks_added or resized
+
+    async def _catch_up_markdown(self) -> None:
+        """Hand the Markdown widget the completed blocks it does not hold yet."""
+        if self.markdown_length < self.rendered_length:
+            added = self.content[self.markdown_length : self.rendered_length]
+            self.markdown_length = self.rendered_length
             await self.query_one(".markdown", Markdown).append(added)
-        self._show_tail(tints)
 
     def _show_tinted_blocks(self) -> None:
         head, _ = split_segments(self.segments, self.rendered_length)
-        self.query_one(".provenance", Static).update(provenance_text(head))
+        text = provenance_text(head)
+        if self.rendered_length < len(self.content) and text.plain.endswith("\n"):
+            # The tail's widget starts on a line of its own: a head ending in a newline
+            # would otherwise show an empty line too many between them.
+            text.right_crop(1)
+        self.query_one(".provenance", Static).update(text)
 
-    def _show_tail(self, tints: bool) -> None:
-        tail_widget = self.query_one(".tail", Static)
+    def _tail_content(self, tints: bool) -> Text:
         if tints:
             _, tail = split_segments(self.segments, self.rendered_length)
-            tail_widget.update(provenance_text(tail))
-        else:
-            tail_widget.update(Text(self.tail_text))
-        tail_widget.display = bool(self.tail_text)
+            return provenance_text(tail)
+        return Text(self.tail_text)
 
     async def show_reasoning(self, reasoning: str, *, answered: bool, tokens: int = 0) -> None:
         """Show the reasoning so far above the answer (collapsed once the answer starts)."""
@@ -155,15 +177,19 @@ class MessageView(Vertical, can_focus=True):
         self.query_one(".footer", Static).update(self.footer_text)
         self.set_class(bool(self.footer_text), "-has-footer")
 
-    def show_provenance(self, enabled: bool) -> None:
-        """Bring the tinted view (or the plain tail) up to date before it is shown."""
+    async def show_provenance(self, enabled: bool) -> None:
+        """Bring the tinted view (or the Markdown and plain tail) up to date to be shown."""
         if enabled:
             self._show_tinted_blocks()
-        self._show_tail(enabled)
+        else:
+            await self._catch_up_markdown()
+        tail = self.query_one(LiveTail)
+        if tail.display:  # a reply being written
+            tail.show(self._tail_content(enabled))
 
     def on_mount(self) -> None:
         self.set_class(bool(self.footer_text), "-has-footer")
-        self.query_one(".tail", Static).display = False
+        self.query_one(LiveTail).display = False
 
     def action_copy_message(self) -> None:
         """Copy the whole message to the clipboard."""

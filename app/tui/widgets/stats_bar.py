@@ -8,11 +8,20 @@ from app.tui.reply import ReplyFigures
 
 
 class StatsBar(Static):
-    """Shows what the engine is doing: loading, writing (live figures), or the last reply."""
+    """Shows what the engine is doing: loading, writing (live figures), or the last reply.
+
+    One line high, so an update repaints that line and never lays the screen out.
+    """
+
+    DEFAULT_CSS = """
+    StatsBar {
+        height: 1;
+    }
+    """
 
     def show_status(self, text: str) -> None:
         """A plain status line (loading, ready, an error)."""
-        self.update(text)
+        self.update(text, layout=False)
 
     def show_live(self, figures: ReplyFigures, rolling_tokens_per_second: float) -> None:
         """Figures while a reply is written; the rate is the rolling one, not per round."""
@@ -22,9 +31,10 @@ class StatsBar(Static):
             f"accepted {figures.acceptance_rate:.0%} · "
             f"mean accepted length {figures.mean_accepted_length:.2f} · "
             f"K={figures.draft_length} {drafter} · "
-            f"est. speedup {figures.estimated_speedup:.2f}x"
+            f"est. speedup {figures.estimated_speedup:.2f}x",
+            layout=False,
         )
 
     def show_final(self, figures: ReplyFigures) -> None:
         """The finished reply's figures (whole-reply decode rate)."""
-        self.update(f"last reply: {figures.summary()}")
+        self.update(f"last reply: {figures.summary()}", layout=False)
