@@ -427,3 +427,151 @@ def test_full_vocabulary_samples_follow_the_softmax() -> None:
     expected /= expected.sum()
     bound = 0.5 * math.sqrt(4 / n) + math.sqrt(math.log(1e6) / (2 * n))
     assert 0.5 * np.abs(counts - expected).sum() <= bound
+
+
+# -- the first try: tokens near the row's maximum ---------------------------------------
+#
+# An LLM's rows are peaked: the likeliest token stands ~25-30 logits above the bulk of
+# the vocabulary (measured on the starter pair), so distribution() first takes the
+# tokens within T * _NEAR_TOP_NATS of the maximum and bounds everything below. These
+# rows drive each way out of that path; every result must equal the full-sort reference.
+
+
+def peaked_row(rng: np.random.Generator, runner_up_gaps: list[float]) -> np.ndarray:
+    """A starter-pair-like row: a broad tail, a top token 28 above it, runners-up below."""
+    row = (rng.standard_normal(QWEN_VOCAB) * 2.4).astype(np.float32)
+    tokens = rng.choice(QWEN_VOCAB, size=1 + len(runner_up_gaps), replace=False)
+    row[tokens[0]] = 28.0
+    row[tokens[1:]] = 28.0 - np.asarray(runner_up_gaps, dtype=np.float32)
+    return row
+
+
+def record_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[object]:
+    """What each call of one of sampling's private functions returned."""
+    results: list[object] = []
+    real = getattr(sampling, name)
+
+    def recording(*args: object, **kwargs: object) -> object:
+        results.append(real(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(sampling, name, recording)
+    return results
+
+
+PEAKED_PARAMS = [
+    SamplingParams(temperature=0.7, top_p=0.95),
+    SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05),
+    SamplingParams(temperature=1.0, top_p=0.9),
+    SamplingParams(temperature=0.7, top_k=5, top_p=0.99),
+    SamplingParams(temperature=1.0, min_p=0.05),
+    SamplingParams(temperature=0.7, top_p=0.999, min_p=0.01),
+]
+
+
+@pytest.mark.parametrize(
+    "params",
+    PEAKED_PARAMS,
+    ids=["openai", "chat_defaults", "top_p_0.9", "top_k_top_p", "min_p", "wide"],
+)
+def test_peaked_rows_are_filtered_near_the_top_like_the_full_sort(
+    params: SamplingParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    near_top = record_calls(monkeypatch, "_near_top")
+    rng = np.random.default_rng(31)
+    checked = 0
+    for gaps in ([], [0.5], [1.0, 2.0, 3.0], [0.1, 0.2, 4.0, 6.0, 9.0], [3.0] * 12):
+        # (Top-k alone is not here: it wants every one of its k tokens, and with fewer
+        # near the top it takes the general path, see
+        # test_a_top_k_set_reaching_below_the_cut_takes_the_general_path.)
+        for _ in range(2):
+            row = peaked_row(rng, gaps)
+            if near_a_threshold(row, params):
+                continue
+            got = distribution(row, params)
+            assert_same_filtering(got, row, params)
+            checked += 1
+    assert checked >= 8
+    assert len(near_top) == checked and None not in near_top, "all settled near the top"
+
+
+def test_a_top_token_that_alone_reaches_top_p_is_the_whole_nucleus() -> None:
+    row = peaked_row(np.random.default_rng(32), [6.0, 7.0])
+    params = SamplingParams(temperature=0.7, top_p=0.95)
+    got = distribution(row, params)
+    np.testing.assert_array_equal(got.ids, [int(np.argmax(row))])
+    np.testing.assert_array_equal(got.probs, [1.0])
+    assert_same_filtering(got, row, params)
+
+
+def test_tied_top_tokens_keep_the_first_when_one_reaches_top_p() -> None:
+    row = peaked_row(np.random.default_rng(33), [0.0, 9.0])  # two tokens tie at the top
+    tied = np.flatnonzero(row == row.max())
+    assert tied.size == 2
+    got = distribution(row, SamplingParams(temperature=0.7, top_p=0.4))
+    np.testing.assert_array_equal(got.ids, tied[:1])
+
+
+def test_a_flat_row_skips_the_near_top_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    general = record_calls(monkeypatch, "_upper_set")
+    row = llm_like_row(np.random.default_rng(34), 4.0)  # thousands within reach of the top
+    params = SamplingParams(temperature=0.7, top_p=0.95)
+    assert not near_a_threshold(row, params)
+    assert sampling._near_top(row, float(row.max()), 0.7, 0, 0.95, 0.0) is None
+    assert_same_filtering(distribution(row, params), row, params)
+    assert general, "the general path ran"
+
+
+def test_top_p_that_the_bound_cannot_decide_sums_the_tokens_below_the_cut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One token at the top; every other token just below the cut, weighing together
+    # about 1e-4 of it. With top_p between 1 / (1 + 1e-4) and 1 the bound cannot tell
+    # whether the top token alone reaches top_p; the true mass says it does not.
+    depth = 1.0 * sampling._NEAR_TOP_NATS
+    row = np.full(QWEN_VOCAB, 10.0 - depth - 0.01, dtype=np.float32)
+    row[77] = 10.0
+    rest = float(np.exp(np.float64(row[0]) - 10.0)) * (QWEN_VOCAB - 1)
+    params = SamplingParams(temperature=1.0, top_p=1.0 / (1.0 + rest / 2))
+    passes = record_calls(monkeypatch, "_row_mass")
+    got = distribution(row, params)
+    assert passes, "the rest of the row was summed"
+    assert got.ids.size > 1 and 77 in got.ids.tolist()
+    assert_same_filtering(got, row, params)
+    # Where the true mass settles it the other way, the top token is kept alone.
+    alone = distribution(row, SamplingParams(temperature=1.0, top_p=1.0 / (1.0 + 2 * rest)))
+    np.testing.assert_array_equal(alone.ids, [77])
+
+
+def test_a_top_k_set_reaching_below_the_cut_takes_the_general_path() -> None:
+    row = peaked_row(np.random.default_rng(35), [1.0])  # two tokens near the top
+    for params in (
+        SamplingParams(temperature=0.7, top_k=40),  # all 40 are wanted
+        SamplingParams(temperature=0.7, top_k=40, top_p=0.999999999),
+    ):
+        assert sampling._near_top(row, float(row.max()), 0.7, 40, params.top_p, 0.0) is None
+        got = distribution(row, params)
+        assert_same_filtering(got, row, params)
+    # With min-p every token below the cut is dropped anyway: settled near the top.
+    params = SamplingParams(temperature=0.7, top_k=40, min_p=0.01)
+    assert sampling._near_top(row, float(row.max()), 0.7, 40, 1.0, 0.01) is not None
+    assert_same_filtering(distribution(row, params), row, params)
+
+
+def test_a_nucleus_reaching_below_the_cut_is_settled_near_the_top_only_by_min_p() -> None:
+    # Three tokens near the top; the rest, tied just below the cut, hold ~1e-4 of the
+    # mass, so a top_p of 1 - 1e-6 needs some of them.
+    row = np.full(QWEN_VOCAB, 10.0 - sampling._NEAR_TOP_NATS - 0.01, dtype=np.float32)
+    row[[5, 6, 7]] = [10.0, 9.0, 7.5]
+    wide = 1.0 - 1e-6
+    assert sampling._near_top(row, 10.0, 1.0, 0, wide, 0.0) is None
+    got = distribution(row, SamplingParams(temperature=1.0, top_p=wide))
+    # Which of the tied tokens reach top_p is within rounding (each holds < 1e-9), so
+    # only the shape of the answer is checked here.
+    assert {5, 6, 7} < set(got.ids.tolist()) and got.ids.size < QWEN_VOCAB
+    # min-p then drops every token below the cut, wherever the nucleus ends: exact.
+    assert sampling._near_top(row, 10.0, 1.0, 0, wide, 0.01) is not None
+    params = SamplingParams(temperature=1.0, top_p=wide, min_p=0.01)
+    got = distribution(row, params)
+    np.testing.assert_array_equal(got.ids, [5, 6, 7])
+    assert_same_filtering(got, row, params)
