@@ -252,7 +252,7 @@ def _near_top(
     if top_p < 1.0:
         # Most of an LLM's rows: the most likely token (weight 1) alone reaches top_p
         # whatever lies below the cut. Ties: the first, as the sort below would keep.
-        if 1.0 >= top_p * (float(weights.sum()) + below):
+        if top_p * (float(weights.sum()) + below) <= 1.0:
             return SparseDistribution.point(int(ids[np.argmax(values)]))
         found = _nucleus_in(ids, weights, top_p, (0.0, below))
         if found is _UNDECIDED and not top_k:

@@ -31,7 +31,16 @@ from pathlib import Path
 SETTINGS = {
     "T0": ["--temperature", "0"],
     "T0.7 top_p .95": ["--temperature", "0.7", "--top-p", "0.95", "--top-k", "0", "--min-p", "0"],
-    "chat defaults": ["--temperature", "0.7", "--top-p", "0.95", "--top-k", "40", "--min-p", "0.05"],
+    "chat defaults": [
+        "--temperature",
+        "0.7",
+        "--top-p",
+        "0.95",
+        "--top-k",
+        "40",
+        "--min-p",
+        "0.05",
+    ],
 }
 MODES = {
     "plain": ["--drafter", "none"],
@@ -128,9 +137,11 @@ def main() -> None:
                         flush=True,
                     )
 
-    print(f"host ms per generated token, median of {args.repeats} ({args.pair}, "
-          f"{args.max_tokens} tokens); tok/s; load average during the runs")
-    print(f"{'mode':<17} {'setting':<15} " + " ".join(f"{str(tree):>40}" for tree in trees))
+    print(
+        f"host ms per generated token, median of {args.repeats} ({args.pair}, "
+        f"{args.max_tokens} tokens); tok/s; load average during the runs"
+    )
+    print(f"{'mode':<17} {'setting':<15} " + " ".join(f"{tree!s:>40}" for tree in trees))
     for mode in modes:
         for setting in settings:
             cells = []
