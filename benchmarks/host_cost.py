@@ -28,19 +28,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+# temperature, top_p, top_k, min_p
 SETTINGS = {
-    "T0": ["--temperature", "0"],
-    "T0.7 top_p .95": ["--temperature", "0.7", "--top-p", "0.95", "--top-k", "0", "--min-p", "0"],
-    "chat defaults": [
-        "--temperature",
-        "0.7",
-        "--top-p",
-        "0.95",
-        "--top-k",
-        "40",
-        "--min-p",
-        "0.05",
-    ],
+    "T0": ("0", "1", "0", "0"),
+    "T0.7 top_p .95": ("0.7", "0.95", "0", "0"),
+    "chat defaults": ("0.7", "0.95", "40", "0.05"),
 }
 MODES = {
     "plain": ["--drafter", "none"],
@@ -65,6 +57,12 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+def sampling_flags(setting: str) -> list[str]:
+    """``generate``'s sampling options for a named setting."""
+    temperature, top_p, top_k, min_p = SETTINGS[setting]
+    return ["--temperature", temperature, "--top-p", top_p, "--top-k", top_k, "--min-p", min_p]
+
+
 def run_once(tree: Path, args: argparse.Namespace, mode: str, setting: str) -> Run:
     """One ``generate --json`` in ``tree``; its statistics."""
     command = [
@@ -82,7 +80,7 @@ def run_once(tree: Path, args: argparse.Namespace, mode: str, setting: str) -> R
         "--prompt",
         args.prompt,
         *MODES[mode],
-        *SETTINGS[setting],
+        *sampling_flags(setting),
     ]
     environment = dict(os.environ, PYTHONPATH=str(tree))
     load = load_average()
