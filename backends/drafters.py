@@ -26,7 +26,13 @@ import numpy as np
 from backends.base import Model
 from backends.constraints import GrammarState, mask_logits
 from backends.penalties import TokenCounts
-from backends.sampling import SamplingParams, SparseDistribution, distribution, greedy_token
+from backends.sampling import (
+    SamplingParams,
+    SparseDistribution,
+    distribution,
+    greedy_token,
+    top_token_probability,
+)
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,15 @@ class Drafter(Protocol):
 def common_prefix_length(left: Sequence[int], right: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     limit = min(len(left), len(right))
-    if list(left[:limit]) == list(right[:limit]):
+    # One comparison of the whole prefix settles the usual case (a context that grew
+    # by appends); slices only where a sequence is longer, lists compared as lists.
+    head_left = left if len(left) == limit else left[:limit]
+    head_right = right if len(right) == limit else right[:limit]
+    if type(head_left) is type(head_right):
+        same = head_left == head_right
+    else:
+        same = list(head_left) == list(head_right)
+    if same:
         return limit
     index = 0
     while index < limit and left[index] == right[index]:
@@ -166,7 +180,7 @@ class ModelDrafter:
             if params.greedy:
                 token = greedy_token(row)
                 wanted = self.min_confidence > 0 or self.record_confidence
-                confidence = _greedy_confidence(row) if wanted else 1.0
+                confidence = top_token_probability(row, token) if wanted else 1.0
             else:
                 q = distribution(row, params)
                 token = q.sample(rng)
@@ -203,16 +217,6 @@ class ModelDrafter:
             step_seconds=sum(step_times) / len(step_times) if step_times else None,
             runtime_seconds=runtime_seconds,
         )
-
-
-def _greedy_confidence(row: np.ndarray) -> float:
-    """Softmax probability of the argmax token (one pass over the row).
-
-    In float32, which numpy sums pairwise: a tenth of a bin's width is plenty, and a
-    float64 copy of a 150k-token row would cost a good share of a GPU draft step.
-    """
-    top = row.max()
-    return float(1.0 / np.exp(row - top).sum(dtype=np.float32))
 
 
 class NgramIndex:

@@ -132,11 +132,14 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
     if not top_k and top_p >= 1.0 and min_p == 0.0:
         return _full_softmax(row, temperature)
 
-    top = row.max()
-    near = _near_top(row, float(top), temperature, top_k, top_p, min_p)
-    if near is not None:
-        return near
+    # Top-k alone wants all k tokens, usually more than lie near the top; min-p alone
+    # has a tighter cut of its own (below). Everything with top-p starts near the top.
+    if top_p < 1.0:
+        near = _near_top(row, temperature, top_k, top_p, min_p)
+        if near is not None:
+            return near
 
+    top = row.max()
     if top_k:
         # The k most likely tokens, then the old full-row arithmetic on those k.
         ids = _top_k_ids(row, top_k)
@@ -195,39 +198,31 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
 
 
 def _near_top(
-    row: np.ndarray, top: float, temperature: float, top_k: int, top_p: float, min_p: float
+    row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
 ) -> SparseDistribution | None:
-    """The filtered distribution from the tokens near the row's maximum, or None.
+    """The filtered distribution (with top-p, ``top_p < 1``) from the tokens near the
+    row's maximum, or None.
 
-    The candidates are every token whose logit reaches ``top - T * _NEAR_TOP_NATS``:
-    each token below weighs less than ``_NEAR_TOP_WEIGHT`` relative to the most likely
-    one (on a 151,936-token vocabulary all of them together at most 1e-4 of it). That
-    bounds what
-    the filters could take from below the cut: top-k either lies among the
-    candidates or reaches below them (the rest of its set is bounded by the same
-    weight per token), top-p is decided when the bound cannot move the nucleus
-    (else one float32 pass sums the rest exactly, as :func:`_outside_mass` does), and
-    min-p drops every token below the cut whenever ``min_p`` exceeds that weight.
+    The candidates hold every token whose logit reaches ``top - T * _NEAR_TOP_NATS``
+    (:func:`_near_top_candidates`): each token below their cut weighs less than
+    ``_NEAR_TOP_WEIGHT`` relative to the most likely one (on a 151,936-token
+    vocabulary all of them together at most 1e-4 of it). That bounds what the filters
+    could take from below the cut: top-k either lies among the candidates or reaches
+    below them (the rest of its set is bounded by the same weight per token), top-p is
+    decided when the bound cannot move the nucleus (else one float32 pass sums the
+    rest exactly, as :func:`_outside_mass` does), and min-p drops every token below
+    the cut whenever ``min_p`` exceeds that weight.
     None whenever the candidates do not settle the result (a flat row with too many
-    of them, a top-k or top-p set reaching below the cut that min-p does not cut off);
+    of them, a nucleus reaching below the cut that min-p does not cut off);
     the caller then takes the general path. Equal rows give equal results either
     way, and the same function serves plain and speculative decoding alike.
     """
-    if not math.isfinite(top):
-        return None  # NaN, or +inf: the general path handles what there is to handle
-    n_vocab = row.shape[0]
-    # Rounded to float32 as the comparison with the row is; the bound uses that value.
-    cut = np.float32(top - temperature * _NEAR_TOP_NATS)
-    if n_vocab > _SAMPLE_SIZE:
-        # A flat row would pass thousands: a strided sample says so for ~1% of a pass.
-        stride = n_vocab // _SAMPLE_SIZE
-        if np.count_nonzero(row[::stride] >= cut) * stride > 2 * _NEAR_TOP_LIMIT:
-            return None
-    ids = np.flatnonzero(row >= cut)
-    count = ids.size
-    if count > _NEAR_TOP_LIMIT:
+    near = _near_top_candidates(row, temperature)
+    if near is None:
         return None
-    values = row[ids]
+    ids, values, top, cut = near
+    n_vocab = row.shape[0]
+    count = ids.size
     top_scaled = top / temperature
     weights = values.astype(np.float64)
     weights /= temperature
@@ -236,37 +231,82 @@ def _near_top(
     # Every token below the cut weighs less than this (computed the way ``weights``
     # are, plus a margin for the last bit of rounding).
     each_below = math.exp(float(cut) / temperature - top_scaled) * (1.0 + _BOUND_MARGIN)
-    min_p_cuts_below = min_p > each_below  # the top token weighs 1 and always survives
-    if top_k:
-        if count >= top_k:
-            if count > top_k:
-                keep = np.argpartition(values, count - top_k)[count - top_k :]
-                ids, values, weights = ids[keep], values[keep], weights[keep]
-            below = 0.0  # the top-k set lies among the candidates
-        elif top_p >= 1.0 and not min_p_cuts_below:
-            return None  # the whole top-k set is wanted, part of it below the cut
-        else:
-            below = (top_k - count) * each_below
+    if top_k and count >= top_k:
+        if count > top_k:
+            keep = np.argpartition(values, count - top_k)[count - top_k :]
+            ids, values, weights = ids[keep], values[keep], weights[keep]
+        below = 0.0  # the top-k set lies among the candidates
     else:
-        below = (n_vocab - count) * each_below
-    if top_p < 1.0:
-        # Most of an LLM's rows: the most likely token (weight 1) alone reaches top_p
-        # whatever lies below the cut. Ties: the first, as the sort below would keep.
-        if top_p * (float(weights.sum()) + below) <= 1.0:
-            return SparseDistribution.point(int(ids[np.argmax(values)]))
-        found = _nucleus_in(ids, weights, top_p, (0.0, below))
-        if found is _UNDECIDED and not top_k:
-            outside = _outside_mass(row, top, temperature, ids)
-            found = _nucleus_in(ids, weights, top_p, (outside, outside))
-        if isinstance(found, tuple):
-            ids, weights = found
-        elif found is not _BEYOND or not min_p_cuts_below:
-            return None
-        # _BEYOND with min-p cutting below: the nucleus holds every candidate and
-        # tokens below the cut, which min-p then drops; it decides alone.
-    elif below > 0.0 and not min_p_cuts_below:
+        # The rest of the top-k set, or of the row, lies below the cut.
+        below = ((top_k or n_vocab) - count) * each_below
+    # Most of an LLM's rows: the most likely token (weight 1) alone reaches top_p
+    # whatever lies below the cut. Ties: the first, as the sort below would keep.
+    if top_p * (float(weights.sum()) + below) <= 1.0:
+        return SparseDistribution.point(int(ids[np.argmax(values)]))
+    found = _nucleus_in(ids, weights, top_p, (0.0, below))
+    if found is _UNDECIDED and not top_k:
+        outside = _outside_mass(row, top, temperature, ids)
+        found = _nucleus_in(ids, weights, top_p, (outside, outside))
+    if isinstance(found, tuple):
+        ids, weights = found
+    elif found is not _BEYOND or not min_p > each_below:
         return None
+    # _BEYOND with min-p cutting below: the nucleus holds every candidate and tokens
+    # below the cut, which min-p then drops (the top token weighs 1 and always
+    # survives); min-p decides alone.
     return _finish(ids, weights, min_p)
+
+
+def _near_top_candidates(
+    row: np.ndarray, temperature: float
+) -> tuple[np.ndarray, np.ndarray, float, np.float32] | None:
+    """Every token within ``T * _NEAR_TOP_NATS`` of the row's maximum, maybe a few more.
+
+    Returns their ids (ascending), their logits, the maximum and the cut: every token
+    left out lies below the cut. None for a row with more than ``_NEAR_TOP_LIMIT``
+    such tokens (or a maximum that is not finite).
+
+    On a large row the maximum is not looked for first: a strided sample's maximum is
+    a cut that the true one reaches, and on an LLM's peaked row the top token stands
+    so far above the rest that this cut already lies below ``top - T * _NEAR_TOP_NATS``.
+    Then the tokens above it (about one per stride) hold the maximum and every token
+    near it, and one comparison over the row does the work of two. Otherwise the row
+    is compared again at the right cut.
+    """
+    n_vocab = row.shape[0]
+    depth = temperature * _NEAR_TOP_NATS
+    if n_vocab <= _SAMPLE_SIZE:
+        top = float(row.max())
+        if not math.isfinite(top):
+            return None
+        cut = np.float32(top - depth)
+        ids = np.flatnonzero(row >= cut)
+        return ids, row[ids], top, cut
+    stride = n_vocab // _SAMPLE_SIZE
+    sample = row[::stride]
+    guess = sample.max()
+    if not np.isfinite(guess):
+        return None  # NaN, +inf, or a sample the grammar masked: the general path
+    ids = np.flatnonzero(row >= guess)
+    if ids.size <= _NEAR_TOP_LIMIT:
+        values = row[ids]
+        top = float(values.max())
+    else:
+        top = float(row.max())  # a row that is flat (or tied) up to the sample's top
+    if not math.isfinite(top):
+        return None
+    # Rounded to float32 as the comparison with the row is; the bound uses that value.
+    cut = np.float32(top - depth)
+    if guess <= cut and ids.size <= _NEAR_TOP_LIMIT:
+        return ids, values, top, guess
+    # A flatter row: the sample's maximum lies close to the top. Many tokens may lie
+    # within reach of it; the sample says whether too many, for ~1% of a pass.
+    if np.count_nonzero(sample >= cut) * stride > 2 * _NEAR_TOP_LIMIT:
+        return None
+    ids = np.flatnonzero(row >= cut)
+    if ids.size > _NEAR_TOP_LIMIT:
+        return None
+    return ids, row[ids], top, cut
 
 
 def log_normaliser(logits_row: np.ndarray) -> float:
@@ -281,6 +321,29 @@ def log_normaliser(logits_row: np.ndarray) -> float:
     if row.shape[0] <= _SAMPLE_SIZE:
         return top + math.log(float(np.exp(row.astype(np.float64) - top).sum()))
     return top + math.log(_row_mass(row, top, 1.0))
+
+
+def top_token_probability(logits_row: np.ndarray, token: int) -> float:
+    """Softmax probability (temperature 1) of ``token``, the row's argmax, to within 0.1%.
+
+    A drafter's confidence in its greedy token, not a sampling decision: only the
+    tokens within ``_CONFIDENCE_NATS`` of the top are summed (one comparison over the
+    row, then a few hundred exponentials). Every token below weighs less than
+    1e-3 / 151,936 of the top one, so together they could lower the probability by at
+    most 0.1% on such a vocabulary; the confidence floor works in tenths. A flat row,
+    with most of the vocabulary that close, is summed whole in one float32 pass into
+    the reused buffer instead (:func:`_row_mass`).
+    """
+    row = np.asarray(logits_row)
+    top = row[token]
+    cut = top - _CONFIDENCE_NATS
+    size = row.shape[0]
+    if size > _SAMPLE_SIZE:
+        stride = size // _SAMPLE_SIZE
+        if np.count_nonzero(row[::stride] >= cut) * stride > _CONFIDENCE_NEAR_LIMIT:
+            return 1.0 / _row_mass(row, float(top), 1.0)
+    near = row[np.flatnonzero(row >= cut)]  # faster than indexing with the mask
+    return float(1.0 / np.exp(near - top).sum(dtype=np.float64))
 
 
 def top_ids(values: np.ndarray, count: int) -> np.ndarray:
@@ -354,6 +417,11 @@ _TINY = 1e-300
 _NEAR_TOP_WEIGHT = 1e-4 / 151_936
 _NEAR_TOP_NATS = -math.log(_NEAR_TOP_WEIGHT)
 _NEAR_TOP_LIMIT = 8192
+# top_token_probability leaves out tokens this far below the top (temperature 1): on
+# a 151,936-token vocabulary they hold at most 0.1% of the top's weight. Above
+# _CONFIDENCE_NEAR_LIMIT tokens that close, one pass over the row is cheaper.
+_CONFIDENCE_NATS = np.float32(math.log(151_936 / 1e-3))
+_CONFIDENCE_NEAR_LIMIT = 16_384
 # Large distributions are sampled block by block (see _inverse_cdf).
 _SAMPLE_BLOCK = 1024
 
@@ -445,7 +513,8 @@ def _row_mass(row: np.ndarray, top: float, temperature: float) -> float:
     """
     buffer = _float32_buffer(row.shape[0])
     np.subtract(row, top, out=buffer, casting="unsafe")
-    np.multiply(buffer, np.float32(1.0 / temperature), out=buffer)
+    if temperature != 1.0:
+        np.multiply(buffer, np.float32(1.0 / temperature), out=buffer)
     np.exp(buffer, out=buffer)
     return float(buffer.sum(dtype=np.float64))
 

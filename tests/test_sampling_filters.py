@@ -464,7 +464,6 @@ PEAKED_PARAMS = [
     SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05),
     SamplingParams(temperature=1.0, top_p=0.9),
     SamplingParams(temperature=0.7, top_k=5, top_p=0.99),
-    SamplingParams(temperature=1.0, min_p=0.05),
     SamplingParams(temperature=0.7, top_p=0.999, min_p=0.01),
 ]
 
@@ -472,7 +471,7 @@ PEAKED_PARAMS = [
 @pytest.mark.parametrize(
     "params",
     PEAKED_PARAMS,
-    ids=["openai", "chat_defaults", "top_p_0.9", "top_k_top_p", "min_p", "wide"],
+    ids=["openai", "chat_defaults", "top_p_0.9", "top_k_top_p", "wide_with_min_p"],
 )
 def test_peaked_rows_are_filtered_near_the_top_like_the_full_sort(
     params: SamplingParams, monkeypatch: pytest.MonkeyPatch
@@ -481,9 +480,8 @@ def test_peaked_rows_are_filtered_near_the_top_like_the_full_sort(
     rng = np.random.default_rng(31)
     checked = 0
     for gaps in ([], [0.5], [1.0, 2.0, 3.0], [0.1, 0.2, 4.0, 6.0, 9.0], [3.0] * 12):
-        # (Top-k alone is not here: it wants every one of its k tokens, and with fewer
-        # near the top it takes the general path, see
-        # test_a_top_k_set_reaching_below_the_cut_takes_the_general_path.)
+        # (Filters without top-p are not here: top-k alone wants every one of its k
+        # tokens, min-p alone has a cut of its own; both take the general path.)
         for _ in range(2):
             row = peaked_row(rng, gaps)
             if near_a_threshold(row, params):
@@ -517,7 +515,7 @@ def test_a_flat_row_skips_the_near_top_pass(monkeypatch: pytest.MonkeyPatch) -> 
     row = llm_like_row(np.random.default_rng(34), 4.0)  # thousands within reach of the top
     params = SamplingParams(temperature=0.7, top_p=0.95)
     assert not near_a_threshold(row, params)
-    assert sampling._near_top(row, float(row.max()), 0.7, 0, 0.95, 0.0) is None
+    assert sampling._near_top(row, 0.7, 0, 0.95, 0.0) is None
     assert_same_filtering(distribution(row, params), row, params)
     assert general, "the general path ran"
 
@@ -543,18 +541,15 @@ def test_top_p_that_the_bound_cannot_decide_sums_the_tokens_below_the_cut(
     np.testing.assert_array_equal(alone.ids, [77])
 
 
-def test_a_top_k_set_reaching_below_the_cut_takes_the_general_path() -> None:
+def test_a_top_k_set_reaching_below_the_cut_bounds_the_rest_of_it() -> None:
     row = peaked_row(np.random.default_rng(35), [1.0])  # two tokens near the top
-    for params in (
-        SamplingParams(temperature=0.7, top_k=40),  # all 40 are wanted
-        SamplingParams(temperature=0.7, top_k=40, top_p=0.999999999),
-    ):
-        assert sampling._near_top(row, float(row.max()), 0.7, 40, params.top_p, 0.0) is None
-        got = distribution(row, params)
-        assert_same_filtering(got, row, params)
-    # With min-p every token below the cut is dropped anyway: settled near the top.
-    params = SamplingParams(temperature=0.7, top_k=40, min_p=0.01)
-    assert sampling._near_top(row, float(row.max()), 0.7, 40, 1.0, 0.01) is not None
+    # top_p so close to 1 that the bound on the 38 below the cut cannot settle it.
+    params = SamplingParams(temperature=0.7, top_k=40, top_p=1.0 - 1e-15)
+    assert sampling._near_top(row, 0.7, 40, params.top_p, 0.0) is None
+    assert_same_filtering(distribution(row, params), row, params)
+    # With top_p 0.95 the bound on the 38 below the cut settles it near the top.
+    params = SamplingParams(temperature=0.7, top_k=40, top_p=0.95)
+    assert sampling._near_top(row, 0.7, 40, 0.95, 0.0) is not None
     assert_same_filtering(distribution(row, params), row, params)
 
 
@@ -564,13 +559,13 @@ def test_a_nucleus_reaching_below_the_cut_is_settled_near_the_top_only_by_min_p(
     row = np.full(QWEN_VOCAB, 10.0 - sampling._NEAR_TOP_NATS - 0.01, dtype=np.float32)
     row[[5, 6, 7]] = [10.0, 9.0, 7.5]
     wide = 1.0 - 1e-6
-    assert sampling._near_top(row, 10.0, 1.0, 0, wide, 0.0) is None
+    assert sampling._near_top(row, 1.0, 0, wide, 0.0) is None
     got = distribution(row, SamplingParams(temperature=1.0, top_p=wide))
     # Which of the tied tokens reach top_p is within rounding (each holds < 1e-9), so
     # only the shape of the answer is checked here.
     assert {5, 6, 7} < set(got.ids.tolist()) and got.ids.size < QWEN_VOCAB
     # min-p then drops every token below the cut, wherever the nucleus ends: exact.
-    assert sampling._near_top(row, 10.0, 1.0, 0, wide, 0.01) is not None
+    assert sampling._near_top(row, 1.0, 0, wide, 0.01) is not None
     params = SamplingParams(temperature=1.0, top_p=wide, min_p=0.01)
     got = distribution(row, params)
     np.testing.assert_array_equal(got.ids, [5, 6, 7])
