@@ -34,6 +34,7 @@ from backends.constraints import GrammarState, mask_logits
 from backends.drafters import EMPTY_PROPOSAL, Drafter, DraftProposal, common_prefix_length
 from backends.errors import ContextOverflowError
 from backends.penalties import TokenCounts
+from backends.rows import LogitRows, forward_rows
 from backends.sampling import (
     SamplingParams,
     SparseDistribution,
@@ -489,7 +490,7 @@ def speculative_generate(
         verify_started = time.perf_counter()
 
         base = len(target.cached_tokens)
-        logits = target.forward([context[-1], *drafts])
+        rows = forward_rows(target, [context[-1], *drafts])
         stats.runtime_seconds += time.perf_counter() - verify_started
         stats.target_passes += 1
         stats.draft_passes += proposal.passes
@@ -504,34 +505,34 @@ def speculative_generate(
         if greedy:
             # Only the argmax of each row, and only of rows up to the first mismatch.
             for position, draft_token in enumerate(drafts):
-                if _greedy_under(logits[position], constraint, penalties) != draft_token:
+                if _greedy_under(rows, position, constraint, penalties) != draft_token:
                     break
                 accepted += 1
                 emitted.append(draft_token)
                 from_draft.append(True)
                 if logprobs is not None:
+                    row = rows.row(position)
                     emitted_logprobs.append(
-                        _raw_logprob(logits[position], constraint, penalties, draft_token, logprobs)
+                        _raw_logprob(row, constraint, penalties, draft_token, logprobs)
                     )
                 _advance(constraint, penalties, draft_token, target)
                 if target.is_end_of_generation(draft_token):
                     hit_end = True
                     break
             if not hit_end:
-                emitted.append(_greedy_under(logits[accepted], constraint, penalties))
+                emitted.append(_greedy_under(rows, accepted, constraint, penalties))
                 from_draft.append(False)
                 if logprobs is not None:
+                    row = rows.row(accepted)
                     emitted_logprobs.append(
-                        _raw_logprob(logits[accepted], constraint, penalties, emitted[-1], logprobs)
+                        _raw_logprob(row, constraint, penalties, emitted[-1], logprobs)
                     )
                 _advance(constraint, penalties, emitted[-1], target)
         else:
             replacement: int | None = None
             p: SparseDistribution | None = None
-            row: np.ndarray | None = None  # p's row, penalised (not masked)
             for position, draft_token in enumerate(drafts):
-                row = _penalised(logits[position], penalties)
-                p = distribution(_masked(row, constraint), params)
+                p = _target_distribution(rows, position, params, constraint, penalties)
                 q = _draft_distribution(proposal, position, draft_token)
                 replacement = verify_draft_token(p, q, draft_token, rng)
                 if replacement is not None:
@@ -540,6 +541,7 @@ def speculative_generate(
                 emitted.append(draft_token)
                 from_draft.append(True)
                 if logprobs is not None:
+                    row = _penalised(rows.row(position), penalties)
                     emitted_logprobs.append(_sampled_logprob(p, row, draft_token, logprobs))
                 _advance(constraint, penalties, draft_token, target)
                 if target.is_end_of_generation(draft_token):
@@ -547,15 +549,15 @@ def speculative_generate(
                     break
             if not hit_end:
                 if replacement is None:
-                    row = _penalised(logits[accepted], penalties)
-                    p = distribution(_masked(row, constraint), params)
+                    p = _target_distribution(rows, accepted, params, constraint, penalties)
                     replacement = p.sample(rng)
                 # Else p is still this position's distribution (the rejected draft's):
                 # the token emitted here is distributed as p, whichever path chose it.
                 emitted.append(replacement)
                 from_draft.append(False)
                 if logprobs is not None:
-                    assert p is not None and row is not None
+                    assert p is not None
+                    row = _penalised(rows.row(accepted), penalties)
                     emitted_logprobs.append(_sampled_logprob(p, row, replacement, logprobs))
                 _advance(constraint, penalties, replacement, target)
 
@@ -757,14 +759,41 @@ def _masked(row: np.ndarray, constraint: GrammarState | None) -> np.ndarray:
 
 
 def _greedy_under(
-    row: np.ndarray, constraint: GrammarState | None, penalties: TokenCounts | None
+    rows: LogitRows, index: int, constraint: GrammarState | None, penalties: TokenCounts | None
 ) -> int:
-    """The argmax of the penalised ``row`` among the tokens the grammar allows here."""
-    row = _penalised(row, penalties)
+    """The argmax of the penalised row ``index`` among the tokens the grammar allows here.
+
+    Without penalties the runtime answers the argmax itself (on its device, if it
+    has one); the whole row is read only where the reply's penalties change it or the
+    grammar refuses that argmax.
+    """
+    if penalties is None:
+        token = rows.greedy(index)
+        if constraint is None or constraint.allows(token):
+            return token  # the unmasked argmax is allowed, so it is the masked one too
+        return greedy_token(_masked(rows.row(index), constraint))
+    row = _penalised(rows.row(index), penalties)
     token = greedy_token(row)
     if constraint is None or constraint.allows(token):
-        return token  # the unmasked argmax is allowed, so it is the masked one too
+        return token
     return greedy_token(_masked(row, constraint))
+
+
+def _target_distribution(
+    rows: LogitRows,
+    index: int,
+    params: SamplingParams,
+    constraint: GrammarState | None,
+    penalties: TokenCounts | None,
+) -> SparseDistribution:
+    """p at row ``index``: the target's row, penalised and masked, then filtered.
+
+    Without penalties or a grammar the runtime filters the row itself; plain and
+    speculative decoding both come here, so they sample the same p.
+    """
+    if penalties is None and constraint is None:
+        return rows.distribution(index, params)
+    return distribution(_masked(_penalised(rows.row(index), penalties), constraint), params)
 
 
 def _advance(

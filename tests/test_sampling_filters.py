@@ -570,3 +570,67 @@ def test_a_nucleus_reaching_below_the_cut_is_settled_near_the_top_only_by_min_p(
     got = distribution(row, params)
     np.testing.assert_array_equal(got.ids, [5, 6, 7])
     assert_same_filtering(got, row, params)
+
+
+# -- a row known by its top tokens (a runtime that filters on its device) -------------
+
+
+def top_of(row: np.ndarray, count: int, temperature: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """What a device brings back: the ``count`` largest logits and log-sum-exp at T."""
+    ids = np.argpartition(-row, count - 1)[:count]
+    scaled = row.astype(np.float64) / temperature
+    top = scaled.max()
+    return ids, row[ids], float(top + np.log(np.exp(scaled - top).sum()))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, top_p=0.95),
+        SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05),
+        SamplingParams(temperature=1.0, top_k=20),
+        SamplingParams(temperature=1.3, min_p=0.1),
+        SamplingParams(temperature=1.0, top_p=0.8, min_p=0.02),
+    ],
+    ids=["openai", "chat_defaults", "top_k", "min_p", "top_p_and_min_p"],
+)
+def test_a_row_known_by_its_top_64_filters_like_the_full_sort(params: SamplingParams) -> None:
+    rng = np.random.default_rng(41)
+    settled = 0
+    for gaps in ([], [0.5], [1.0, 2.0, 3.0], [0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5]):
+        row = peaked_row(rng, gaps)
+        if near_a_threshold(row, params):
+            continue
+        got = sampling.distribution_from_top(
+            *top_of(row, 64, params.temperature), QWEN_VOCAB, params
+        )
+        if got is not None:
+            assert_same_filtering(got, row, params)
+            settled += 1
+    assert settled >= 3
+
+
+def test_a_row_known_by_its_top_tokens_is_refused_where_they_cannot_settle_it() -> None:
+    row = llm_like_row(np.random.default_rng(42), 4.0)  # a nucleus of thousands
+    for params in (
+        SamplingParams(temperature=0.7, top_p=0.95),  # the nucleus reaches past 64
+        SamplingParams(temperature=0.7, top_k=100),  # top-k beyond the candidates
+        SamplingParams(temperature=0.7, min_p=0.0001),  # min-p keeps more than 64
+        SamplingParams(temperature=0.7),  # no filter: the whole row
+    ):
+        assert sampling.distribution_from_top(*top_of(row, 64, 0.7), QWEN_VOCAB, params) is None
+
+
+def test_the_rest_of_the_row_is_trusted_only_to_the_devices_precision() -> None:
+    # The top token alone holds just under top_p of the mass: a device sum off by more
+    # than its slack could decide it either way, so it is not decided on the device.
+    row = np.full(QWEN_VOCAB, -5.0, dtype=np.float32)
+    row[9] = 10.0
+    ids, values, log_mass = top_of(row, 64, 1.0)
+    share = float(np.exp(10.0 - log_mass))
+    near = SamplingParams(temperature=1.0, top_p=share * (1 + sampling._DEVICE_MASS_SLACK / 4))
+    assert sampling.distribution_from_top(ids, values, log_mass, QWEN_VOCAB, near) is None
+    clear = SamplingParams(temperature=1.0, top_p=share * (1 - 4 * sampling._DEVICE_MASS_SLACK))
+    got = sampling.distribution_from_top(ids, values, log_mass, QWEN_VOCAB, clear)
+    assert got is not None
+    np.testing.assert_array_equal(got.ids, [9])
