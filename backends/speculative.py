@@ -227,7 +227,11 @@ class RoundOutcome:
 
 
 class DraftPolicy(Protocol):
-    """Chooses the drafter and draft length for each round."""
+    """Chooses the drafter and draft length for each round.
+
+    A policy whose class sets ``LEARNS = False`` is not told about finished rounds
+    (``observe`` is not called): describing one costs host time every round.
+    """
 
     def begin(self, prompt_tokens: Sequence[int]) -> None:
         """A new generation starts."""
@@ -245,9 +249,13 @@ class DraftPolicy(Protocol):
 class FixedDraftPolicy:
     """Always the same drafter and K (K = 0 or no drafter: plain decoding)."""
 
+    # It learns nothing from a round, so the loop need not describe one to it.
+    LEARNS = False
+
     def __init__(self, drafter: Drafter | None, draft_length: int) -> None:
         self.drafter = drafter if draft_length > 0 else None
         self.draft_length = draft_length if drafter is not None else 0
+        self._plan = RoundPlan(self.drafter, self.draft_length)
 
     def begin(self, prompt_tokens: Sequence[int]) -> None:
         """Tell the drafter a new generation starts."""
@@ -255,8 +263,8 @@ class FixedDraftPolicy:
             self.drafter.begin(prompt_tokens)
 
     def plan(self, context: Sequence[int]) -> RoundPlan:
-        """The fixed choice."""
-        return RoundPlan(self.drafter, self.draft_length)
+        """The fixed choice (one plan, made once)."""
+        return self._plan
 
     def observe(self, outcome: RoundOutcome) -> None:
         """A fixed policy learns nothing."""
@@ -457,6 +465,7 @@ def speculative_generate(
     detokenizer = IncrementalDetokenizer(target)
     stop_filter = StopStringFilter(stop)
     greedy = params.greedy
+    learns = getattr(policy, "LEARNS", True)
     # The reply's token counts for presence/frequency penalties (None: both are 0).
     # Tokens join as they are committed, so row i of a verify sees the counts after
     # the accepted drafts before it, as a draft model drafting position i did.
@@ -584,18 +593,19 @@ def speculative_generate(
             stats.drafted += judged
             stats.accepted += guessed_accepted
             stats.record_accepted_length(guessed_accepted)
-        policy.observe(
-            RoundOutcome(
-                drafter=guesser,
-                drafted=judged,
-                accepted=guessed_accepted,
-                verify_seconds=verify_seconds,
-                emitted=len(emitted),
-                draft_confidences=tuple(proposal.top_probs[:judged]),
-                draft_step_seconds=proposal.step_seconds,
-                other_verified=len(drafts) - judged,
+        if learns:
+            policy.observe(
+                RoundOutcome(
+                    drafter=guesser,
+                    drafted=judged,
+                    accepted=guessed_accepted,
+                    verify_seconds=verify_seconds,
+                    emitted=len(emitted),
+                    draft_confidences=tuple(proposal.top_probs[:judged]),
+                    draft_step_seconds=proposal.step_seconds,
+                    other_verified=len(drafts) - judged,
+                )
             )
-        )
 
         segments: list[TextSegment] = []
         finish: str | None = None
