@@ -307,6 +307,10 @@ class MlxModel:
 
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
         """Evaluate ``tokens`` in one pass; return float32 logits, one row per token."""
+        return np.array(self._device_logits(tokens, last_only=last_only), copy=False)
+
+    def _device_logits(self, tokens: Sequence[int], *, last_only: bool) -> mx.array:
+        """The forward pass's float32 logits, evaluated, still on the device."""
         count = len(tokens)
         if count == 0:
             raise ValueError("forward needs at least one token")
@@ -316,7 +320,7 @@ class MlxModel:
             tokens = tokens[-1:]
         logits = self._run(tokens)[0].astype(mx.float32)
         mx.eval(logits, [layer.state for layer in self._cache])
-        return np.array(logits, copy=False)
+        return logits
 
     def forward_rows(self, tokens: Sequence[int], *, last_only: bool = False) -> LogitRows:
         """Like :meth:`forward`, with the logits left on the device when sampling runs there.
@@ -327,16 +331,7 @@ class MlxModel:
         """
         if not self.device_sampling:
             return HostRows(self.forward(tokens, last_only=last_only))
-        count = len(tokens)
-        if count == 0:
-            raise ValueError("forward needs at least one token")
-        self._check_room(count)
-        if last_only and count > 1:
-            self.prefill(tokens[:-1])
-            tokens = tokens[-1:]
-        logits = self._run(tokens)[0].astype(mx.float32)
-        mx.eval(logits, [layer.state for layer in self._cache])
-        return MlxRows(logits)
+        return MlxRows(self._device_logits(tokens, last_only=last_only))
 
     def rollback(self, n_keep: int) -> None:
         """Forget cached positions from ``n_keep`` on, by trimming mlx-lm's prompt cache."""
