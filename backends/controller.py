@@ -27,7 +27,6 @@ token falls below a floor learned from what the target accepted (:class:`Confide
 from __future__ import annotations
 
 import bisect
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -83,6 +82,9 @@ class CostModel:
         if 1 not in self.target_seconds:
             raise ValueError("the cost model needs the time of a 1-token forward")
         self._sizes = sorted(self.target_seconds)
+        self._table: list[float] = []
+        # Bumped by every observation, so what was derived from the costs is redone.
+        self.version = 0
 
     def verify(self, batch: int) -> float:
         """Estimated seconds for a target forward of ``batch`` tokens."""
@@ -101,6 +103,13 @@ class CostModel:
         slope = (times[high] - times[low]) / (high - low)
         return max(times[low] + slope * (batch - low), times[1])
 
+    def verify_table(self, largest: int) -> list[float]:
+        """``verify(batch)`` at index ``batch`` for every batch up to ``largest`` (index 0
+        unused), kept until the next observation: the controller reads it every round."""
+        if len(self._table) <= largest:
+            self._table = [0.0] + [self.verify(batch) for batch in range(1, largest + 1)]
+        return self._table
+
     def observe_verify(self, batch: int, seconds: float) -> None:
         """Refine the estimate for ``batch`` with a measured forward."""
         previous = self.target_seconds.get(batch)
@@ -109,6 +118,8 @@ class CostModel:
         )
         if previous is None:
             self._sizes = sorted(self.target_seconds)
+        self._table = []
+        self.version += 1
 
     def observe_draft_step(self, seconds: float) -> None:
         """Refine the per-step cost of the draft model."""
@@ -116,6 +127,7 @@ class CostModel:
         self.draft_step_seconds = (
             seconds if previous is None else previous + SMOOTHING * (seconds - previous)
         )
+        self.version += 1
 
     def ceiling(self, draft_tokens: int) -> float:
         """Speedup of a free drafter that is always right, at this K."""
@@ -186,6 +198,8 @@ class ConfidenceFloor:
 
     accepted: list[float] = field(default_factory=lambda: [0.0] * CONFIDENCE_BINS)
     trials: list[float] = field(default_factory=lambda: [0.0] * CONFIDENCE_BINS)
+    # The fitted curve, kept until the next observation (asked for every round).
+    _fitted: list[float] | None = field(default=None, repr=False, compare=False)
 
     @staticmethod
     def _bin(confidence: float) -> int:
@@ -197,6 +211,7 @@ class ConfidenceFloor:
 
     def observe(self, confidences: Sequence[float], accepted: int) -> None:
         """Tokens before ``accepted`` were accepted, the one at ``accepted`` was not."""
+        self._fitted = None
         for index in range(CONFIDENCE_BINS):
             self.accepted[index] *= DECAY
             self.trials[index] *= DECAY
@@ -222,6 +237,11 @@ class ConfidenceFloor:
         say otherwise (usually a bin with little evidence next to one with much) are
         pooled with their neighbours, weighted by evidence (pool-adjacent-violators).
         """
+        if self._fitted is None:
+            self._fitted = self._fit()
+        return self._fitted
+
+    def _fit(self) -> list[float]:
         blocks: list[list[float]] = []  # [accepted, trials, bins] per pooled block
         for index in range(CONFIDENCE_BINS):
             prior = (index + 0.5) / CONFIDENCE_BINS
@@ -281,6 +301,8 @@ class AdaptiveDraftPolicy:
             confidence_floor if confidence_floor is not None else ConfidenceFloor()
         )
         self.decision = Decision("none", 0, 1.0, "not started")
+        self._model_can_pay_at = -1  # the costs' version _model_could_pay was worked out at
+        self._model_could_pay = False
         self._round_key = ""  # the acceptance estimate the current round draws on
         self._shadows: list[tuple[int, list[int], str]] = []
 
@@ -293,13 +315,20 @@ class AdaptiveDraftPolicy:
         self._shadows = []
 
     def plan(self, context: Sequence[int]) -> RoundPlan:
-        """Pick the drafter and K with the best expected tokens per second."""
+        """Pick the drafter and K with the best expected tokens per second.
+
+        Runs before every round, so on a GPU its cost is paid on top of each step:
+        what depends only on the costs (the verify times for each K, whether the draft
+        model could pay at all) is derived once per observation, not per drafter.
+        """
         self._score_shadow(context)
-        plain_seconds = self.costs.verify(1)
+        verify = self.costs.verify_table(self.max_draft_tokens + 1)
+        plain_seconds = verify[1]
         plain_rate = 1.0 / plain_seconds
-        best = Decision("none", 0, 1.0, self._plain_reason())
+        best: Decision | None = None  # None: plain decoding, its reason said below
         best_rate = plain_rate * MIN_PAYING_SPEEDUP
         best_key = ""
+        catch_up_reason = ""
         # What the draft model has not read yet: counted once, used by both choices below.
         missed = self._catch_up_tokens(context)
         catch_up_seconds = self._catch_up_seconds(missed)
@@ -308,18 +337,17 @@ class AdaptiveDraftPolicy:
             if key is None:
                 continue
             catch_up = catch_up_seconds if name == "model" else 0.0
-            draft_tokens, rate = self._best_length(name, key, catch_up)
+            draft_tokens, rate = self._best_length(name, key, verify, catch_up)
             if (
                 catch_up > 0
-                and best.drafter == "none"
+                and best is None
                 and rate <= best_rate
-                and self._best_length(name, key)[1] > best_rate
+                and self._best_length(name, key, verify)[1] > best_rate
             ):
                 # Say why when the catch-up alone keeps the draft model out.
-                best = dataclasses.replace(
-                    best,
-                    reason=f"speculation off: the draft model would first have to read "
-                    f"{missed} tokens it missed",
+                catch_up_reason = (
+                    f"speculation off: the draft model would first have to read "
+                    f"{missed} tokens it missed"
                 )
             if draft_tokens > 0 and rate > best_rate:
                 best_rate, best_key = rate, key
@@ -329,7 +357,7 @@ class AdaptiveDraftPolicy:
                     rate / plain_rate,
                     f"{name}: {rate / plain_rate:.2f}x expected at K={draft_tokens}",
                 )
-        if best.drafter == "model":
+        if best is not None and best.drafter == "model":
             self._rounds_without_model = 0
         else:
             self._rounds_without_model += 1
@@ -343,6 +371,8 @@ class AdaptiveDraftPolicy:
                 probe_length = min(MODEL_PROBE_LENGTH, self.max_draft_tokens)
                 best = Decision("model", probe_length, 1.0, "probing the draft model")
                 best_key = "model"
+        if best is None:
+            best = Decision("none", 0, 1.0, catch_up_reason or self._plain_reason())
         self.decision = best
         self._round_key = best_key
         if best.drafter == "none":
@@ -372,10 +402,11 @@ class AdaptiveDraftPolicy:
 
     # -- internals -------------------------------------------------------------
 
-    def _draft_cost(self, name: str, draft_tokens: int) -> float:
+    def _draft_step_cost(self, name: str) -> float:
+        """Seconds per drafted token for this drafter."""
         if isinstance(self.drafters[name], ModelDrafter):
             step = self.costs.draft_step_seconds
-            return draft_tokens * (step if step is not None else self.costs.verify(1))
+            return step if step is not None else self.costs.verify(1)
         return 0.0  # n-gram lookups and predictions cost microseconds
 
     def _estimate(self, key: str) -> AcceptanceEstimate:
@@ -393,23 +424,26 @@ class AdaptiveDraftPolicy:
             return f"ngram:{min(size, NGRAM_LONGEST_BUCKET)}"
         return name
 
-    def _best_length(self, name: str, key: str, catch_up_seconds: float = 0.0) -> tuple[int, float]:
+    def _best_length(
+        self, name: str, key: str, verify: Sequence[float], catch_up_seconds: float = 0.0
+    ) -> tuple[int, float]:
         """The K with the best expected tokens per second, and that rate.
 
-        ``catch_up_seconds`` (the draft model reading context it missed) is charged in
-        proportion to the tokens a round brings, as a share of the horizon it serves.
+        ``verify`` holds the target's forward time per batch size
+        (:meth:`CostModel.verify_table`). ``catch_up_seconds`` (the draft model reading
+        context it missed) is charged in proportion to the tokens a round brings, as a
+        share of the horizon it serves.
         """
         estimate = self._estimate(key)
         catch_up_per_token = catch_up_seconds / CATCH_UP_HORIZON_TOKENS
+        draft_step = self._draft_step_cost(name)
         best_k, best_rate = 0, 0.0
         expected, survive = 1.0, 1.0  # expected tokens per round, built up K by K
         for draft_tokens in range(1, self.max_draft_tokens + 1):
             survive *= estimate.at(draft_tokens - 1)
             expected += survive
             seconds = (
-                self.costs.verify(draft_tokens + 1)
-                + self._draft_cost(name, draft_tokens)
-                + catch_up_per_token * expected
+                verify[draft_tokens + 1] + draft_step * draft_tokens + catch_up_per_token * expected
             )
             rate = expected / seconds
             if rate > best_rate:
@@ -453,15 +487,22 @@ class AdaptiveDraftPolicy:
         return max(0, len(context) - 1 - common_prefix_length(model.cached_tokens, context))
 
     def _model_can_pay(self) -> bool:
-        """Would the draft model pay here even if every draft token were accepted?"""
+        """Would the draft model pay here even if every draft token were accepted?
+
+        It depends on the costs alone: worked out again only after they change.
+        """
         if "model" not in self.drafters or self.max_draft_tokens < 1:
             return False
+        if self._model_can_pay_at == self.costs.version:
+            return self._model_could_pay
         step = self.costs.draft_step_seconds or 0.0
+        verify = self.costs.verify_table(self.max_draft_tokens + 1)
         always_right = max(
-            (k + 1) / (self.costs.verify(k + 1) + k * step)
-            for k in range(1, self.max_draft_tokens + 1)
+            (k + 1) / (verify[k + 1] + k * step) for k in range(1, self.max_draft_tokens + 1)
         )
-        return always_right * self.costs.verify(1) > MIN_PAYING_SPEEDUP
+        self._model_could_pay = always_right * verify[1] > MIN_PAYING_SPEEDUP
+        self._model_can_pay_at = self.costs.version
+        return self._model_could_pay
 
     def _plain_reason(self) -> str:
         if self.max_draft_tokens < 1:

@@ -26,7 +26,8 @@ import numpy as np
 from backends.base import Model
 from backends.constraints import GrammarState, mask_logits
 from backends.penalties import TokenCounts
-from backends.sampling import SamplingParams, SparseDistribution, distribution, greedy_token
+from backends.rows import HostRows, LogitRows, forward_rows
+from backends.sampling import SamplingParams, SparseDistribution, greedy_token
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,43 @@ class Drafter(Protocol):
         ...
 
 
+def _shaped(
+    rows: LogitRows,
+    params: SamplingParams,
+    constraint: GrammarState | None,
+    penalties: TokenCounts | None,
+) -> LogitRows:
+    """A draft step's one row with the reply's penalties and the grammar's mask applied.
+
+    Untouched (on the runtime's device, if it has one) when neither applies; else the
+    row comes to the host and is changed there, like the target's row for the same
+    position will be.
+    """
+    if penalties is None and constraint is None:
+        return rows
+    row = rows.row(0)
+    if penalties is not None:
+        row = penalties.apply(row)
+    if constraint is not None and not (params.greedy and constraint.allows(greedy_token(row))):
+        # Greedy drafting needs the whole mask only where the row's argmax is refused:
+        # in a lazy grammar's free text nearly everything is allowed, and one check
+        # costs far less than a mask over the vocabulary.
+        row = mask_logits(row, constraint.allowed())
+    return HostRows(row[np.newaxis])
+
+
 def common_prefix_length(left: Sequence[int], right: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     limit = min(len(left), len(right))
-    if list(left[:limit]) == list(right[:limit]):
+    # One comparison of the whole prefix settles the usual case (a context that grew
+    # by appends); slices only where a sequence is longer, lists compared as lists.
+    head_left = left if len(left) == limit else left[:limit]
+    head_right = right if len(right) == limit else right[:limit]
+    if type(head_left) is type(head_right):
+        same = head_left == head_right
+    else:
+        same = list(head_left) == list(head_right)
+    if same:
         return limit
     index = 0
     while index < limit and left[index] == right[index]:
@@ -141,7 +175,7 @@ class ModelDrafter:
         model.rollback(keep)
         missing = context[keep:]
         started = time.perf_counter()
-        row = model.forward(missing, last_only=True)[0]
+        rows = forward_rows(model, missing, last_only=True)
         finished = time.perf_counter()
         runtime_seconds = finished - rollback_started
         # A catch-up over many tokens (a reply's first model round feeds the whole
@@ -153,22 +187,14 @@ class ModelDrafter:
         top_probs: list[float] = []
         drafted_under_grammar = 0
         counted: list[int] = []  # drafts added to ``penalties`` for the rows after them
+        wanted = self.min_confidence > 0 or self.record_confidence
         while True:
-            if penalties is not None:
-                row = penalties.apply(row)
-            if constraint is not None and not (
-                params.greedy and constraint.allows(greedy_token(row))
-            ):
-                # Greedy drafting needs the whole mask only where the row's argmax is
-                # refused: in a lazy grammar's free text nearly everything is allowed,
-                # and one check costs far less than a mask over the vocabulary.
-                row = mask_logits(row, constraint.allowed())
+            rows = _shaped(rows, params, constraint, penalties)
             if params.greedy:
-                token = greedy_token(row)
-                wanted = self.min_confidence > 0 or self.record_confidence
-                confidence = _greedy_confidence(row) if wanted else 1.0
+                token = rows.greedy(0)
+                confidence = rows.top_probability(0, token) if wanted else 1.0
             else:
-                q = distribution(row, params)
+                q = rows.distribution(0, params)
                 token = q.sample(rng)
                 distributions.append(q)
                 confidence = q.top_prob
@@ -187,7 +213,7 @@ class ModelDrafter:
                 penalties.add([token])
                 counted.append(token)
             started = time.perf_counter()
-            row = model.forward([token], last_only=True)[0]
+            rows = forward_rows(model, [token], last_only=True)
             step_times.append(time.perf_counter() - started)
             runtime_seconds += step_times[-1]
             passes += 1
@@ -203,16 +229,6 @@ class ModelDrafter:
             step_seconds=sum(step_times) / len(step_times) if step_times else None,
             runtime_seconds=runtime_seconds,
         )
-
-
-def _greedy_confidence(row: np.ndarray) -> float:
-    """Softmax probability of the argmax token (one pass over the row).
-
-    In float32, which numpy sums pairwise: a tenth of a bin's width is plenty, and a
-    float64 copy of a 150k-token row would cost a good share of a GPU draft step.
-    """
-    top = row.max()
-    return float(1.0 / np.exp(row - top).sum(dtype=np.float32))
 
 
 class NgramIndex:

@@ -31,6 +31,13 @@ from backends.errors import (
     ModelLoadError,
     RuntimeUnavailableError,
 )
+from backends.rows import HostRows, LogitRows
+from backends.sampling import (
+    SamplingParams,
+    SparseDistribution,
+    distribution,
+    distribution_from_top,
+)
 
 # mlx-lm imports transformers, which prints a PyTorch advisory on stderr; the TUI owns
 # the terminal, and MLX needs no PyTorch.
@@ -54,6 +61,10 @@ except ImportError as error:  # pragma: no cover - exercised where mlx is absent
 # Facts the GGUF converter (app/gguf_to_mlx.py) records next to the weights.
 CONVERSION_FACTS = "draftpen-mlx.json"
 PREFILL_CHUNK = 512
+# How many of a row's largest logits come back from the device for sampling: enough for
+# top-k 40 and for the nuclei of an LLM's rows (a few tokens, sometimes tens).
+DEVICE_CANDIDATES = 64
+MAX_DEVICE_CANDIDATES = 1024  # a larger top-k filters the whole row on the host
 _VOCAB_TYPES = {"BPE": "bpe", "Unigram": "ugm", "WordPiece": "wpm"}
 
 
@@ -115,9 +126,13 @@ class MlxModel:
         n_ctx: int = 4096,
         name: str | None = None,
         cpu_float32: bool = True,
+        device_sampling: bool | None = None,
     ) -> None:
         self.path = Path(path)
         self.name = name or self.path.name
+        # Sampling math on the device (see forward_rows); by default where that is a
+        # GPU. MLX's CPU kernels for it are slower than numpy on the same cores.
+        self.device_sampling = uses_gpu() if device_sampling is None else device_sampling
         try:
             self._model, self._tokenizer = mlx_lm_load(str(path))
         except (FileNotFoundError, ValueError, OSError) as error:
@@ -292,6 +307,10 @@ class MlxModel:
 
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
         """Evaluate ``tokens`` in one pass; return float32 logits, one row per token."""
+        return np.array(self._device_logits(tokens, last_only=last_only), copy=False)
+
+    def _device_logits(self, tokens: Sequence[int], *, last_only: bool) -> mx.array:
+        """The forward pass's float32 logits, evaluated, still on the device."""
         count = len(tokens)
         if count == 0:
             raise ValueError("forward needs at least one token")
@@ -301,7 +320,18 @@ class MlxModel:
             tokens = tokens[-1:]
         logits = self._run(tokens)[0].astype(mx.float32)
         mx.eval(logits, [layer.state for layer in self._cache])
-        return np.array(logits, copy=False)
+        return logits
+
+    def forward_rows(self, tokens: Sequence[int], *, last_only: bool = False) -> LogitRows:
+        """Like :meth:`forward`, with the logits left on the device when sampling runs there.
+
+        Argmaxes, filtered distributions and confidences are then computed by MLX and
+        only their ids and probabilities copied back (:class:`MlxRows`); a whole row
+        crosses only where the loop asks for one (penalties, a grammar, logprobs).
+        """
+        if not self.device_sampling:
+            return HostRows(self.forward(tokens, last_only=last_only))
+        return MlxRows(self._device_logits(tokens, last_only=last_only))
 
     def rollback(self, n_keep: int) -> None:
         """Forget cached positions from ``n_keep`` on, by trimming mlx-lm's prompt cache."""
@@ -340,3 +370,79 @@ class MlxModel:
         self._cache = []
         self._model = None
         mx.clear_cache()
+
+
+class MlxRows:
+    """A forward's logits kept as an MLX array; the loop's questions answered by MLX.
+
+    Each kind of answer is computed for every row at once, in one evaluation, the
+    first time a row is asked (a verify batch needs most of its rows): argmaxes; for
+    sampling, each row's ``DEVICE_CANDIDATES`` largest logits and its log-sum-exp at
+    the temperature, from which :func:`backends.sampling.distribution_from_top`
+    filters on the host; log-sum-exps at temperature 1 for confidences. Where the
+    candidates cannot settle a distribution, that row is copied back and filtered
+    whole, as on the host.
+    """
+
+    def __init__(self, logits: Any) -> None:
+        self._logits = logits
+        self._argmax: np.ndarray | None = None
+        self._log_mass_at_1: np.ndarray | None = None
+        self._top: dict[tuple[float, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._rows: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        """How many rows."""
+        return int(self._logits.shape[0])
+
+    def row(self, index: int) -> np.ndarray:
+        """The whole row, copied to the host once."""
+        row = self._rows.get(index)
+        if row is None:
+            row = np.array(self._logits[index])
+            self._rows[index] = row
+        return row
+
+    def greedy(self, index: int) -> int:
+        """The row's argmax (every row's, computed together)."""
+        if self._argmax is None:
+            self._argmax = np.array(mx.argmax(self._logits, axis=-1))
+        return int(self._argmax[index])
+
+    def distribution(self, index: int, params: SamplingParams) -> SparseDistribution:
+        """The row's filtered distribution from its top candidates (else the whole row)."""
+        if params.greedy:
+            return SparseDistribution.point(self.greedy(index))
+        wanted = DEVICE_CANDIDATES
+        if 0 < params.top_k <= MAX_DEVICE_CANDIDATES:
+            wanted = max(wanted, params.top_k)
+        ids, values, log_mass = self._candidates(params.temperature, wanted)
+        n_vocab = int(self._logits.shape[1])
+        found = distribution_from_top(
+            ids[index], values[index], float(log_mass[index]), n_vocab, params
+        )
+        if found is not None:
+            return found
+        return distribution(self.row(index), params)
+
+    def top_probability(self, index: int, token: int) -> float:
+        """Softmax probability of ``token`` at temperature 1, from a device log-sum-exp."""
+        if self._log_mass_at_1 is None:
+            self._log_mass_at_1 = np.array(mx.logsumexp(self._logits, axis=-1))
+        value = float(self._logits[index, token].item())
+        return float(np.exp(value - float(self._log_mass_at_1[index])))
+
+    def _candidates(
+        self, temperature: float, wanted: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        found = self._top.get((temperature, wanted))
+        if found is None:
+            logits = self._logits
+            wanted = min(wanted, int(logits.shape[1]))
+            ids = mx.argpartition(-logits, kth=wanted - 1, axis=-1)[:, :wanted]
+            values = mx.take_along_axis(logits, ids, axis=-1)
+            log_mass = mx.logsumexp(logits * (1.0 / temperature), axis=-1)
+            mx.eval(ids, values, log_mass)
+            found = (np.array(ids).astype(np.int64), np.array(values), np.array(log_mass))
+            self._top[(temperature, wanted)] = found
+        return found

@@ -67,7 +67,7 @@ class SparseDistribution:
     @staticmethod
     def point(token: int) -> SparseDistribution:
         """All mass on one token (what an n-gram or prediction drafter proposes)."""
-        return SparseDistribution(np.array([token], dtype=np.int64), np.array([1.0]))
+        return SparseDistribution(np.array([token], dtype=np.int64), _ALL_MASS)
 
     def prob_of(self, token: int) -> float:
         """Probability of one token (0 outside the support)."""
@@ -95,6 +95,11 @@ class SparseDistribution:
         return float(self.probs.max())
 
 
+# The probabilities of every point distribution: one read-only array, shared.
+_ALL_MASS = np.ones(1)
+_ALL_MASS.setflags(write=False)
+
+
 def greedy_token(logits_row: np.ndarray) -> int:
     """The argmax token of one row of logits."""
     return int(np.argmax(logits_row))
@@ -107,14 +112,19 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
     mass on the argmax so callers that need a distribution still get one.
 
     Cost: the vocabulary is never sorted. Each filter only ever keeps an *upper set*
-    (every token at least as likely as any kept one), so a cheap pass finds a
-    candidate set of the top few hundred tokens (see :func:`_upper_set`) and the
-    filters run in float64 on those alone, exactly as on the full row. Top-p without
-    top-k also depends on the mass of the rest of the row: a bound (the rest's size
-    times its largest possible weight) usually settles the nucleus; otherwise one
-    float32 pass sums it (see :func:`_outside_mass`). When the nucleus does not fit
-    in the candidates, the set widens x8 and, at the end, becomes the whole row, so
-    the result never depends on the first guess.
+    (every token at least as likely as any kept one), so the filters can run in
+    float64 on a small candidate set, exactly as on the full row. First try: the
+    tokens within a fixed distance of the row's maximum (:func:`_near_top`), found by
+    one comparison; everything below weighs so little that a bound on its mass
+    settles top-p almost always. An LLM's row is peaked, so that set is tens of
+    tokens. Otherwise (a flat row, a nucleus reaching below the cut, a top-k set that
+    does too, or a top-p decision the bound cannot make): a candidate set of the top
+    few hundred tokens (see :func:`_upper_set`); top-p without top-k also depends on
+    the mass of the rest of the row, which a bound (the rest's size times its largest
+    possible weight) usually settles, else one float32 pass sums it (see
+    :func:`_outside_mass`). When the nucleus does not fit in the candidates, the set
+    widens x8 and, at the end, becomes the whole row, so the result never depends on
+    the first guess.
     """
     if params.greedy:
         return SparseDistribution.point(greedy_token(logits_row))
@@ -124,7 +134,17 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
     top_k = params.top_k if 0 < params.top_k < n_vocab else 0
     top_p = params.top_p
     min_p = params.min_p
+    if not top_k and top_p >= 1.0 and min_p == 0.0:
+        return _full_softmax(row, temperature)
 
+    # Top-k alone wants all k tokens, usually more than lie near the top; min-p alone
+    # has a tighter cut of its own (below). Everything with top-p starts near the top.
+    if top_p < 1.0:
+        near = _near_top(row, temperature, top_k, top_p, min_p)
+        if near is not None:
+            return near
+
+    top = row.max()
     if top_k:
         # The k most likely tokens, then the old full-row arithmetic on those k.
         ids = _top_k_ids(row, top_k)
@@ -135,10 +155,6 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
             ids = ids[kept]
         return _finish(ids, probs, min_p)
 
-    if top_p >= 1.0 and min_p == 0.0:
-        return _full_softmax(row, temperature)
-
-    top = row.max()
     if min_p > 0.0:
         # A token survives min-p iff exp((x - top) / T) >= min_p, whatever filter ran
         # before (top-p always keeps the most likely token). The float32 threshold is
@@ -186,6 +202,154 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
         wanted *= _WIDEN
 
 
+def _near_top(
+    row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
+) -> SparseDistribution | None:
+    """The filtered distribution (with top-p, ``top_p < 1``) from the tokens near the
+    row's maximum, or None.
+
+    The candidates hold every token whose logit reaches ``top - T * _NEAR_TOP_NATS``
+    (:func:`_near_top_candidates`): each token below their cut weighs less than
+    ``_NEAR_TOP_WEIGHT`` relative to the most likely one (on a 151,936-token
+    vocabulary all of them together at most 1e-4 of it). That bounds what the filters
+    could take from below the cut: top-k either lies among the candidates or reaches
+    below them (the rest of its set is bounded by the same weight per token), top-p is
+    decided when the bound cannot move the nucleus (else one float32 pass sums the
+    rest exactly, as :func:`_outside_mass` does), and min-p drops every token below
+    the cut whenever ``min_p`` exceeds that weight.
+    None whenever the candidates do not settle the result (a flat row with too many
+    of them, a nucleus reaching below the cut that min-p does not cut off);
+    the caller then takes the general path. Equal rows give equal results either
+    way, and the same function serves plain and speculative decoding alike.
+    """
+    near = _near_top_candidates(row, temperature)
+    if near is None:
+        return None
+    ids, values, top, cut = near
+    n_vocab = row.shape[0]
+    count = ids.size
+    top_scaled = top / temperature
+    # Every token below the cut weighs less than this (computed the way the weights
+    # below are, plus a margin for the last bit of rounding).
+    each_below = math.exp(float(cut) / temperature - top_scaled) * (1.0 + _BOUND_MARGIN)
+    if count <= _FEW_CANDIDATES and (not top_k or count <= top_k):
+        # Most of an LLM's rows: the most likely token alone reaches top_p whatever
+        # lies below the cut. With a few candidates Python's own arithmetic answers
+        # that sooner than a round of numpy calls would (each costs microseconds more
+        # right after a forward, when little of numpy is in the CPU's caches).
+        listed = values.tolist()
+        total = math.fsum(math.exp(value / temperature - top_scaled) for value in listed)
+        below = ((top_k or n_vocab) - count) * each_below
+        if top_p * (total + below) <= 1.0:
+            # Ties: the first, as the sort in _nucleus_in would keep.
+            return SparseDistribution.point(int(ids[listed.index(top)]))
+    weights = values.astype(np.float64)
+    weights /= temperature
+    weights -= top_scaled
+    np.exp(weights, out=weights)
+    if top_k and count >= top_k:
+        if count > top_k:
+            keep = np.argpartition(values, count - top_k)[count - top_k :]
+            ids, values, weights = ids[keep], values[keep], weights[keep]
+        below = 0.0  # the top-k set lies among the candidates
+    else:
+        # The rest of the top-k set, or of the row, lies below the cut.
+        below = ((top_k or n_vocab) - count) * each_below
+    found = _nucleus_in(ids, weights, top_p, (0.0, below))
+    if found is _UNDECIDED and not top_k:
+        outside = _outside_mass(row, top, temperature, ids)
+        found = _nucleus_in(ids, weights, top_p, (outside, outside))
+    if isinstance(found, tuple):
+        ids, weights = found
+    elif found is not _BEYOND or not min_p > each_below:
+        return None
+    # _BEYOND with min-p cutting below: the nucleus holds every candidate and tokens
+    # below the cut, which min-p then drops (the top token weighs 1 and always
+    # survives); min-p decides alone.
+    return _finish(ids, weights, min_p)
+
+
+def _near_top_candidates(
+    row: np.ndarray, temperature: float
+) -> tuple[np.ndarray, np.ndarray, float, np.float32] | None:
+    """Every token within ``T * _NEAR_TOP_NATS`` of the row's maximum.
+
+    Returns their ids (ascending), their logits, the maximum and the cut: every token
+    left out lies below the cut. None for a row with more than ``_NEAR_TOP_LIMIT``
+    such tokens (or a maximum that is not finite).
+
+    Two sequential passes (the maximum, then the comparison) and nothing strided over
+    the whole row: right after a forward the row is not in the CPU's caches, and
+    streaming it costs less than a strided sample of it (measured after the starter
+    target's decode: ~65 us for the first pass, ~50 us for a sample of every 74th
+    logit; the second pass then finds the row in the cache).
+    """
+    top = float(row.max())
+    if not math.isfinite(top):
+        return None  # NaN, +inf, or a row the grammar masked whole: the general path
+    # Rounded to float32 as the comparison with the row is; the bound uses that value.
+    cut = np.float32(top - temperature * _NEAR_TOP_NATS)
+    ids = (row >= cut).nonzero()[0]
+    if ids.size > _NEAR_TOP_LIMIT:
+        return None  # a flat row: the general path
+    return ids, row[ids], top, cut
+
+
+def distribution_from_top(
+    ids: np.ndarray,
+    values: np.ndarray,
+    log_mass: float,
+    n_vocab: int,
+    params: SamplingParams,
+) -> SparseDistribution | None:
+    """The filtered distribution of a row known only by its top tokens, or None.
+
+    For a runtime that filters on its device: ``ids`` and ``values`` are the row's M
+    largest logits (any order; no token outside beats one inside), ``log_mass`` is
+    ``log(sum(exp(x / T)))`` over the whole row in float32. The filters then run in
+    float64 on the candidates exactly as :func:`distribution` runs them: top-k within
+    them, top-p with the rest of the row's mass known to ``_DEVICE_MASS_SLACK`` of the
+    whole (a float32 sum of 150k exponentials) and decided only where that error
+    cannot move the nucleus, min-p where its cut falls inside them. None where the
+    candidates cannot settle it (top-k beyond M, a nucleus or a min-p set reaching
+    past them, no filter at all): the caller then filters the whole row on the host.
+    Plain and speculative decoding on such a runtime both call this, so they still
+    sample one distribution.
+    """
+    temperature = params.temperature
+    top_k = params.top_k if 0 < params.top_k < n_vocab else 0
+    top_p, min_p = params.top_p, params.min_p
+    count = ids.size
+    if params.greedy or count == 0 or (not top_k and top_p >= 1.0 and min_p == 0.0):
+        return None
+    if top_k:
+        if top_k > count:
+            return None
+        if top_k < count:
+            keep = np.argpartition(values, count - top_k)[count - top_k :]
+            ids, values = ids[keep], values[keep]
+    top = float(values.max())
+    if not math.isfinite(top):
+        return None
+    top_scaled = top / temperature
+    weights = np.exp(values.astype(np.float64) / temperature - top_scaled)
+    if top_p < 1.0:
+        if top_k:
+            outside = (0.0, 0.0)  # the top-k set is all there is
+        else:
+            total = math.exp(log_mass - top_scaled)
+            rest = max(total - float(weights.sum()), 0.0)
+            slack = _DEVICE_MASS_SLACK * total
+            outside = (max(rest - slack, 0.0), rest + slack)
+        found = _nucleus_in(ids, weights, top_p, outside)
+        if not isinstance(found, tuple):
+            return None
+        ids, weights = found
+    elif not top_k and float(weights.min()) >= min_p and count < n_vocab:
+        return None  # min-p alone keeps tokens down to the last candidate, maybe beyond
+    return _finish(ids, weights, min_p)
+
+
 def log_normaliser(logits_row: np.ndarray) -> float:
     """``log(sum(exp(x)))`` of one row at temperature 1: its log-softmax is ``x`` minus this.
 
@@ -198,6 +362,29 @@ def log_normaliser(logits_row: np.ndarray) -> float:
     if row.shape[0] <= _SAMPLE_SIZE:
         return top + math.log(float(np.exp(row.astype(np.float64) - top).sum()))
     return top + math.log(_row_mass(row, top, 1.0))
+
+
+def top_token_probability(logits_row: np.ndarray, token: int) -> float:
+    """Softmax probability (temperature 1) of ``token``, the row's argmax, to within 0.1%.
+
+    A drafter's confidence in its greedy token, not a sampling decision: only the
+    tokens within ``_CONFIDENCE_NATS`` of the top are summed (one comparison over the
+    row, then a few hundred exponentials). Every token below weighs less than
+    1e-3 / 151,936 of the top one, so together they could lower the probability by at
+    most 0.1% on such a vocabulary; the confidence floor works in tenths. A flat row,
+    with most of the vocabulary that close, is summed whole in one float32 pass into
+    the reused buffer instead (:func:`_row_mass`).
+    """
+    row = np.asarray(logits_row)
+    top = row[token]
+    cut = top - _CONFIDENCE_NATS
+    size = row.shape[0]
+    if size > _SAMPLE_SIZE:
+        stride = size // _SAMPLE_SIZE
+        if np.count_nonzero(row[::stride] >= cut) * stride > _CONFIDENCE_NEAR_LIMIT:
+            return 1.0 / _row_mass(row, float(top), 1.0)
+    near = row[np.flatnonzero(row >= cut)]  # faster than indexing with the mask
+    return float(1.0 / np.exp(near - top).sum(dtype=np.float64))
 
 
 def top_ids(values: np.ndarray, count: int) -> np.ndarray:
@@ -264,6 +451,25 @@ _SORT_LIMIT = 1024
 _LEVELS_PER_NAT = 4.0
 _LAST_LEVEL = 4096
 _TINY = 1e-300
+# The first candidate set holds the tokens within T * _NEAR_TOP_NATS of the maximum:
+# each token below weighs under 1e-4 / 151,936 of the most likely one. On an LLM's
+# rows at temperature 0.7 that is a few to a few hundred tokens (measured on the
+# starter pair); a flat row with more than _NEAR_TOP_LIMIT of them takes the general path.
+_NEAR_TOP_WEIGHT = 1e-4 / 151_936
+_NEAR_TOP_NATS = -math.log(_NEAR_TOP_WEIGHT)
+_NEAR_TOP_LIMIT = 8192
+# Up to this many candidates, whether the top token alone reaches top-p is worked out
+# in plain Python (see _near_top).
+_FEW_CANDIDATES = 48
+# top_token_probability leaves out tokens this far below the top (temperature 1): on
+# a 151,936-token vocabulary they hold at most 0.1% of the top's weight. Above
+# _CONFIDENCE_NEAR_LIMIT tokens that close, one pass over the row is cheaper.
+_CONFIDENCE_NATS = np.float32(math.log(151_936 / 1e-3))
+_CONFIDENCE_NEAR_LIMIT = 16_384
+# distribution_from_top trusts a device's float32 log-sum-exp of a row to this share
+# of the row's mass: MLX's (CPU build) was off by up to 2.2e-4 on 151,936-token rows
+# against float64 (its float32 exponential), so ten times that.
+_DEVICE_MASS_SLACK = 2e-3
 # Large distributions are sampled block by block (see _inverse_cdf).
 _SAMPLE_BLOCK = 1024
 
@@ -355,7 +561,8 @@ def _row_mass(row: np.ndarray, top: float, temperature: float) -> float:
     """
     buffer = _float32_buffer(row.shape[0])
     np.subtract(row, top, out=buffer, casting="unsafe")
-    np.multiply(buffer, np.float32(1.0 / temperature), out=buffer)
+    if temperature != 1.0:
+        np.multiply(buffer, np.float32(1.0 / temperature), out=buffer)
     np.exp(buffer, out=buffer)
     return float(buffer.sum(dtype=np.float64))
 
@@ -393,6 +600,15 @@ def _nucleus_in(
     low, high = top_p * (inside + outside[0]), top_p * (inside + outside[1])
     if inside < high:
         return _BEYOND if inside < low else _UNDECIDED
+    if weights.size <= _SORT_LIMIT:
+        # One sort serves both goals.
+        order = np.argsort(-weights, kind="stable")
+        cumulative = np.cumsum(weights[order])
+        count = min(int(np.searchsorted(cumulative, high)) + 1, weights.size)
+        if high != low and min(int(np.searchsorted(cumulative, low)) + 1, weights.size) != count:
+            return _UNDECIDED
+        kept = order[:count]
+        return ids[kept], weights[kept]
     kept = _smallest_top_set(weights, high)
     if high != low and _smallest_top_set(weights, low).size != kept.size:
         return _UNDECIDED

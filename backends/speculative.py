@@ -34,6 +34,7 @@ from backends.constraints import GrammarState, mask_logits
 from backends.drafters import EMPTY_PROPOSAL, Drafter, DraftProposal, common_prefix_length
 from backends.errors import ContextOverflowError
 from backends.penalties import TokenCounts
+from backends.rows import LogitRows, forward_rows
 from backends.sampling import (
     SamplingParams,
     SparseDistribution,
@@ -226,7 +227,11 @@ class RoundOutcome:
 
 
 class DraftPolicy(Protocol):
-    """Chooses the drafter and draft length for each round."""
+    """Chooses the drafter and draft length for each round.
+
+    A policy whose class sets ``LEARNS = False`` is not told about finished rounds
+    (``observe`` is not called): describing one costs host time every round.
+    """
 
     def begin(self, prompt_tokens: Sequence[int]) -> None:
         """A new generation starts."""
@@ -244,9 +249,13 @@ class DraftPolicy(Protocol):
 class FixedDraftPolicy:
     """Always the same drafter and K (K = 0 or no drafter: plain decoding)."""
 
+    # It learns nothing from a round, so the loop need not describe one to it.
+    LEARNS = False
+
     def __init__(self, drafter: Drafter | None, draft_length: int) -> None:
         self.drafter = drafter if draft_length > 0 else None
         self.draft_length = draft_length if drafter is not None else 0
+        self._plan = RoundPlan(self.drafter, self.draft_length)
 
     def begin(self, prompt_tokens: Sequence[int]) -> None:
         """Tell the drafter a new generation starts."""
@@ -254,8 +263,8 @@ class FixedDraftPolicy:
             self.drafter.begin(prompt_tokens)
 
     def plan(self, context: Sequence[int]) -> RoundPlan:
-        """The fixed choice."""
-        return RoundPlan(self.drafter, self.draft_length)
+        """The fixed choice (one plan, made once)."""
+        return self._plan
 
     def observe(self, outcome: RoundOutcome) -> None:
         """A fixed policy learns nothing."""
@@ -456,6 +465,7 @@ def speculative_generate(
     detokenizer = IncrementalDetokenizer(target)
     stop_filter = StopStringFilter(stop)
     greedy = params.greedy
+    learns = getattr(policy, "LEARNS", True)
     # The reply's token counts for presence/frequency penalties (None: both are 0).
     # Tokens join as they are committed, so row i of a verify sees the counts after
     # the accepted drafts before it, as a draft model drafting position i did.
@@ -489,7 +499,7 @@ def speculative_generate(
         verify_started = time.perf_counter()
 
         base = len(target.cached_tokens)
-        logits = target.forward([context[-1], *drafts])
+        rows = forward_rows(target, [context[-1], *drafts])
         stats.runtime_seconds += time.perf_counter() - verify_started
         stats.target_passes += 1
         stats.draft_passes += proposal.passes
@@ -504,34 +514,34 @@ def speculative_generate(
         if greedy:
             # Only the argmax of each row, and only of rows up to the first mismatch.
             for position, draft_token in enumerate(drafts):
-                if _greedy_under(logits[position], constraint, penalties) != draft_token:
+                if _greedy_under(rows, position, constraint, penalties) != draft_token:
                     break
                 accepted += 1
                 emitted.append(draft_token)
                 from_draft.append(True)
                 if logprobs is not None:
+                    row = rows.row(position)
                     emitted_logprobs.append(
-                        _raw_logprob(logits[position], constraint, penalties, draft_token, logprobs)
+                        _raw_logprob(row, constraint, penalties, draft_token, logprobs)
                     )
                 _advance(constraint, penalties, draft_token, target)
                 if target.is_end_of_generation(draft_token):
                     hit_end = True
                     break
             if not hit_end:
-                emitted.append(_greedy_under(logits[accepted], constraint, penalties))
+                emitted.append(_greedy_under(rows, accepted, constraint, penalties))
                 from_draft.append(False)
                 if logprobs is not None:
+                    row = rows.row(accepted)
                     emitted_logprobs.append(
-                        _raw_logprob(logits[accepted], constraint, penalties, emitted[-1], logprobs)
+                        _raw_logprob(row, constraint, penalties, emitted[-1], logprobs)
                     )
                 _advance(constraint, penalties, emitted[-1], target)
         else:
             replacement: int | None = None
             p: SparseDistribution | None = None
-            row: np.ndarray | None = None  # p's row, penalised (not masked)
             for position, draft_token in enumerate(drafts):
-                row = _penalised(logits[position], penalties)
-                p = distribution(_masked(row, constraint), params)
+                p = _target_distribution(rows, position, params, constraint, penalties)
                 q = _draft_distribution(proposal, position, draft_token)
                 replacement = verify_draft_token(p, q, draft_token, rng)
                 if replacement is not None:
@@ -540,6 +550,7 @@ def speculative_generate(
                 emitted.append(draft_token)
                 from_draft.append(True)
                 if logprobs is not None:
+                    row = _penalised(rows.row(position), penalties)
                     emitted_logprobs.append(_sampled_logprob(p, row, draft_token, logprobs))
                 _advance(constraint, penalties, draft_token, target)
                 if target.is_end_of_generation(draft_token):
@@ -547,15 +558,15 @@ def speculative_generate(
                     break
             if not hit_end:
                 if replacement is None:
-                    row = _penalised(logits[accepted], penalties)
-                    p = distribution(_masked(row, constraint), params)
+                    p = _target_distribution(rows, accepted, params, constraint, penalties)
                     replacement = p.sample(rng)
                 # Else p is still this position's distribution (the rejected draft's):
                 # the token emitted here is distributed as p, whichever path chose it.
                 emitted.append(replacement)
                 from_draft.append(False)
                 if logprobs is not None:
-                    assert p is not None and row is not None
+                    assert p is not None
+                    row = _penalised(rows.row(accepted), penalties)
                     emitted_logprobs.append(_sampled_logprob(p, row, replacement, logprobs))
                 _advance(constraint, penalties, replacement, target)
 
@@ -582,18 +593,19 @@ def speculative_generate(
             stats.drafted += judged
             stats.accepted += guessed_accepted
             stats.record_accepted_length(guessed_accepted)
-        policy.observe(
-            RoundOutcome(
-                drafter=guesser,
-                drafted=judged,
-                accepted=guessed_accepted,
-                verify_seconds=verify_seconds,
-                emitted=len(emitted),
-                draft_confidences=tuple(proposal.top_probs[:judged]),
-                draft_step_seconds=proposal.step_seconds,
-                other_verified=len(drafts) - judged,
+        if learns:
+            policy.observe(
+                RoundOutcome(
+                    drafter=guesser,
+                    drafted=judged,
+                    accepted=guessed_accepted,
+                    verify_seconds=verify_seconds,
+                    emitted=len(emitted),
+                    draft_confidences=tuple(proposal.top_probs[:judged]),
+                    draft_step_seconds=proposal.step_seconds,
+                    other_verified=len(drafts) - judged,
+                )
             )
-        )
 
         segments: list[TextSegment] = []
         finish: str | None = None
@@ -757,14 +769,41 @@ def _masked(row: np.ndarray, constraint: GrammarState | None) -> np.ndarray:
 
 
 def _greedy_under(
-    row: np.ndarray, constraint: GrammarState | None, penalties: TokenCounts | None
+    rows: LogitRows, index: int, constraint: GrammarState | None, penalties: TokenCounts | None
 ) -> int:
-    """The argmax of the penalised ``row`` among the tokens the grammar allows here."""
-    row = _penalised(row, penalties)
+    """The argmax of the penalised row ``index`` among the tokens the grammar allows here.
+
+    Without penalties the runtime answers the argmax itself (on its device, if it
+    has one); the whole row is read only where the reply's penalties change it or the
+    grammar refuses that argmax.
+    """
+    if penalties is None:
+        token = rows.greedy(index)
+        if constraint is None or constraint.allows(token):
+            return token  # the unmasked argmax is allowed, so it is the masked one too
+        return greedy_token(_masked(rows.row(index), constraint))
+    row = _penalised(rows.row(index), penalties)
     token = greedy_token(row)
     if constraint is None or constraint.allows(token):
-        return token  # the unmasked argmax is allowed, so it is the masked one too
+        return token
     return greedy_token(_masked(row, constraint))
+
+
+def _target_distribution(
+    rows: LogitRows,
+    index: int,
+    params: SamplingParams,
+    constraint: GrammarState | None,
+    penalties: TokenCounts | None,
+) -> SparseDistribution:
+    """p at row ``index``: the target's row, penalised and masked, then filtered.
+
+    Without penalties or a grammar the runtime filters the row itself; plain and
+    speculative decoding both come here, so they sample the same p.
+    """
+    if penalties is None and constraint is None:
+        return rows.distribution(index, params)
+    return distribution(_masked(_penalised(rows.row(index), penalties), constraint), params)
 
 
 def _advance(

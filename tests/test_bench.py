@@ -8,6 +8,7 @@ import pytest
 
 from app.bench.modes import (
     BenchMode,
+    LocalDecoder,
     ModeTotals,
     bench_modes,
     paired_ratios,
@@ -89,7 +90,13 @@ def test_modes_rotate_so_each_takes_every_place_in_the_order(monkeypatch):
     yardstick = RecordingYardstick("outside", order)
     prompts = [BenchPrompt("code", "the cat sat on the mat"), BenchPrompt("chat", "hello there")]
     results = run_modes(
-        engine, prompts, modes, max_tokens=6, repeats=3, yardsticks=[yardstick], progress=False
+        LocalDecoder(engine),
+        prompts,
+        modes,
+        max_tokens=6,
+        repeats=3,
+        yardsticks=[yardstick],
+        progress=False,
     )
     order = order[3:]  # the untimed warm-up runs each once, in the listed order
     runs = [order[i : i + 3] for i in range(0, len(order), 3)]

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from app.client import (
@@ -270,18 +271,26 @@ def test_an_engine_of_another_api_version_is_refused_naming_how_to_stop_it(engin
 # -- a real engine with SmolLM2 ----------------------------------------------------------
 
 
+def rss(pid: int) -> int:
+    """A process's resident memory, in bytes."""
+    return psutil.Process(pid).memory_info().rss
+
+
 @pytest.mark.real_model
 def test_chat_and_an_openai_client_at_once_share_one_load(engine: EngineClient):
-    require_model(SMOLLM2_KEY)
+    model_bytes = require_model(SMOLLM2_KEY).stat().st_size
     assert {card.id: card.loaded for card in engine.pairs()}.get(PAIR) is False
+    pid = engine.health().pid
+    empty = rss(pid)
 
-    def chat() -> list[Any]:
-        return list(engine.chat(chat_turn("Name a colour."), threading.Event()))
+    def chat(client: EngineClient) -> list[Any]:
+        return list(client.chat(chat_turn("Name a colour."), threading.Event()))
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        chatted = pool.submit(chat)
+        chatted = pool.submit(chat, engine)
         answered = pool.submit(sdk_chat, sdk(engine), "Name a fruit.")
         items, answer = chatted.result(timeout=300), answered.result(timeout=300)
+    grown_together = rss(pid) - empty
 
     assert chat_text(items) and answer
     # One of them loaded the pair while the other waited; the chat saw either.
@@ -290,6 +299,22 @@ def test_chat_and_an_openai_client_at_once_share_one_load(engine: EngineClient):
     assert [pair.pair for pair in health.loaded] == [PAIR] and health.loads == 1
     loaded = [card.id for card in engine.pairs() if card.loaded]
     assert loaded == [PAIR]
+
+    # The memory of one pair: what an engine grows by when it loads the pair once and
+    # answers the same two requests one after the other. A second copy of the pair
+    # would add its weights and its KV cache again (about as much once more).
+    alone = ensure_engine(
+        Settings(), socket_path=short_socket("rss-alone"), serve_options=["--keep-alive", "-1"]
+    )
+    try:
+        alone_pid = alone.health().pid
+        alone_empty = rss(alone_pid)
+        assert chat_text(chat(alone)) and sdk_chat(sdk(alone), "Name a fruit.")
+        grown_alone = rss(alone_pid) - alone_empty
+    finally:
+        stop_engine(alone)
+    assert grown_alone > 0.8 * model_bytes  # the weights, read by every forward, are resident
+    assert grown_together < 1.5 * grown_alone, (grown_together, grown_alone)
 
 
 @pytest.mark.real_model
@@ -382,6 +407,56 @@ def test_an_engine_killed_mid_reply_raises_engine_lost_and_a_new_one_starts(engi
         assert restarted.health().pid != pid
     finally:
         stop_engine(restarted)
+
+
+@pytest.mark.real_model
+def test_bench_through_the_engine_runs_the_suite_as_requests_and_reads_their_stats(
+    engine: EngineClient, tmp_path: Path
+):
+    require_model(SMOLLM2_KEY)  # the engine runs, idle, nothing loaded
+    output = tmp_path / "through-engine.json"
+    result = run_draftpen(
+        "bench",
+        "--engine",
+        "--pair",
+        "smollm2",
+        "--max-tokens",
+        "16",
+        "--category",
+        "code_edit",
+        "--category",
+        "json_schema",
+        "--modes",
+        "ngram,reference",
+        "--output",
+        str(output),
+        env={"DRAFTPEN_SOCKET": str(engine.socket_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    health = engine.health()
+    report = json.loads(output.read_text())
+    # It used the engine that ran (nothing was loaded in bench's own process) ...
+    assert "Starting the draftpen engine" not in result.stderr
+    assert report["through"]["process"] == "engine" and report["through"]["pid"] == health.pid
+    assert [pair.pair for pair in health.loaded] == ["smollm2"] and health.loads == 1
+    assert "left out with --engine" in result.stderr  # the yardsticks need a local pair
+    assert report["costs_ms"] is None and "Through the engine" in result.stdout
+    # ... which did the load and answered every generation: one untimed warm-up per mode
+    # that applies to the first prompt (plain, n-gram), then each mode on each prompt of
+    # both categories.
+    code_edit, json_schema = report["results"]["code_edit"], report["results"]["json_schema"]
+    assert set(code_edit) == {"plain", "n-gram K=10"}
+    assert set(json_schema) == {"plain", "plain, no grammar", "n-gram K=10"}
+    assert health.queue.completed == 1 + 2 + 2 * len(code_edit) + 2 * len(json_schema)
+    # The figures are the loop's, from the stream's statistics.
+    for by_mode in (code_edit, json_schema):
+        for label, figures in by_mode.items():
+            assert figures["generated_tokens"] > 0 and figures["decode_seconds"] > 0, label
+            assert len(figures["run_rates"]) == 2
+    assert code_edit["n-gram K=10"]["drafted"] > 0 and code_edit["plain"]["drafted"] == 0
+    # The schema reached the engine as response_format: its grammar forced tokens.
+    assert json_schema["plain"]["grammar_forced"] > 0
+    assert json_schema["plain, no grammar"]["grammar_forced"] == 0
 
 
 def test_serve_refuses_a_socket_another_program_holds(engine_home: Path):

@@ -427,3 +427,210 @@ def test_full_vocabulary_samples_follow_the_softmax() -> None:
     expected /= expected.sum()
     bound = 0.5 * math.sqrt(4 / n) + math.sqrt(math.log(1e6) / (2 * n))
     assert 0.5 * np.abs(counts - expected).sum() <= bound
+
+
+# -- the first try: tokens near the row's maximum ---------------------------------------
+#
+# An LLM's rows are peaked: the likeliest token stands ~25-30 logits above the bulk of
+# the vocabulary (measured on the starter pair), so distribution() first takes the
+# tokens within T * _NEAR_TOP_NATS of the maximum and bounds everything below. These
+# rows drive each way out of that path; every result must equal the full-sort reference.
+
+
+def peaked_row(rng: np.random.Generator, runner_up_gaps: list[float]) -> np.ndarray:
+    """A starter-pair-like row: a broad tail, a top token 28 above it, runners-up below."""
+    row = (rng.standard_normal(QWEN_VOCAB) * 2.4).astype(np.float32)
+    tokens = rng.choice(QWEN_VOCAB, size=1 + len(runner_up_gaps), replace=False)
+    row[tokens[0]] = 28.0
+    row[tokens[1:]] = 28.0 - np.asarray(runner_up_gaps, dtype=np.float32)
+    return row
+
+
+def record_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[object]:
+    """What each call of one of sampling's private functions returned."""
+    results: list[object] = []
+    real = getattr(sampling, name)
+
+    def recording(*args: object, **kwargs: object) -> object:
+        results.append(real(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(sampling, name, recording)
+    return results
+
+
+PEAKED_PARAMS = [
+    SamplingParams(temperature=0.7, top_p=0.95),
+    SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05),
+    SamplingParams(temperature=1.0, top_p=0.9),
+    SamplingParams(temperature=0.7, top_k=5, top_p=0.99),
+    SamplingParams(temperature=0.7, top_p=0.999, min_p=0.01),
+]
+
+
+@pytest.mark.parametrize(
+    "params",
+    PEAKED_PARAMS,
+    ids=["openai", "chat_defaults", "top_p_0.9", "top_k_top_p", "wide_with_min_p"],
+)
+def test_peaked_rows_are_filtered_near_the_top_like_the_full_sort(
+    params: SamplingParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    near_top = record_calls(monkeypatch, "_near_top")
+    rng = np.random.default_rng(31)
+    checked = 0
+    for gaps in ([], [0.5], [1.0, 2.0, 3.0], [0.1, 0.2, 4.0, 6.0, 9.0], [3.0] * 12):
+        # (Filters without top-p are not here: top-k alone wants every one of its k
+        # tokens, min-p alone has a cut of its own; both take the general path.)
+        for _ in range(2):
+            row = peaked_row(rng, gaps)
+            if near_a_threshold(row, params):
+                continue
+            got = distribution(row, params)
+            assert_same_filtering(got, row, params)
+            checked += 1
+    assert checked >= 8
+    assert len(near_top) == checked and None not in near_top, "all settled near the top"
+
+
+def test_a_top_token_that_alone_reaches_top_p_is_the_whole_nucleus() -> None:
+    row = peaked_row(np.random.default_rng(32), [6.0, 7.0])
+    params = SamplingParams(temperature=0.7, top_p=0.95)
+    got = distribution(row, params)
+    np.testing.assert_array_equal(got.ids, [int(np.argmax(row))])
+    np.testing.assert_array_equal(got.probs, [1.0])
+    assert_same_filtering(got, row, params)
+
+
+def test_tied_top_tokens_keep_the_first_when_one_reaches_top_p() -> None:
+    row = peaked_row(np.random.default_rng(33), [0.0, 9.0])  # two tokens tie at the top
+    tied = np.flatnonzero(row == row.max())
+    assert tied.size == 2
+    got = distribution(row, SamplingParams(temperature=0.7, top_p=0.4))
+    np.testing.assert_array_equal(got.ids, tied[:1])
+
+
+def test_a_flat_row_skips_the_near_top_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    general = record_calls(monkeypatch, "_upper_set")
+    row = llm_like_row(np.random.default_rng(34), 4.0)  # thousands within reach of the top
+    params = SamplingParams(temperature=0.7, top_p=0.95)
+    assert not near_a_threshold(row, params)
+    assert sampling._near_top(row, 0.7, 0, 0.95, 0.0) is None
+    assert_same_filtering(distribution(row, params), row, params)
+    assert general, "the general path ran"
+
+
+def test_top_p_that_the_bound_cannot_decide_sums_the_tokens_below_the_cut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One token at the top; every other token just below the cut, weighing together
+    # about 1e-4 of it. With top_p between 1 / (1 + 1e-4) and 1 the bound cannot tell
+    # whether the top token alone reaches top_p; the true mass says it does not.
+    depth = 1.0 * sampling._NEAR_TOP_NATS
+    row = np.full(QWEN_VOCAB, 10.0 - depth - 0.01, dtype=np.float32)
+    row[77] = 10.0
+    rest = float(np.exp(np.float64(row[0]) - 10.0)) * (QWEN_VOCAB - 1)
+    params = SamplingParams(temperature=1.0, top_p=1.0 / (1.0 + rest / 2))
+    passes = record_calls(monkeypatch, "_row_mass")
+    got = distribution(row, params)
+    assert passes, "the rest of the row was summed"
+    assert got.ids.size > 1 and 77 in got.ids.tolist()
+    assert_same_filtering(got, row, params)
+    # Where the true mass settles it the other way, the top token is kept alone.
+    alone = distribution(row, SamplingParams(temperature=1.0, top_p=1.0 / (1.0 + 2 * rest)))
+    np.testing.assert_array_equal(alone.ids, [77])
+
+
+def test_a_top_k_set_reaching_below_the_cut_bounds_the_rest_of_it() -> None:
+    row = peaked_row(np.random.default_rng(35), [1.0])  # two tokens near the top
+    # top_p so close to 1 that the bound on the 38 below the cut cannot settle it.
+    params = SamplingParams(temperature=0.7, top_k=40, top_p=1.0 - 1e-15)
+    assert sampling._near_top(row, 0.7, 40, params.top_p, 0.0) is None
+    assert_same_filtering(distribution(row, params), row, params)
+    # With top_p 0.95 the bound on the 38 below the cut settles it near the top.
+    params = SamplingParams(temperature=0.7, top_k=40, top_p=0.95)
+    assert sampling._near_top(row, 0.7, 40, 0.95, 0.0) is not None
+    assert_same_filtering(distribution(row, params), row, params)
+
+
+def test_a_nucleus_reaching_below_the_cut_is_settled_near_the_top_only_by_min_p() -> None:
+    # Three tokens near the top; the rest, tied just below the cut, hold ~1e-4 of the
+    # mass, so a top_p of 1 - 1e-6 needs some of them.
+    row = np.full(QWEN_VOCAB, 10.0 - sampling._NEAR_TOP_NATS - 0.01, dtype=np.float32)
+    row[[5, 6, 7]] = [10.0, 9.0, 7.5]
+    wide = 1.0 - 1e-6
+    assert sampling._near_top(row, 1.0, 0, wide, 0.0) is None
+    got = distribution(row, SamplingParams(temperature=1.0, top_p=wide))
+    # Which of the tied tokens reach top_p is within rounding (each holds < 1e-9), so
+    # only the shape of the answer is checked here.
+    assert {5, 6, 7} < set(got.ids.tolist()) and got.ids.size < QWEN_VOCAB
+    # min-p then drops every token below the cut, wherever the nucleus ends: exact.
+    assert sampling._near_top(row, 1.0, 0, wide, 0.01) is not None
+    params = SamplingParams(temperature=1.0, top_p=wide, min_p=0.01)
+    got = distribution(row, params)
+    np.testing.assert_array_equal(got.ids, [5, 6, 7])
+    assert_same_filtering(got, row, params)
+
+
+# -- a row known by its top tokens (a runtime that filters on its device) -------------
+
+
+def top_of(row: np.ndarray, count: int, temperature: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """What a device brings back: the ``count`` largest logits and log-sum-exp at T."""
+    ids = np.argpartition(-row, count - 1)[:count]
+    scaled = row.astype(np.float64) / temperature
+    top = scaled.max()
+    return ids, row[ids], float(top + np.log(np.exp(scaled - top).sum()))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, top_p=0.95),
+        SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05),
+        SamplingParams(temperature=1.0, top_k=20),
+        SamplingParams(temperature=1.3, min_p=0.1),
+        SamplingParams(temperature=1.0, top_p=0.8, min_p=0.02),
+    ],
+    ids=["openai", "chat_defaults", "top_k", "min_p", "top_p_and_min_p"],
+)
+def test_a_row_known_by_its_top_64_filters_like_the_full_sort(params: SamplingParams) -> None:
+    rng = np.random.default_rng(41)
+    settled = 0
+    for gaps in ([], [0.5], [1.0, 2.0, 3.0], [0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5]):
+        row = peaked_row(rng, gaps)
+        if near_a_threshold(row, params):
+            continue
+        got = sampling.distribution_from_top(
+            *top_of(row, 64, params.temperature), QWEN_VOCAB, params
+        )
+        if got is not None:
+            assert_same_filtering(got, row, params)
+            settled += 1
+    assert settled >= 3
+
+
+def test_a_row_known_by_its_top_tokens_is_refused_where_they_cannot_settle_it() -> None:
+    row = llm_like_row(np.random.default_rng(42), 4.0)  # a nucleus of thousands
+    for params in (
+        SamplingParams(temperature=0.7, top_p=0.95),  # the nucleus reaches past 64
+        SamplingParams(temperature=0.7, top_k=100),  # top-k beyond the candidates
+        SamplingParams(temperature=0.7, min_p=0.0001),  # min-p keeps more than 64
+        SamplingParams(temperature=0.7),  # no filter: the whole row
+    ):
+        assert sampling.distribution_from_top(*top_of(row, 64, 0.7), QWEN_VOCAB, params) is None
+
+
+def test_the_rest_of_the_row_is_trusted_only_to_the_devices_precision() -> None:
+    # The top token alone holds just under top_p of the mass: a device sum off by more
+    # than its slack could decide it either way, so it is not decided on the device.
+    row = np.full(QWEN_VOCAB, -5.0, dtype=np.float32)
+    row[9] = 10.0
+    ids, values, log_mass = top_of(row, 64, 1.0)
+    share = float(np.exp(10.0 - log_mass))
+    near = SamplingParams(temperature=1.0, top_p=share * (1 + sampling._DEVICE_MASS_SLACK / 4))
+    assert sampling.distribution_from_top(ids, values, log_mass, QWEN_VOCAB, near) is None
+    clear = SamplingParams(temperature=1.0, top_p=share * (1 - 4 * sampling._DEVICE_MASS_SLACK))
+    got = sampling.distribution_from_top(ids, values, log_mass, QWEN_VOCAB, clear)
+    assert got is not None
+    np.testing.assert_array_equal(got.ids, [9])

@@ -177,3 +177,29 @@ async def _wait_event(event: threading.Event, pilot) -> bool:  # type: ignore[no
             return True
         await pilot.pause(0.02)
     return event.is_set()
+
+
+def test_the_engines_word_on_served_and_loaded_pairs_overrides_the_files() -> None:
+    from app.client.wire import PairCard
+    from app.tui.screens.models import merge_engine_pairs
+    from tests.tui_helpers import FakeModelsService
+
+    rows = FakeModelsService().rows()  # fake, other: downloaded; missing: absent
+    assert merge_engine_pairs(rows, None) == rows  # no engine: the files say it all
+    served = [
+        PairCard(id="other", loaded=True, target="t"),
+        PairCard(id="theirs", loaded=False, target="big.gguf", draft="small.gguf"),
+    ]
+    merged = {row.name: row for row in merge_engine_pairs(rows, served)}
+    # What the engine serves is downloaded, what it holds is loaded; the rest keeps
+    # what this machine's files say (a pair the engine does not serve: not loadable).
+    assert {name: row.state for name, row in merged.items()} == {
+        "fake": "downloaded",
+        "other": "loaded",
+        "missing": "absent",
+        "theirs": "downloaded",
+    }
+    assert merged["other"].usable and not merged["missing"].usable
+    # A pair only the engine knows is listed, named by its models, with no sizes.
+    assert merged["theirs"].description == "served by the engine: big.gguf + small.gguf"
+    assert merged["theirs"].sizes == "" and merged["theirs"].usable

@@ -8,6 +8,7 @@ gets from the same engine.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import pty
@@ -19,16 +20,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.widgets import DataTable, Label
 
 from app.chats.history import COMPLETE, INTERRUPTED, STOPPED, History
 from app.client import EngineClient, ensure_engine
 from app.models.user_pairs import add_user_pair
 from app.settings import Settings
 from app.tui.app import DraftpenApp
+from app.tui.models_service import ModelsService
+from app.tui.screens.models import ModelsScreen
 from app.tui.widgets.message_view import MessageView
 from app.tui.widgets.stats_bar import StatsBar
 from tests.engine_fixtures import wait_until
@@ -42,6 +47,8 @@ from tests.test_engine_clients import (
     short_socket,
     stop_engine,
 )
+from tests.test_server import start_server
+from tests.test_server_conversation_cache import Turn, ask, fixed_conversation
 from tests.tui_helpers import FakeModelsService, run, send
 
 pytestmark = pytest.mark.real_model
@@ -69,6 +76,8 @@ class StartedEngines:
 
     socket_path: Path
     statuses: list[str] = dataclasses.field(default_factory=list)
+    # More ``draftpen serve`` options for the engines the app starts.
+    serve_options: tuple[str, ...] = ()
 
     def connect(self, settings: Settings, on_status: Callable[[str], None]) -> EngineClient:
         """The app's connector: the real ``ensure_engine``, on this socket."""
@@ -78,7 +87,10 @@ class StartedEngines:
             on_status(text)
 
         return ensure_engine(
-            settings, status, socket_path=self.socket_path, serve_options=["--keep-alive", "-1"]
+            settings,
+            status,
+            socket_path=self.socket_path,
+            serve_options=["--keep-alive", "-1", *self.serve_options],
         )
 
     def client(self) -> EngineClient:
@@ -110,10 +122,15 @@ def chat_settings(**changes: Any) -> Settings:
     return Settings(**{**values, **changes})
 
 
-def make_real_app(engines: StartedEngines, settings: Settings, history: Path) -> DraftpenApp:
+def make_real_app(
+    engines: StartedEngines,
+    settings: Settings,
+    history: Path,
+    models_service: Callable[[], Any] = FakeModelsService,
+) -> DraftpenApp:
     return DraftpenApp(
         connect=engines.connect,
-        models_service=FakeModelsService,
+        models_service=models_service,
         history=History(history),
         settings=settings,
         pair_name=PAIR,
@@ -148,7 +165,7 @@ def test_the_app_starts_an_engine_replies_stops_switches_pairs_and_survives_its_
     engines: StartedEngines, tmp_path: Path
 ) -> None:
     # A second name for SmolLM2's file: a pair switch without a second large model.
-    add_user_pair("smollm2-again", str(require_model(SMOLLM2_KEY)), None)
+    add_user_pair("smollm2-again", str(require_model(SMOLLM2_KEY)), None, replace=True)
     app = make_real_app(engines, chat_settings(), tmp_path / "history.sqlite3")
 
     async def body() -> None:
@@ -256,7 +273,135 @@ def test_a_chat_waits_behind_an_agent_on_one_engine_and_both_answer_as_alone(
             health = engines.client().health()
             assert health.loads == 1 and [p.pair for p in health.loaded] == [PAIR]
 
+            # The agent's requests took the engine's cache over; the chat's next turn
+            # is brought back from the kept conversation: its history is not read again.
+            first = app.history.messages(app.chat_screen.chat_id)[-1].stats
+            assert first is not None
+            await send(pilot, "And three fruits?")
+            await wait_for(pilot, lambda: app.chat_screen.reply is None, "the reply", 180)
+            second = app.history.messages(app.chat_screen.chat_id)[-1].stats
+            assert second is not None
+            history = first["loop"]["prompt_tokens"] + first["loop"]["generated_tokens"] - 1
+            cached = second["loop"]["cached_prompt_tokens"]
+            assert history <= cached < second["loop"]["prompt_tokens"]
+            figures = engines.client().health().loaded[0].conversation_cache
+            assert figures is not None and figures.restored >= 1
+
     run(body)
+
+
+def row_cells(screen: ModelsScreen, pair: str) -> list[str]:
+    table = screen.query_one("#pairs", DataTable)
+    return [str(cell) for cell in table.get_row(pair)]
+
+
+def test_the_models_screen_lists_what_the_engine_serves_and_marks_what_it_holds(
+    engines: StartedEngines, tmp_path: Path
+) -> None:
+    # A second name for SmolLM2's file: a second pair without a second large model
+    # (the module's home may have it already).
+    add_user_pair("smollm2-again", str(require_model(SMOLLM2_KEY)), None, replace=True)
+    app = make_real_app(
+        engines, chat_settings(), tmp_path / "history.sqlite3", models_service=ModelsService
+    )
+
+    async def body() -> None:
+        async with app.run_test(size=(160, 50)) as pilot:
+            await wait_for(pilot, lambda: app.ready, "the pair to load", 180)
+            await pilot.press("ctrl+o")
+            screen = app.screen
+            assert isinstance(screen, ModelsScreen)
+            await wait_for(pilot, lambda: screen.engine_pairs is not None, "the engine", 30)
+            served = {card.id: card.loaded for card in engines.client().pairs()}
+            assert served[PAIR] and not served["smollm2-again"]
+            states = {row.name: row.state for row in screen.rows}
+            assert {name: states[name] for name in served} == {
+                name: "loaded" if loaded else "downloaded" for name, loaded in served.items()
+            }
+            assert row_cells(screen, PAIR)[0].startswith("● ")
+            assert not row_cells(screen, "smollm2-again")[0].startswith("● ")
+            assert f"{PAIR} is loaded" in str(screen.query_one("#engine-pairs", Label).render())
+
+            # An agent names the other pair: the engine switches, and the open screen
+            # follows the engine, not the app (which still thinks of its own pair).
+            agent = sdk(engines.client())
+            agent.chat.completions.create(
+                model="smollm2-again",
+                messages=[{"role": "user", "content": "Hi"}],
+                max_tokens=4,
+                temperature=0,
+            )
+            await wait_for(
+                pilot, lambda: screen.loaded_pair == "smollm2-again", "the screen to follow", 30
+            )
+            assert row_cells(screen, "smollm2-again")[0].startswith("● ")
+            assert row_cells(screen, PAIR)[1] == "downloaded"
+            assert app.pair_name == PAIR
+
+            # Enter on the app's own pair: the engine loads it back.
+            screen.select_pair(PAIR)
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.screen is app.chat_screen, "the chat", 10)
+            await wait_for(pilot, lambda: app.ready, "the pair to load again", 120)
+            health = engines.client().health()
+            assert [p.pair for p in health.loaded] == [PAIR] and health.loads == 3
+
+    run(body)
+
+
+def test_many_openai_clients_and_the_chat_app_at_once_under_a_tiny_cache_answer_as_alone(
+    engines: StartedEngines, engine_home: Path, tmp_path: Path
+) -> None:
+    # Room for about one short SmolLM2 conversation: kept states must be evicted.
+    engines.serve_options = ("--conversation-cache", "2MiB")
+    app = make_real_app(engines, chat_settings(max_tokens=24), tmp_path / "history.sqlite3")
+    topics = ("tea", "rivers", "clocks")
+    chat_turns = ("Name three colours.", "And three fruits?")
+
+    async def body() -> dict[str, list[Turn]]:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready, "the pair to load", 180)
+            openai_client = sdk(engines.client())
+
+            def client(topic: str) -> list[Turn]:  # an agent resending its transcript
+                return [ask(openai_client, fixed_conversation(topic, n), 12) for n in (1, 2)]
+
+            with ThreadPoolExecutor(max_workers=len(topics)) as pool:
+                agents = {topic: pool.submit(client, topic) for topic in topics}
+                for text in chat_turns:  # the chat takes its turns among them
+                    await send(pilot, text)
+                    await wait_for(pilot, lambda: app.chat_screen.reply is None, "reply", 300)
+                answers = {topic: future.result(timeout=300) for topic, future in agents.items()}
+            return answers
+
+    answers = asyncio.run(body())
+    chat = History(tmp_path / "history.sqlite3")
+    [stored_chat] = chat.chats()
+    stored = [(m.role, m.content, m.state) for m in chat.messages(stored_chat.id)]
+    chat.close()
+    assert [state for _, _, state in stored] == [COMPLETE] * 4
+    health = engines.client().health()
+    figures = health.loaded[0].conversation_cache
+    assert figures is not None and health.loads == 1
+    assert figures.saved >= 1 and figures.evicted >= 1
+    assert figures.used_bytes <= figures.budget_bytes == 2 << 20
+
+    # Each answer equals the same request made alone, on an engine that keeps nothing.
+    alone = start_server(engine_home, short_socket("alone"), "--conversation-cache", "0")
+    try:
+        alone_sdk = alone.openai()
+        for topic in topics:
+            for turns, turn in zip((1, 2), answers[topic], strict=True):
+                again = ask(alone_sdk, fixed_conversation(topic, turns), 12)
+                assert again.reply == turn.reply, (topic, turns)
+        chat_so_far: list[dict[str, str]] = []
+        for role, content, _ in stored:
+            if role == "assistant":
+                again = ask(alone_sdk, chat_so_far, 24)
+                assert again.reply == content, chat_so_far
+            chat_so_far.append({"role": role, "content": content})
+    finally:
+        alone.stop()
 
 
 def _read_screen(fd: int, until: Callable[[str], bool], timeout: float) -> str:

@@ -1,7 +1,8 @@
 """The ways of decoding bench compares, run in alternation, and their summed figures.
 
-Each mode runs every prompt on one loaded pair; the order of the modes rotates run by
-run so that none is favoured by its place. ``ModeTotals`` sums a mode's runs.
+Each mode runs every prompt on one loaded pair, through a :class:`Decoder` (the pair in
+this process, or the engine); the order of the modes rotates run by run so that none
+is favoured by its place. ``ModeTotals`` sums a mode's runs.
 """
 
 from __future__ import annotations
@@ -159,8 +160,50 @@ def bench_modes(
     return modes
 
 
+class Decoder(Protocol):
+    """Where bench's generations run: the pair in this process (:class:`LocalDecoder`),
+    or the engine over its socket (``app.bench.through_engine``)."""
+
+    def decode(
+        self, prompt: BenchPrompt, mode: BenchMode, params: SamplingParams, max_tokens: int
+    ) -> ModeTotals:
+        """One generation of ``prompt`` in ``mode``, summed as a single run."""
+        ...
+
+    def prompt_tokens(self, prompt: BenchPrompt) -> Sequence[int] | None:
+        """The prompt's tokens, for the yardsticks (None: none can run here)."""
+        ...
+
+
+class LocalDecoder:
+    """Generations on a pair loaded in this process: what the loop itself costs."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        # Each prompt is read and compiled once per run of the suite, not once per mode.
+        self._prepared: dict[int, tuple[BenchPrompt, tuple[int, ...], ConstraintSpec | None]] = {}
+
+    def _prepare(self, prompt: BenchPrompt) -> tuple[tuple[int, ...], ConstraintSpec | None]:
+        held = self._prepared.get(id(prompt))
+        if held is None or held[0] is not prompt:
+            held = (prompt, prompt.prompt_tokens(self.engine), prompt.constraint(self.engine))
+            self._prepared[id(prompt)] = held
+        return held[1], held[2]
+
+    def prompt_tokens(self, prompt: BenchPrompt) -> Sequence[int]:
+        """The prompt in the target's chat template."""
+        return self._prepare(prompt)[0]
+
+    def decode(
+        self, prompt: BenchPrompt, mode: BenchMode, params: SamplingParams, max_tokens: int
+    ) -> ModeTotals:
+        """One generation in ``mode`` on the loaded pair."""
+        tokens, constraint = self._prepare(prompt)
+        return _run_mode(self.engine, mode, tokens, params, max_tokens, constraint)
+
+
 def run_modes(
-    engine: Engine,
+    decoder: Decoder,
     prompts: list[BenchPrompt],
     modes: list[BenchMode],
     *,
@@ -181,24 +224,22 @@ def run_modes(
     """
     results: dict[str, dict[str, ModeTotals]] = {}
     params = SamplingParams(temperature=temperature, top_p=0.95 if temperature > 0 else 1.0)
-    _warm_up(engine, prompts[0], modes, yardsticks, params)
+    _warm_up(decoder, prompts[0], modes, yardsticks, params)
     runners: list[BenchMode | Yardstick] = [*modes, *yardsticks]
     run = 0
     for repeat in range(repeats):
         for prompt in prompts:
-            tokens = prompt.prompt_tokens(engine)
-            constraint = prompt.constraint(engine)
             by_mode = results.setdefault(prompt.category, {})
             shift = run % len(runners)
             for runner in runners[shift:] + runners[:shift]:
                 if isinstance(runner, BenchMode):
-                    if runner.ignore_constraint and constraint is None:
+                    if runner.ignore_constraint and not prompt.constrained:
                         continue  # the same as plain on an unconstrained prompt
-                    label, sample = (
-                        runner.label,
-                        _run_mode(engine, runner, tokens, params, max_tokens, constraint),
-                    )
+                    label = runner.label
+                    sample = decoder.decode(prompt, runner, params, max_tokens)
                 else:
+                    tokens = decoder.prompt_tokens(prompt)
+                    assert tokens is not None, "yardsticks run only beside a local pair"
                     label, sample = runner.name, _run_yardstick(runner, tokens, max_tokens)
                 totals = by_mode.setdefault(label, ModeTotals())
                 totals.add(sample)
@@ -252,19 +293,22 @@ def _run_yardstick(yardstick: Yardstick, tokens: tuple[int, ...], max_tokens: in
 
 
 def _warm_up(
-    engine: Engine,
+    decoder: Decoder,
     prompt: BenchPrompt,
     modes: list[BenchMode],
     yardsticks: Sequence[Yardstick],
     params: SamplingParams,
 ) -> None:
     """One short, untimed run of every mode: pages the weights in, warms caches."""
-    tokens = prompt.prompt_tokens(engine)
-    constraint = prompt.constraint(engine)
     for mode in modes:
-        _run_mode(engine, mode, tokens, params, WARM_UP_TOKENS, constraint)
-    for yardstick in yardsticks:
-        yardstick.decode_speed(tokens, WARM_UP_TOKENS)
+        if mode.ignore_constraint and not prompt.constrained:
+            continue
+        decoder.decode(prompt, mode, params, WARM_UP_TOKENS)
+    if yardsticks:
+        tokens = decoder.prompt_tokens(prompt)
+        assert tokens is not None, "yardsticks run only beside a local pair"
+        for yardstick in yardsticks:
+            yardstick.decode_speed(tokens, WARM_UP_TOKENS)
 
 
 def _progress(

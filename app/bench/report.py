@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 from app.bench.modes import MIN_OWN_PLAIN_ROUNDS, ModeTotals, paired_ratios
 from backends.controller import CostModel
@@ -46,10 +47,29 @@ def projected_speedup(
 def format_report(
     results: dict[str, dict[str, ModeTotals]],
     labels: list[str],
-    costs: CostModel,
+    costs: CostModel | None,
     projections: dict[str, dict[str, float | None]],
+    *,
+    where: dict[str, Any] | None = None,
 ) -> str:
-    """The human-readable report."""
+    """The human-readable report; ``costs`` None: measured through the engine (``where``)."""
+    lines = ["", _engine_heading(where or {})] if costs is None else _cost_lines(costs)
+    lines += _mode_lines(results, labels, projections)
+    return "\n".join(lines)
+
+
+def _engine_heading(where: dict[str, Any]) -> str:
+    kernels = "exact" if where.get("exact_kernels") else "fastest"
+    return (
+        f"Through the engine (pid {where.get('pid')}, version {where.get('version')}, "
+        f"context {where.get('context_length')}, {kernels} kernels):\n"
+        "  each figure is the engine's loop as its clients see it. Forward costs and\n"
+        "  ceilings need the pair in this process: bench without --engine measures them."
+    )
+
+
+def _cost_lines(costs: CostModel) -> list[str]:
+    """What the forward passes cost here, the ceilings, what a draft step costs."""
     lines = ["", f"Measured costs on this machine (median of {COST_REPEATS}):"]
     forward = ", ".join(f"{n}: {s * 1000:.0f}" for n, s in costs.target_seconds.items())
     lines.append(f"  target forward of n tokens (ms)  {forward}")
@@ -74,6 +94,16 @@ def format_report(
             f"  a draft step costs {ratio:.2f} of a target step"
             + ("  -> a draft model cannot pay here" if ratio > 0.5 else "")
         )
+    return lines
+
+
+def _mode_lines(
+    results: dict[str, dict[str, ModeTotals]],
+    labels: list[str],
+    projections: dict[str, dict[str, float | None]],
+) -> list[str]:
+    """Each category's table of modes, the footnotes, and each mode's verdict."""
+    lines: list[str] = []
     overall: dict[str, ModeTotals] = {}
     for category, by_mode in results.items():
         base = by_mode["plain"].tokens_per_second
@@ -147,4 +177,4 @@ def format_report(
             f"worst {worst_ratio:.2f}x ({worst_category}); "
             f"median run {statistics.median(runs):.2f}x of {len(runs)}."
         )
-    return "\n".join(lines)
+    return lines

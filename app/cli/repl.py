@@ -3,9 +3,10 @@
 A client of the engine, like the chat app: finds ``draftpen serve`` on its socket (or
 starts one, and says so), stays attached, has it load the pair, then reads a message,
 streams the reply (the engine reuses the cached prefix of earlier turns), prints the
-statistics line and keeps the conversation. Ctrl+C stops a reply and keeps what was
-written; Ctrl+D or /exit leaves. If the engine dies mid-reply, what it wrote is kept,
-marked as interrupted, and a new engine is started.
+statistics line and keeps the conversation. When the chat outgrows the context, the
+engine leaves out its oldest turns and a line says how many. Ctrl+C stops a reply and
+keeps what was written; Ctrl+D or /exit leaves. If the engine dies mid-reply, what it
+wrote is kept in the chat, marked as interrupted, and a new engine is started.
 """
 
 from __future__ import annotations
@@ -67,62 +68,95 @@ class EngineSession:
 
 def run_plain_chat(args: argparse.Namespace, settings: Settings) -> int:
     """Chat until the user leaves; ``settings`` already carry this run's flags."""
-    pair = args.pair or settings.default_pair
-    session = EngineSession(args, settings, pair)
-    client = session.start()
-    system = settings.system_prompt
-    messages: list[ChatMessage] = [ChatMessage("system", system)] if system else []
-    _say(HELP)
-    try:
-        while True:
-            try:
-                line = input("\n> ")
-            except EOFError:
-                print()
-                return 0
-            text = line.strip()
-            if not text:
-                continue
-            if text == "/exit":
-                return 0
-            if text == "/new":
-                messages = messages[:1] if system else []
-                _say("(new chat)")
-                continue
-            messages.append(ChatMessage("user", text))
-            turn = ChatTurn(
-                pair=pair,
-                messages=tuple(messages),
-                params=settings.sampling_params(seed=args.seed),
-                max_tokens=settings.max_tokens,
-                drafter=settings.drafter,
-                draft_tokens=settings.draft_tokens,
-                fit_context=True,
-                exact=settings.exact_output,
-                stop=tuple(args.stop),
-                thinking=settings.thinking,
-            )
-            pieces: list[str] = []
-            try:
-                stats = _stream_reply(client, turn, pieces)
-            except EngineLost as error:
-                # Keep what was written, say so, and carry on with a new engine.
-                if pieces:
-                    messages.append(ChatMessage("assistant", "".join(pieces)))
-                else:
-                    messages.pop()
-                _say(f"\n{INTERRUPTED_NOTE} {error}\ndraftpen: starting the engine again ...")
-                client = session.start()
-                continue
-            except DraftpenError as error:
+    return PlainChat(args, settings).run()
+
+
+class PlainChat:
+    """One plain chat: the conversation so far (``messages``) and the engine it uses."""
+
+    def __init__(self, args: argparse.Namespace, settings: Settings) -> None:
+        self.args = args
+        self.settings = settings
+        self.pair = args.pair or settings.default_pair
+        self.session = EngineSession(args, settings, self.pair)
+        system = settings.system_prompt
+        self.system = [ChatMessage("system", system)] if system else []
+        self.messages: list[ChatMessage] = list(self.system)
+
+    def run(self) -> int:
+        """Read messages and answer them until Ctrl+D or /exit."""
+        client = self.session.start()
+        _say(HELP)
+        try:
+            while True:
+                try:
+                    line = input("\n> ")
+                except EOFError:
+                    print()
+                    return 0
+                text = line.strip()
+                if not text:
+                    continue
+                if text == "/exit":
+                    return 0
+                if text == "/new":
+                    self.messages = list(self.system)
+                    _say("(new chat)")
+                    continue
+                client = self.answer(client, text)
+        finally:
+            self.session.close()
+
+    def answer(self, client: EngineClient, text: str) -> EngineClient:
+        """Stream the reply to ``text`` and keep both in the conversation.
+
+        Returns the client to use next: a new engine's when this one died mid-reply.
+        """
+        messages = self.messages
+        messages.append(ChatMessage("user", text))
+        settings = self.settings
+        turn = ChatTurn(
+            pair=self.pair,
+            messages=tuple(messages),
+            params=settings.sampling_params(seed=self.args.seed),
+            max_tokens=settings.max_tokens,
+            drafter=settings.drafter,
+            draft_tokens=settings.draft_tokens,
+            fit_context=True,
+            exact=settings.exact_output,
+            stop=tuple(self.args.stop),
+            thinking=settings.thinking,
+        )
+        pieces: list[str] = []
+        try:
+            stats = _stream_reply(client, turn, pieces)
+        except EngineLost as error:
+            # Keep what was written, say so, and carry on with a new engine.
+            if pieces:
+                messages.append(ChatMessage("assistant", "".join(pieces)))
+                kept = "What it wrote is kept in the chat."
+            else:
                 messages.pop()
-                _say(f"\ndraftpen: {error}")
-                continue
-            messages.append(ChatMessage("assistant", "".join(pieces)))
-            if stats is not None:
-                _say(f"\n[{format_stats(stats)}]")
-    finally:
-        session.close()
+                kept = "It wrote nothing; send your message again."
+            _say(f"\n{INTERRUPTED_NOTE} {error}\n{kept}\ndraftpen: starting the engine again ...")
+            return self.session.start()
+        except DraftpenError as error:
+            messages.pop()
+            _say(f"\ndraftpen: {error}")
+            return client
+        messages.append(ChatMessage("assistant", "".join(pieces)))
+        if stats is not None:
+            _say(f"\n[{format_stats(stats)}]")
+        return client
+
+
+def left_out_line(count: int) -> str:
+    """What the REPL says when the engine left out the oldest messages to fit its context."""
+    noun = "message" if count == 1 else "messages"
+    return (
+        f"(the chat no longer fits the model's context: the {count} oldest {noun} were left "
+        "out, and the model does not see them; /new starts a new chat)"
+    )
 
 
 def _stream_reply(
@@ -149,6 +183,8 @@ def _stream_reply(
             else:
                 if reply is None:  # the stream knows the reasoning format from here
                     reply = ReplyStream(stream.reasoning)
+                    if stream.left_out_messages:
+                        _say(left_out_line(stream.left_out_messages))
                 answered = len(reply.answer)
                 reply.add(item)
                 pieces.append(reply.answer[answered:])

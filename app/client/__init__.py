@@ -3,7 +3,8 @@
 ``ensure_engine`` finds the engine on the socket or starts one; :class:`EngineClient`
 asks it for its health, its pairs, a load, and streams a chat reply as
 :class:`Waiting`, :class:`Loading` and :class:`~backends.speculative.GenerationEvent`
-items. ``wire`` holds the request and response shapes the engine uses too.
+items. ``wire`` holds the request and response shapes the engine uses too;
+``engine_log`` the log of an engine a front end started (``engine.log``, rotated).
 
 May import: ``app.settings``, ``app.errors``, ``backends`` (its data types). Never
 ``app.engine`` (it is reached over the socket) and never a front end: the chat app and
@@ -11,6 +12,7 @@ the plain REPL import this package, not the other way round.
 """
 
 from app.client.engine_client import ChatTurn, EngineClient, Loading, Waiting
+from app.client.engine_log import engine_log_path
 from app.client.errors import (
     EngineError,
     EngineLost,
@@ -19,7 +21,7 @@ from app.client.errors import (
     EngineVersionError,
     NotAnEngineError,
 )
-from app.client.starting import engine_log_path, ensure_engine, find_engine
+from app.client.starting import ensure_engine, find_engine
 from app.client.wire import HealthReport as EngineHealth
 from app.client.wire import PairCard as PairListing
 

@@ -59,6 +59,12 @@ class ChatTurn:
     stop: tuple[str, ...] = ()
     # A thinking model thinks (True), answers at once (False), or as its template likes.
     thinking: bool | None = None
+    # OpenAI's fields, as they go on the wire: functions the model must or may call
+    # ({"type": "function", "function": {...}}), and the JSON the reply must be.
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -215,14 +221,17 @@ class ChatStream:
 
     ``reasoning`` is how the reply marks a thinking model's reasoning (the engine knows
     it from the chat template), set once the first event is in; None for a model that
-    does not think aloud. The HTTP stream closes after the last event, or on
-    :meth:`close`.
+    does not think aloud. ``left_out_messages`` is how many of the oldest messages the
+    engine left out of the prompt to fit its context (``ChatTurn.fit_context``), also
+    known once the first event is in. The HTTP stream closes after the last event, or
+    on :meth:`close`.
     """
 
     def __init__(self, payloads: Generator[dict[str, Any], None, None]) -> None:
         self._payloads = payloads
         self._finished = False
         self.reasoning: ReasoningFormat | None = None
+        self.left_out_messages = 0
 
     def __iter__(self) -> ChatStream:
         return self
@@ -233,6 +242,8 @@ class ChatStream:
             extra = payload.get("draftpen") or {}
             if "reasoning" in extra:
                 self.reasoning = decode_reasoning(extra["reasoning"])
+            if "left_out_messages" in extra:
+                self.left_out_messages = int(extra["left_out_messages"])
             item = chat_item(payload)
             if item is None:
                 continue
@@ -279,6 +290,14 @@ def chat_request_body(turn: ChatTurn) -> dict[str, Any]:
         body["speculative"] = speculative
     if turn.thinking is not None:
         body["chat_template_kwargs"] = {"enable_thinking": turn.thinking}
+    if turn.tools:
+        body["tools"] = list(turn.tools)
+    if turn.tool_choice is not None:
+        body["tool_choice"] = turn.tool_choice
+    if turn.parallel_tool_calls is not None:
+        body["parallel_tool_calls"] = turn.parallel_tool_calls
+    if turn.response_format is not None:
+        body["response_format"] = turn.response_format
     return body
 
 

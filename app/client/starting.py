@@ -2,9 +2,9 @@
 
 A front end calls :func:`ensure_engine`: if a draftpen engine of this API version
 answers on the socket it is used; if nobody does, ``draftpen serve --idle-exit`` is
-started detached (its own session, output to ``engine.log`` in the cache directory) and
-waited for. Anything else on the socket, or an engine of another API version, is an
-error whose message says how to clear the way.
+started detached (its own session, output to ``engine.log`` in the cache directory,
+rotated past a few MB: ``engine_log``) and waited for. Anything else on the socket, or
+an engine of another API version, is an error whose message says how to clear the way.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from app.client.engine_client import EngineClient
+from app.client.engine_log import engine_log_path, rotate_log
 from app.client.errors import (
     EngineError,
     EngineStartError,
@@ -29,16 +30,10 @@ from app.client.errors import (
     NotAnEngineError,
 )
 from app.client.wire import API_VERSION, SERVICE, SOCKET_ENV, HealthReport, default_socket_path
-from app.settings import Settings, cache_dir
+from app.settings import Settings
 
-ENGINE_LOG_NAME = "engine.log"
 # Starting an engine that loads nothing takes a second or two; a busy machine, longer.
 DEFAULT_START_SECONDS = 60.0
-
-
-def engine_log_path() -> Path:
-    """Where an engine started by a client writes its log."""
-    return cache_dir() / ENGINE_LOG_NAME
 
 
 def find_engine(socket_path: Path) -> EngineClient | None:
@@ -176,9 +171,23 @@ def _someone_listens(path: Path) -> bool:
 def _start_engine(
     path: Path, log_path: Path, serve_options: Sequence[str]
 ) -> subprocess.Popen[bytes]:
-    """``draftpen serve --idle-exit --socket PATH`` in its own session, output to the log."""
+    """``draftpen serve --idle-exit --socket PATH`` in its own session, output to the log.
+
+    The log is rotated first if it has grown large; the engine, told where its output
+    goes (``--log-file``), rotates it again whenever it grows past the limit.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "app.main", "serve", "--idle-exit", *serve_options]
+    rotate_log(log_path)
+    command = [
+        sys.executable,
+        "-m",
+        "app.main",
+        "serve",
+        "--idle-exit",
+        "--log-file",
+        os.fspath(log_path),
+        *serve_options,
+    ]
     if path != default_socket_path() or os.environ.get(SOCKET_ENV):
         command += ["--socket", os.fspath(path)]
     with log_path.open("ab") as log:

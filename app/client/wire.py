@@ -17,6 +17,8 @@ Stream chunk additions (all inside ``chunk["draftpen"]``):
 - ``queue``: ``{"position": N, "ahead": ["chat (smollm2)", ...]}`` while the request
   waits behind others (``progress``), sent again whenever it moves up;
 - ``loading``: a line of text while the engine loads the pair (``progress``);
+- ``left_out_messages``: how many of the oldest messages ``fit_context`` left out of
+  the prompt so that it fits the context (on every chunk of the reply; absent when none);
 - everything :meth:`~backends.speculative.SpeculativeStats.as_dict` holds, and
   ``drafter``, ``draft_length``, ``estimated_speedup``, ``decision``.
 """

@@ -220,11 +220,13 @@ class AgentApi:
         def prepare(engine: Engine) -> Prepared:
             plan = self._reply_plan(parsed, engine)
             messages = parsed.chat_messages()
+            left_out = 0
             try:
                 if options.fit_context and not plan.prompt_tools:
                     reply_room = parsed.completion_limit[0] or self.settings.max_tokens
                     fitted = fit_conversation(engine, messages, reply_room, thinking=thinking)
                     prompt, prompt_text = list(fitted.tokens), fitted.text
+                    left_out = fitted.dropped_messages
                 else:
                     prompt_text = engine.chat_prompt_text(
                         messages, plan.prompt_tools, thinking=thinking
@@ -245,6 +247,7 @@ class AgentApi:
                 reasoning=engine.reasoning_format(prompt_text),
                 provenance=options.provenance,
                 response_id=response_id,
+                left_out_messages=left_out,
             )
             generation = self._generation_request(
                 parsed, prompt, "messages", plan.constraint, engine, fit=options.fit_context

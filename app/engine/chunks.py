@@ -53,8 +53,11 @@ class ResponseFormat:
         token_bytes: Callable[[int], bytes] | None = None,
         provenance: bool = False,
         response_id: str | None = None,
+        left_out_messages: int = 0,
     ) -> None:
         self.id = response_id or new_response_id(self.id_prefix)
+        # The oldest messages fit_context left out of the prompt (0: none, or not asked).
+        self.left_out_messages = left_out_messages
         self.created = int(time.time())
         self.model_id = model_id
         self.include_usage = include_usage
@@ -69,7 +72,7 @@ class ResponseFormat:
 
     def new_tally(self) -> GenerationTally:
         """A fresh tally for this response's events."""
-        return GenerationTally()
+        return GenerationTally(left_out_messages=self.left_out_messages)
 
     def _envelope(self, object_name: str) -> dict[str, Any]:
         return {
@@ -186,6 +189,7 @@ class ChatFormat(ResponseFormat):
         reasoning: ReasoningFormat | None = None,
         provenance: bool = False,
         response_id: str | None = None,
+        left_out_messages: int = 0,
     ) -> None:
         super().__init__(
             model_id,
@@ -193,6 +197,7 @@ class ChatFormat(ResponseFormat):
             token_bytes=token_bytes,
             provenance=provenance,
             response_id=response_id,
+            left_out_messages=left_out_messages,
         )
         self.tool_parser = tool_parser
         # Set for a model that reasons aloud: its reasoning goes to reasoning_content.
@@ -205,7 +210,7 @@ class ChatFormat(ResponseFormat):
 
     def new_tally(self) -> GenerationTally:
         """A tally that splits the reply's reasoning from its answer, where there is any."""
-        return GenerationTally(self.reasoning)
+        return GenerationTally(self.reasoning, left_out_messages=self.left_out_messages)
 
     def stream_chunks(self, event: GenerationEvent, tally: GenerationTally) -> list[dict[str, Any]]:
         """Plain text chunks; with tools, content and call deltas; reasoning apart."""

@@ -6,8 +6,9 @@ loads one before it listens. Started by a front end (``--idle-exit``), it stops 
 has been idle that long with no front end attached; run as a service, it stays.
 
 Prints one line on stdout once it listens (``draftpen serve: listening on unix:PATH``),
-logs to stderr, and runs until SIGTERM or Ctrl+C; then it cancels what is generating,
-removes its socket and exits 0 (130 after Ctrl+C).
+logs to stderr (both to ``--log-file``, rotated, when given), and runs until SIGTERM or
+Ctrl+C; then it cancels what is generating, removes its socket and exits 0 (130 after
+Ctrl+C).
 """
 
 from __future__ import annotations
@@ -120,6 +121,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "not re-read their prompts: auto (an eighth of RAM), 0 (off) or a size such as "
         "2GiB (default: the conversation_cache setting, auto)",
     )
+    serve.add_argument(
+        "--log-file",
+        default=None,
+        metavar="PATH",
+        help="write the engine's output to PATH instead of stdout and stderr, moving it to "
+        "PATH.1 whenever it passes 4 MiB (how a front end starts the engine: "
+        "engine.log in the cache directory)",
+    )
     serve.set_defaults(func=run_serve)
 
 
@@ -143,6 +152,12 @@ def run_serve(args: argparse.Namespace) -> int:
     from backends.select import choose_runtime
 
     settings = load_settings()
+    if args.log_file:
+        from app.engine.log_file import RotatingOutput
+
+        output = RotatingOutput(Path(args.log_file).expanduser().absolute())
+        output.open()
+        output.start_watching()
     if args.queue < 0:
         raise DraftpenError("--queue must be 0 or more.")
     if args.context is not None and args.context < 16:

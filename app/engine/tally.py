@@ -16,7 +16,11 @@ from backends.speculative import GenerationEvent, TokenLogprob
 class GenerationTally:
     """What a generation has produced so far, read by the response formats."""
 
-    def __init__(self, reasoning: ReasoningFormat | None = None) -> None:
+    def __init__(
+        self, reasoning: ReasoningFormat | None = None, *, left_out_messages: int = 0
+    ) -> None:
+        # How many of the oldest messages were left out of the prompt to fit the context.
+        self.left_out_messages = left_out_messages
         # The answer's text, one piece per event (reasoning left out).
         self.pieces: list[str] = []
         self.reasoning_pieces: list[str] = []
@@ -78,7 +82,9 @@ class GenerationTally:
         """The ``draftpen`` field: running statistics plus the latest drafter choice."""
         if self.last is None:
             return {}
+        fitted = {"left_out_messages": self.left_out_messages} if self.left_out_messages else {}
         return {
+            **fitted,
             **self.last.stats.as_dict(),
             "drafter": self.last.drafter,
             "draft_length": self.last.draft_length,

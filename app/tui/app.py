@@ -227,7 +227,9 @@ class DraftpenApp(App[None]):
         """The models screen: choose, download or delete pairs."""
 
         def picked(pair_name: str | None) -> None:
-            if pair_name and (pair_name != self.pair_name or self.loaded is None):
+            # Even the app's own pair: another client may have had the engine switch
+            # (the screen showed what the engine holds); a load of the held pair is free.
+            if pair_name:
                 self.load_pair(pair_name)
 
         try:
@@ -235,7 +237,7 @@ class DraftpenApp(App[None]):
         except DraftpenError as error:
             self.notify(str(error), title="Cannot read the catalog", severity="error")
             return
-        screen = ModelsScreen(service, self.pair_name)
+        screen = ModelsScreen(service, self.pair_name, self.client)
         self.push_screen(screen, picked)
         screen.call_after_refresh(screen.select_pair, self.pair_name)
 

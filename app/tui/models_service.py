@@ -34,18 +34,27 @@ class PairListing:
     draft_bytes: int | None
     fit: str
     fits: bool
-    state: str  # downloaded, partial, absent, or "no <runtime> models"
+    # downloaded, partial, absent, or "no <runtime> models"; "loaded" when the engine
+    # holds it (the models screen asks the engine).
+    state: str
     # The pair recommend_pair picks for this machine (models list marks the same one).
     recommended: bool = False
 
     @property
     def available(self) -> bool:
         """Whether the pair has models for this runtime at all."""
-        return self.state in ("downloaded", "partial", "absent")
+        return self.state in ("loaded", "downloaded", "partial", "absent")
+
+    @property
+    def usable(self) -> bool:
+        """Whether the engine can load it now (all its files are here)."""
+        return self.state in ("loaded", "downloaded")
 
     @property
     def sizes(self) -> str:
-        """Target and draft sizes, e.g. ``1.1 GB + 491 MB``."""
+        """Target and draft sizes, e.g. ``1.1 GB + 491 MB`` ("" when not known)."""
+        if not self.target_bytes:
+            return ""
         if self.draft_bytes is None:
             return f"{format_bytes(self.target_bytes)} (no draft)"
         return f"{format_bytes(self.target_bytes)} + {format_bytes(self.draft_bytes)}"

@@ -168,6 +168,13 @@ class ChatScreen(Screen[None]):
         text: str
 
     @dataclass
+    class ContextFitted(Message):
+        """The engine left out the ``left_out`` oldest messages so the chat fits its context."""
+
+        message_id: int
+        left_out: int
+
+    @dataclass
     class ReplyLost(Message):
         """The engine went away while writing ``message_id``; ``error`` says so."""
 
@@ -390,6 +397,9 @@ class ChatScreen(Screen[None]):
                     first = reply.last_event is None
                     if first and stream.reasoning is not None:  # known with the first event
                         splitter = ReasoningSplitter(stream.reasoning)
+                    if first and stream.left_out_messages:  # known with the first event too
+                        left_out = stream.left_out_messages
+                        self.post_message(self.ContextFitted(reply.message_id, left_out))
                     # Events rebuilt from the stream carry no token ids: the running
                     # count says how many tokens this one brought.
                     tokens = item.stats.generated_tokens - generated
@@ -420,6 +430,18 @@ class ChatScreen(Screen[None]):
         reply.notice = message.text
         if reply.last_event is None:
             self.query_one(StatsBar).show_status(message.text)
+
+    @on(ContextFitted)
+    def _context_fitted(self, message: ContextFitted) -> None:
+        noun = "message was" if message.left_out == 1 else "messages were"
+        self.notify(
+            f"The {message.left_out} oldest {noun} left out so the chat fits the model's "
+            "context: the model does not see them (the chat keeps them). Ctrl+N starts a "
+            "new chat.",
+            title="The chat is longer than the context",
+            severity="warning",
+            timeout=10,
+        )
 
     async def _keep_unfinished(
         self, reply: ReplyInProgress, state: str, note: str | None = None

@@ -1,5 +1,11 @@
 """The models screen: every pair with sizes, fit and state; download, cancel, delete, use.
 
+The screen is a client of the engine too: while the app is attached to one, which pairs
+can be served and which one is loaded come from the engine (``GET /v1/models``, read in
+a thread worker when the screen opens and every few seconds while it shows, so a pair an
+agent switched to shows as loaded); the catalog adds the pairs that can be downloaded.
+Downloads stay local file work.
+
 The pair recommended for this machine is starred, with the reason above the table; below
 it, the GGUF files already on the machine and which of them can pair (``models scan``),
 read in a thread worker when the screen opens (S scans again).
@@ -12,7 +18,7 @@ what was fetched, and the next download of the pair resumes from there.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -24,6 +30,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, ProgressBar
 
+from app.client import EngineClient, EngineError
+from app.client.wire import PairCard
 from app.errors import DownloadCancelledError, DraftpenError
 from app.models.disk import format_bytes
 from app.models.pair_download import PullEvent
@@ -35,6 +43,8 @@ from backends.errors import BackendError
 
 # State first: the description is long and is the column a narrow terminal cuts.
 COLUMNS = ("Pair", "State", "Target + draft", "Fits this machine", "Good for")
+# How often the open screen asks the engine what it serves (a small local request).
+ENGINE_REFRESH_SECONDS = 2.0
 
 
 def describe_progress(done: int, total: int, speed: float | None, eta: float | None) -> str:
@@ -79,10 +89,26 @@ class ModelsScreen(Screen[str | None]):
 
         result: ScanResult
 
-    def __init__(self, service: ModelsService, current_pair: str | None) -> None:
+    @dataclass
+    class EngineListed(Message):
+        """The engine's pairs (``GET /v1/models``), or why they could not be read."""
+
+        pairs: list[PairCard] | None
+        error: str | None = None
+
+    def __init__(
+        self,
+        service: ModelsService,
+        current_pair: str | None,
+        engine: EngineClient | None = None,
+    ) -> None:
         super().__init__()
         self.service = service
         self.current_pair = current_pair
+        # The engine the app is attached to; None: not connected (yet), files only.
+        self.engine = engine
+        # What the engine serves, as last read (None: not read, or it could not be).
+        self.engine_pairs: list[PairCard] | None = None
         self.rows: list[PairListing] = []
         self.downloading: str | None = None
         self.cancel = threading.Event()
@@ -92,6 +118,7 @@ class ModelsScreen(Screen[str | None]):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Label("", id="machine-runtime")
+        yield Label("", id="engine-pairs")
         yield Label("", id="recommendation")
         yield DataTable(id="pairs", cursor_type="row", zebra_stripes=True)
         yield FoundModelsView(id="found-models")
@@ -114,8 +141,12 @@ class ModelsScreen(Screen[str | None]):
         )
         self.query_one("#pairs", DataTable).add_columns(*COLUMNS)
         self.query_one("#download").display = False
+        self._show_engine_note(None)
         self.refresh_rows()
         self.action_scan()
+        if self.engine is not None:
+            self._read_engine()
+            self.set_interval(ENGINE_REFRESH_SECONDS, self._read_engine)
 
     def on_unmount(self) -> None:
         # Quitting mid-download: stop the worker thread (the partial file is kept).
@@ -127,14 +158,22 @@ class ModelsScreen(Screen[str | None]):
         if pair_name in names:
             self.query_one("#pairs", DataTable).move_cursor(row=names.index(pair_name))
 
+    @property
+    def loaded_pair(self) -> str | None:
+        """The pair marked ●: the engine's loaded one, or without an engine the app's."""
+        if self.engine_pairs is None:
+            return self.current_pair
+        return next((card.id for card in self.engine_pairs if card.loaded), None)
+
     def refresh_rows(self) -> None:
-        """Read every pair's state again."""
+        """Read every pair's state again (the engine's word, as last read, first)."""
         table = self.query_one("#pairs", DataTable)
         cursor = table.cursor_row
         table.clear()
-        self.rows = self.service.rows()
+        self.rows = merge_engine_pairs(self.service.rows(), self.engine_pairs)
+        loaded = self.loaded_pair
         for row in self.rows:
-            marker = "● " if row.name == self.current_pair else "  "
+            marker = "● " if row.name == loaded else "  "
             star = " ★" if row.recommended else ""
             sizes = row.sizes if row.available else ""
             table.add_row(
@@ -148,6 +187,43 @@ class ModelsScreen(Screen[str | None]):
         )
         if self.rows:
             table.move_cursor(row=min(cursor, len(self.rows) - 1))
+
+    # -- the engine ------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="engine-pairs", exit_on_error=False)
+    def _read_engine(self) -> None:
+        """Ask the engine what it serves and what it holds (in a thread: a socket call)."""
+        assert self.engine is not None
+        try:
+            pairs = self.engine.pairs()
+        except EngineError as error:
+            self.post_message(self.EngineListed(None, str(error)))
+            return
+        self.post_message(self.EngineListed(pairs))
+
+    @on(EngineListed)
+    def _engine_listed(self, message: EngineListed) -> None:
+        changed = message.pairs != self.engine_pairs
+        self.engine_pairs = message.pairs
+        self._show_engine_note(message.error)
+        if changed:  # redraw the table only when the engine's answer changed
+            self.refresh_rows()
+
+    def _show_engine_note(self, error: str | None) -> None:
+        if self.engine is None:
+            text = "No engine attached yet: the list shows the files on this machine."
+        elif error is not None:
+            text = f"Could not ask the engine ({error}); the list shows this machine's files."
+        elif self.engine_pairs is None:
+            text = "Asking the engine what it serves…"
+        else:
+            loaded = self.loaded_pair
+            held = f"{loaded} is loaded" if loaded else "no pair is loaded"
+            text = (
+                f"The engine serves {len(self.engine_pairs)} downloaded pairs; {held} "
+                "(● marks it). Enter has it load another."
+            )
+        self.query_one("#engine-pairs", Label).update(text)
 
     def _selected(self) -> PairListing | None:
         table = self.query_one("#pairs", DataTable)
@@ -166,7 +242,7 @@ class ModelsScreen(Screen[str | None]):
         row = self._selected()
         if row is None:
             return
-        if row.state == "downloaded":
+        if row.usable:
             self.dismiss(row.name)
         else:
             self.action_download()
@@ -182,7 +258,7 @@ class ModelsScreen(Screen[str | None]):
         if not row.available:
             self._say(f"{row.name} has no models for {row.runtime}.")
             return
-        if row.state == "downloaded":
+        if row.usable:
             self._say(f"{row.name} is already downloaded; Enter uses it.")
             return
         self.downloading = row.name
@@ -209,6 +285,12 @@ class ModelsScreen(Screen[str | None]):
             return
         if row.name == self.current_pair:
             self._say(f"{row.name} is loaded in the chat; pick another pair first.")
+            return
+        if row.state == "loaded":
+            self._say(f"{row.name} is loaded in the engine; have it load another pair first.")
+            return
+        if row.target_bytes == 0:  # a pair only the engine knows: its files are not ours
+            self._say(f"{row.name} is not a pair of this machine's catalog; nothing to delete.")
             return
 
         def delete(confirmed: bool | None) -> None:
@@ -308,3 +390,42 @@ class ModelsScreen(Screen[str | None]):
         else:
             self._say(f"Download of {message.pair} failed: {message.error}")
         self.refresh_rows()
+
+
+def merge_engine_pairs(
+    rows: list[PairListing], engine_pairs: list[PairCard] | None
+) -> list[PairListing]:
+    """The catalog's rows with the engine's word on what can be served and what is loaded.
+
+    A pair the engine serves is "downloaded", or "loaded" when it holds it; the others
+    keep what this machine's files say (absent, partial: something to download). A pair
+    the engine serves that the catalog here does not list is added at the end.
+    """
+    if engine_pairs is None:
+        return rows
+    served = {card.id: card for card in engine_pairs}
+    merged = [
+        replace(row, state="loaded" if served[row.name].loaded else "downloaded")
+        if row.name in served
+        else row
+        for row in rows
+    ]
+    known = {row.name for row in rows}
+    runtime = rows[0].runtime if rows else ""
+    for card in engine_pairs:
+        if card.id in known:
+            continue
+        models = f"{card.target} + {card.draft}" if card.draft else f"{card.target} (no draft)"
+        merged.append(
+            PairListing(
+                name=card.id,
+                description=f"served by the engine: {models}",
+                runtime=runtime,
+                target_bytes=0,
+                draft_bytes=None,
+                fit="",
+                fits=True,
+                state="loaded" if card.loaded else "downloaded",
+            )
+        )
+    return merged
