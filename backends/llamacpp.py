@@ -222,6 +222,20 @@ class LlamaCppModel:
         self.n_threads = threads
         self._memory = llama_cpp.llama_get_memory(self._context)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        # numpy views of the batch's arrays, made once: filling a batch is then a few
+        # array assignments, not five ctypes stores per token. Every token belongs to
+        # sequence 0 alone, so those fields are set here for good.
+        batch = self._batch
+        self._batch_tokens = np.ctypeslib.as_array(batch.token, shape=(self.n_batch,))
+        self._batch_positions = np.ctypeslib.as_array(batch.pos, shape=(self.n_batch,))
+        self._batch_wants_logits = np.ctypeslib.as_array(batch.logits, shape=(self.n_batch,))
+        np.ctypeslib.as_array(batch.n_seq_id, shape=(self.n_batch,))[:] = 1
+        for index in range(self.n_batch):
+            batch.seq_id[index][0] = 0
+        self._offsets = np.arange(self.n_batch, dtype=self._batch_positions.dtype)
+        # The logits buffer's address and a view of it (see _logits_view).
+        self._logits_address = 0
+        self._logits_rows = np.empty((0, self.n_vocab), dtype=np.float32)
         self._tokens: list[int] = []
         self._piece_cache: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
@@ -321,14 +335,11 @@ class LlamaCppModel:
             )
         batch = self._batch
         batch.n_tokens = count
-        token_array, position_array = batch.token, batch.pos
-        seq_count, seq_ids, logit_flags = batch.n_seq_id, batch.seq_id, batch.logits
-        for index, token in enumerate(tokens):
-            token_array[index] = token
-            position_array[index] = start + index
-            seq_count[index] = 1
-            seq_ids[index][0] = 0
-            logit_flags[index] = index >= logits_from
+        self._batch_tokens[:count] = tokens
+        np.add(self._offsets[:count], start, out=self._batch_positions[:count])
+        wants_logits = self._batch_wants_logits
+        wants_logits[:logits_from] = 0
+        wants_logits[logits_from:count] = 1
         status = llama_cpp.llama_decode(self._context, batch)
         if status != 0:
             if status == 1:
@@ -340,8 +351,18 @@ class LlamaCppModel:
         self._tokens.extend(tokens)
 
     def _logits_view(self, rows: int) -> np.ndarray:
+        """The first ``rows`` rows of llama.cpp's logits buffer, as a numpy view.
+
+        Making a view costs ~90 us (numpy builds ctypes array types for it), more than
+        sampling a row, so one is kept and sliced while the buffer stays where it was;
+        llama.cpp moves it only when a batch needs more output rows than it holds.
+        """
         pointer = llama_cpp.llama_get_logits(self._context)
-        return np.ctypeslib.as_array(pointer, shape=(rows, self.n_vocab))
+        address = ctypes.addressof(pointer.contents)
+        if address != self._logits_address or rows > self._logits_rows.shape[0]:
+            self._logits_rows = np.ctypeslib.as_array(pointer, shape=(rows, self.n_vocab))
+            self._logits_address = address
+        return self._logits_rows[:rows]
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Evaluate tokens into the cache, batch by batch, with no logits at all."""

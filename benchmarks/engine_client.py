@@ -27,7 +27,6 @@ import os
 import signal
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -85,7 +84,7 @@ def through_engine(client: EngineClient, pair: str, tokens: int) -> tuple[float,
     started = time.perf_counter()
     first: float | None = None
     events = []
-    for item in client.chat(turn, threading.Event()):
+    for item in client.chat(turn):
         if isinstance(item, GenerationEvent):
             if item.text and first is None:
                 first = time.perf_counter()
@@ -113,7 +112,7 @@ def per_event_cost(repeats: int) -> tuple[float, float]:
     remote: list[float] = []
     with fixtures.scripted_engine_server(Path(tempfile.mkdtemp(prefix="dp-bench-"))) as server:
         client = server.client()
-        list(client.chat(turn, threading.Event()))  # loads the scripted pair
+        list(client.chat(turn))  # loads the scripted pair
         engine = server.engines[0]
         prompt = tuple(engine.chat_prompt([ChatMessage("user", "hi")]))
         request = GenerationRequest(prompt, GREEDY, max_tokens=3000, drafter="none")
@@ -122,7 +121,7 @@ def per_event_cost(repeats: int) -> tuple[float, float]:
             count = sum(1 for _ in engine.generate(request))
             local.append((time.perf_counter() - started) * 1e3 / count)
             started = time.perf_counter()
-            count = len(list(client.chat(turn, threading.Event())))
+            count = len(list(client.chat(turn)))
             remote.append((time.perf_counter() - started) * 1e3 / count)
     return statistics.median(local), statistics.median(remote)
 

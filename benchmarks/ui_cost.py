@@ -268,7 +268,11 @@ def _in_process_engine(args: argparse.Namespace) -> Iterator[Runner]:
 
 @contextlib.contextmanager
 def _engine_process(args: argparse.Namespace, tree: Path) -> Iterator[Runner]:
+    import app.client
     from app.client import ChatTurn, EngineClient, find_engine
+
+    # A tree from before CancelFlag (2026-11-23) takes a plain Event.
+    new_cancel_flag = getattr(app.client, "CancelFlag", threading.Event)
     from app.tui.app import DraftpenApp
     from backends.base import ChatMessage
     from backends.speculative import GenerationEvent
@@ -304,7 +308,7 @@ def _engine_process(args: argparse.Namespace, tree: Path) -> Iterator[Runner]:
                 last: list[Any] = []
 
                 def drain() -> None:
-                    for item in client.chat(turn, threading.Event()):
+                    for item in client.chat(turn, new_cancel_flag()):
                         if isinstance(item, GenerationEvent):
                             last[:] = [item]
 

@@ -13,7 +13,7 @@ import socket
 import threading
 from pathlib import Path
 
-from app.client import ChatTurn, EngineClient
+from app.client import CancelFlag, ChatTurn, EngineClient
 from backends.base import ChatMessage
 
 _HEADERS = (
@@ -55,7 +55,7 @@ class SilentEngine:
 def test_setting_cancel_closes_a_silent_stream_at_once(tmp_path: Path) -> None:
     path = tmp_path / "engine.sock"
     engine = SilentEngine(path)
-    cancel = threading.Event()
+    cancel = CancelFlag()
     turn = ChatTurn(pair="any", messages=(ChatMessage("user", "hello"),))
     outcome: list[object] = []
 
@@ -65,10 +65,13 @@ def test_setting_cancel_closes_a_silent_stream_at_once(tmp_path: Path) -> None:
         except Exception as error:  # recorded, so the test can say what went wrong
             outcome.append(error)
 
+    threads_before = threading.active_count()
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
         assert engine.answered.wait(10)
+        # Nothing polls the flag meanwhile: the reader is the stream's only thread.
+        assert threading.active_count() == threads_before + 1
         assert not engine.hung_up.wait(0.3)  # a silent stream is kept open meanwhile
         cancel.set()
         # The engine would send nothing for two minutes: only the hang-up ends this.
@@ -78,3 +81,23 @@ def test_setting_cancel_closes_a_silent_stream_at_once(tmp_path: Path) -> None:
         assert outcome == [[]]  # a stopped stream ends quietly, with nothing read
     finally:
         engine.close()
+
+
+def test_a_hook_runs_once_when_set_and_not_once_forgotten() -> None:
+    flag = CancelFlag()
+    calls: list[str] = []
+    flag.on_set(lambda: calls.append("kept"))
+    forget = flag.on_set(lambda: calls.append("forgotten"))
+    forget()
+    flag.set()
+    flag.set()
+    assert calls == ["kept"]
+    assert flag.is_set()
+
+
+def test_a_hook_registered_after_the_flag_is_set_runs_at_once() -> None:
+    flag = CancelFlag()
+    flag.set()
+    calls: list[str] = []
+    flag.on_set(lambda: calls.append("late"))
+    assert calls == ["late"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from app.client import ChatTurn, EngineRequestError, Loading, Waiting
+from app.client import CancelFlag, ChatTurn, EngineRequestError, Loading, Waiting
 from app.client.engine_client import chat_item
 from app.engine.command import parse_duration
 from app.errors import DraftpenError
@@ -77,7 +77,7 @@ def test_many_clients_asking_for_one_pair_at_once_load_it_once(tmp_path: Path):
 
         def ask(index: int) -> str:
             if index == 0:
-                return reply_text(list(client.chat(turn("alpha"), threading.Event())))
+                return reply_text(list(client.chat(turn("alpha"))))
             return sdk_answer(sdk, "alpha")
 
         with ThreadPoolExecutor(max_workers=4) as pool:
@@ -89,7 +89,7 @@ def test_many_clients_asking_for_one_pair_at_once_load_it_once(tmp_path: Path):
 
 def test_client_chat_streams_the_load_then_events_with_provenance_and_stats(tmp_path: Path):
     with scripted_engine_server(tmp_path) as engine:
-        items = list(engine.client().chat(turn("alpha"), threading.Event()))
+        items = list(engine.client().chat(turn("alpha")))
     loading = [item.text for item in items if isinstance(item, Loading)]
     assert "reading alpha" in loading
     events = [item for item in items if isinstance(item, GenerationEvent)]
@@ -122,12 +122,8 @@ def test_a_waiting_request_is_told_its_place_and_what_it_waits_behind(tmp_path: 
         first: list[object] = []
         second: list[object] = []
         chats = [
-            threading.Thread(
-                target=lambda: first.extend(client.chat(turn("alpha"), threading.Event()))
-            ),
-            threading.Thread(
-                target=lambda: second.extend(client.chat(turn("alpha"), threading.Event()))
-            ),
+            threading.Thread(target=lambda: first.extend(client.chat(turn("alpha")))),
+            threading.Thread(target=lambda: second.extend(client.chat(turn("alpha")))),
         ]
         chats[0].start()
         wait_until(lambda: client.health().queue.waiting == 1, "the first chat to queue")
@@ -191,7 +187,7 @@ def test_a_pair_that_is_not_downloaded_is_refused_naming_those_that_are(tmp_path
     with scripted_engine_server(tmp_path) as engine:
         client = engine.client()
         with pytest.raises(EngineRequestError, match="alpha, beta") as refused:
-            list(client.chat(turn("gamma"), threading.Event()))
+            list(client.chat(turn("gamma")))
         assert refused.value.status == 404 and refused.value.code == "model_not_found"
         with pytest.raises(EngineRequestError, match="not a draftpen pair"):
             client.load("gamma")
@@ -210,11 +206,11 @@ def test_fit_context_leaves_out_the_oldest_turns_instead_of_refusing(tmp_path: P
         client = engine.client()
         tight = ChatTurn("alpha", tuple(messages), GREEDY, max_tokens=64, fit_context=False)
         with pytest.raises(EngineRequestError, match="context") as refused:
-            list(client.chat(tight, threading.Event()))
+            list(client.chat(tight))
         assert refused.value.code == "context_length_exceeded"
 
         fitted = ChatTurn("alpha", tuple(messages), GREEDY, max_tokens=64, fit_context=True)
-        items = list(client.chat(fitted, threading.Event()))
+        items = list(client.chat(fitted))
         assert [item for item in items if isinstance(item, GenerationEvent)][-1].finish_reason
         request = engine.engines[0].requests[-1]
         prompt = bytes(token - 4 for token in request.prompt_tokens if token >= 4).decode()
@@ -242,7 +238,7 @@ def test_cancel_closes_the_stream_and_the_engine_counts_it_cancelled(tmp_path: P
         client = engine.client()
         sdk_answer(engine.openai(), "alpha")
         engine.gate.clear()
-        cancel = threading.Event()
+        cancel = CancelFlag()
         seen: list[object] = []
         waiter = threading.Thread(
             target=lambda: seen.extend(client.chat(turn("alpha"), cancel)), daemon=True
@@ -368,14 +364,14 @@ def test_a_thinking_models_reply_reaches_the_client_as_the_loop_wrote_it(tmp_pat
 
     with scripted_engine_server(tmp_path, make_model=thinker) as engine:
         client = engine.client()
-        stream = client.chat(turn("alpha"), threading.Event())
+        stream = client.chat(turn("alpha"))
         items = list(stream)
         # The loop's own text, tags and all, as an in-process front end saw it, and how
         # the reply marks its reasoning, so the front end can show it apart.
         assert reply_text(items) == reply
         assert stream.reasoning == ReasoningFormat("<think>", "</think>", starts_inside=False)
 
-        quiet = client.chat(turn("alpha", thinking=False), threading.Event())
+        quiet = client.chat(turn("alpha", thinking=False))
         assert reply_text(list(quiet)) == "Hello!"
 
         # An OpenAI client of the same engine gets the reasoning apart, as before.

@@ -11,7 +11,6 @@ costs the loop (its event loop, the stream) is in them; the client's reading is 
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,7 +53,7 @@ class EngineDecoder:
         )
         last: GenerationEvent | None = None
         waited = False
-        for item in self.client.chat(turn, threading.Event()):
+        for item in self.client.chat(turn):
             if isinstance(item, Waiting):
                 waited = True
             elif isinstance(item, Loading):

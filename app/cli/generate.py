@@ -127,7 +127,7 @@ def _events_from_engine(
 ) -> tuple[Iterator[GenerationEvent], Callable[[], ReasoningFormat | None]]:
     """The answer's events from the engine (its notices go to stderr), and how its
     reasoning is marked (known once the first event has arrived)."""
-    from app.client import ChatTurn, Loading, Waiting, ensure_engine
+    from app.client import CancelFlag, ChatTurn, Loading, Waiting, ensure_engine
 
     if args.raw:
         raise DraftpenError("--engine answers chat prompts only; leave out --raw.")
@@ -150,7 +150,7 @@ def _events_from_engine(
         stop=tuple(args.stop),
         thinking=args.thinking if args.thinking is not None else settings.thinking,
     )
-    cancel = threading.Event()
+    cancel = CancelFlag()
     _interrupt_sets(cancel)
     stream = client.chat(turn, cancel)
 

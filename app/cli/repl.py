@@ -15,11 +15,18 @@ import argparse
 import contextlib
 import signal
 import sys
-import threading
 
 from app.cli.reply_stream import ReplyStream
 from app.cli.stats_line import format_stats
-from app.client import ChatTurn, EngineClient, EngineLost, Loading, Waiting, ensure_engine
+from app.client import (
+    CancelFlag,
+    ChatTurn,
+    EngineClient,
+    EngineLost,
+    Loading,
+    Waiting,
+    ensure_engine,
+)
 from app.errors import DraftpenError
 from app.settings import Settings
 from backends.base import ChatMessage
@@ -165,7 +172,7 @@ def _stream_reply(
     """Stream one reply's answer into ``pieces``; Ctrl+C stops it (the engine stops at
     its round). A thinking model's reasoning goes to stderr and never into ``pieces``:
     it does not go back into the conversation."""
-    cancel = threading.Event()
+    cancel = CancelFlag()
 
     def stop_reply(signum: int, frame: object) -> None:
         cancel.set()

@@ -11,6 +11,7 @@ May import: ``app.settings``, ``app.errors``, ``backends`` (its data types). Nev
 the plain REPL import this package, not the other way round.
 """
 
+from app.client.cancel_flag import CancelFlag
 from app.client.engine_client import ChatTurn, EngineClient, Loading, Waiting
 from app.client.engine_log import engine_log_path
 from app.client.errors import (
@@ -26,6 +27,7 @@ from app.client.wire import HealthReport as EngineHealth
 from app.client.wire import PairCard as PairListing
 
 __all__ = [
+    "CancelFlag",
     "ChatTurn",
     "EngineClient",
     "EngineError",

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import socket
-import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from app.client.cancel_flag import CancelFlag
 from app.client.errors import EngineLost, EngineRequestError
 from app.client.wire import (
     DraftpenRequestOptions,
@@ -136,12 +136,13 @@ class EngineClient:
                 return LoadedPairReport.model_validate(extra["loaded"])
         raise EngineLost(f"The engine on {self.socket_path} ended the load without an answer.")
 
-    def chat(self, turn: ChatTurn, cancel: threading.Event) -> ChatStream:
+    def chat(self, turn: ChatTurn, cancel: CancelFlag | None = None) -> ChatStream:
         """Stream one reply: :class:`Waiting`, :class:`Loading`, then generation events.
 
         The events carry the loop's text with provenance and the running statistics;
-        the last has a ``finish_reason``. Setting ``cancel`` closes the stream, and the
-        engine stops at its next round. Raises :class:`EngineLost` if the engine goes
+        the last has a ``finish_reason``. Setting ``cancel`` hangs the stream up at
+        once (even while the engine sends nothing), and the engine stops the
+        generation inside its round. Raises :class:`EngineLost` if the engine goes
         away. The stream's ``reasoning`` says how a thinking model marks its reasoning.
         """
         payloads = self._stream("/v1/chat/completions", chat_request_body(turn), cancel)
@@ -177,9 +178,10 @@ class EngineClient:
     # -- streams ---------------------------------------------------------------
 
     def _stream(
-        self, path: str, body: dict[str, Any], cancel: threading.Event | None = None
+        self, path: str, body: dict[str, Any], cancel: CancelFlag | None = None
     ) -> Generator[dict[str, Any], None, None]:
         """The JSON payloads of a server-sent event stream, until ``[DONE]``."""
+        forget_hang_up: Callable[[], None] = lambda: None  # noqa: E731
         try:
             with (
                 self._http(read_timeout=STREAM_SILENCE_SECONDS) as http,
@@ -189,7 +191,7 @@ class EngineClient:
                     response.read()
                     _json_or_raise(response)
                 if cancel is not None:
-                    _hang_up_on_cancel(response, cancel)
+                    forget_hang_up = cancel.on_set(_hang_up(response))
                 for line in response.iter_lines():
                     if cancel is not None and cancel.is_set():
                         return  # leaving the block closes the stream: the engine cancels
@@ -210,6 +212,8 @@ class EngineClient:
             if cancel is not None and cancel.is_set():
                 return  # our own hang-up ended the read
             raise _lost(self.socket_path, error) from error
+        finally:
+            forget_hang_up()  # the stream is over: a later set has nothing to close
         if cancel is None or not cancel.is_set():
             raise EngineLost(
                 f"The engine on {self.socket_path} closed the stream before it finished."
@@ -341,31 +345,22 @@ def chat_item(payload: dict[str, Any], *, provenance: bool = True) -> ChatItem |
     )
 
 
-# How often a stream's watcher looks at its cancel flag: Esc closes the connection
-# within this, so the engine stops at its next round even while no chunk arrives.
-_HANG_UP_POLL_SECONDS = 0.02
+def _hang_up(response: httpx.Response) -> Callable[[], None]:
+    """A function that shuts the stream's socket down, for :meth:`CancelFlag.on_set`.
 
-
-def _hang_up_on_cancel(response: httpx.Response, cancel: threading.Event) -> None:
-    """Close the stream's connection the moment ``cancel`` is set, from a watcher thread.
-
-    The reading thread may be blocked waiting for the next chunk (the engine is inside
-    a long round, or waits in its queue); shutting the socket down wakes it and tells
-    the engine at once, which cancels the generation, instead of at the next chunk.
+    Shutting it down (from the thread that sets the flag) wakes the reading thread and
+    tells the engine at once, which cancels the generation inside its round.
     """
     stream = response.extensions.get("network_stream")
     connection = stream.get_extra_info("socket") if stream is not None else None
-    if not isinstance(connection, socket.socket):
-        return  # no socket to reach: the reader closes the stream at its next chunk
 
-    def watch() -> None:
-        while not response.is_closed:
-            if cancel.wait(_HANG_UP_POLL_SECONDS):
-                with contextlib.suppress(OSError):  # already closed: nothing to do
-                    connection.shutdown(socket.SHUT_RDWR)
-                return
+    def hang_up() -> None:
+        if isinstance(connection, socket.socket):
+            with contextlib.suppress(OSError):  # already closed: nothing to do
+                connection.shutdown(socket.SHUT_RDWR)
+        # No socket to reach: the reader closes the stream at its next chunk.
 
-    threading.Thread(target=watch, name="draftpen-stream-hang-up", daemon=True).start()
+    return hang_up
 
 
 def _json_or_raise(response: httpx.Response) -> Any:

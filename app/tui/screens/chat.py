@@ -40,7 +40,7 @@ from app.chats.history import (
     History,
     StoredMessage,
 )
-from app.client import ChatTurn, EngineClient, EngineLost, Loading, Waiting
+from app.client import CancelFlag, ChatTurn, EngineClient, EngineLost, Loading, Waiting
 from app.errors import DraftpenError, HistoryError
 from app.rates import RollingRate
 from app.settings import Settings, data_dir
@@ -102,7 +102,7 @@ class ReplyInProgress:
     message_id: int
     chat_id: int
     view: MessageView
-    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel: CancelFlag = field(default_factory=CancelFlag)
     lock: threading.Lock = field(default_factory=threading.Lock)
     segments: list[tuple[str, bool]] = field(default_factory=list)
     content: str = ""
