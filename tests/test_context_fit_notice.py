@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import re
-import threading
 from pathlib import Path
 
 import pytest
@@ -60,9 +59,7 @@ def test_the_stream_says_how_many_of_the_oldest_messages_were_left_out(tmp_path:
     messages.append(ChatMessage("user", "And now?"))
     with scripted_engine_server(tmp_path, n_ctx=512) as engine:
         client = engine.client()
-        stream = client.chat(
-            ChatTurn("alpha", tuple(messages), GREEDY, max_tokens=64), threading.Event()
-        )
+        stream = client.chat(ChatTurn("alpha", tuple(messages), GREEDY, max_tokens=64))
         assert list(stream)
         prompt = prompt_text(engine.engines[0])
         left_out = messages_left_out(prompt, users)
@@ -70,10 +67,7 @@ def test_the_stream_says_how_many_of_the_oldest_messages_were_left_out(tmp_path:
         assert stream.left_out_messages == left_out
 
         # A chat that fits: nothing is left out, and nothing is said.
-        short = client.chat(
-            ChatTurn("alpha", (ChatMessage("user", "Hi"),), GREEDY, max_tokens=64),
-            threading.Event(),
-        )
+        short = client.chat(ChatTurn("alpha", (ChatMessage("user", "Hi"),), GREEDY, max_tokens=64))
         assert list(short) and short.left_out_messages == 0
 
 

@@ -284,7 +284,7 @@ def test_chat_and_an_openai_client_at_once_share_one_load(engine: EngineClient):
     empty = rss(pid)
 
     def chat(client: EngineClient) -> list[Any]:
-        return list(client.chat(chat_turn("Name a colour."), threading.Event()))
+        return list(client.chat(chat_turn("Name a colour.")))
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         chatted = pool.submit(chat, engine)
@@ -328,9 +328,7 @@ def test_a_waiting_chat_sees_what_it_waits_behind_then_runs(engine: EngineClient
     with holder, holder.stream("POST", "/v1/completions", json=request) as held:
         lines = held.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))  # generating now
-        waiter = threading.Thread(
-            target=lambda: items.extend(engine.chat(chat_turn("Say hi."), threading.Event()))
-        )
+        waiter = threading.Thread(target=lambda: items.extend(engine.chat(chat_turn("Say hi."))))
         waiter.start()
         wait_until(lambda: any(isinstance(item, Waiting) for item in items), "a queue notice")
     # Leaving the block abandons the agent's stream: the engine cancels it, the chat runs.
@@ -346,16 +344,12 @@ def test_many_openai_clients_and_a_chat_at_once_answer_as_each_alone(engine: Eng
     topics = ["rivers", "owls", "tea"]
     client = sdk(engine)
     alone = [sdk_chat(client, f"One sentence about {topic}.") for topic in topics]
-    chat_alone = chat_text(
-        list(engine.chat(chat_turn("One sentence about maps."), threading.Event()))
-    )
+    chat_alone = chat_text(list(engine.chat(chat_turn("One sentence about maps."))))
     assert len(set(alone)) == len(topics) and chat_alone
 
     with ThreadPoolExecutor(max_workers=len(topics) + 1) as pool:
         chatted = pool.submit(
-            lambda: chat_text(
-                list(engine.chat(chat_turn("One sentence about maps."), threading.Event()))
-            )
+            lambda: chat_text(list(engine.chat(chat_turn("One sentence about maps."))))
         )
         together = list(pool.map(lambda t: sdk_chat(client, f"One sentence about {t}."), topics))
         assert chatted.result(timeout=300) == chat_alone
@@ -395,7 +389,7 @@ def test_an_engine_killed_mid_reply_raises_engine_lost_and_a_new_one_starts(engi
     )
     received: list[Any] = []
     with pytest.raises(EngineLost, match="Lost the draftpen engine"):
-        for item in client.chat(long_reply, threading.Event()):
+        for item in client.chat(long_reply):
             received.append(item)
             if sum(isinstance(i, GenerationEvent) for i in received) == 3:
                 os.kill(pid, signal.SIGKILL)
