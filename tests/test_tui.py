@@ -20,11 +20,13 @@ from app.tui.widgets.message_view import DRAFT_STYLE, MessageView
 from app.tui.widgets.stats_bar import StatsBar
 from tests.tui_helpers import (
     make_app,
+    reply_views,
     run,
     scripted_engine,
     send,
     settle,
     stop_engine_servers,  # noqa: F401 (an autouse fixture)
+    wait_until_ready,
 )
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts"
@@ -34,20 +36,8 @@ CODE_REPLY = (
 )
 
 
-async def wait_until_ready(app, pilot) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(200):
-        await pilot.pause()
-        if app.ready:
-            return
-    raise AssertionError(f"engine never loaded: {app.engine_status}")
-
-
 def stats_text(app) -> str:  # type: ignore[no-untyped-def]
     return str(app.chat_screen.query_one(StatsBar).render())
-
-
-def reply_views(app) -> list[MessageView]:  # type: ignore[no-untyped-def]
-    return [view for view in app.chat_screen.query(MessageView) if view.role == "assistant"]
 
 
 def test_reply_streams_in_and_stats_bar_shows_the_loops_statistics() -> None:

@@ -22,11 +22,13 @@ from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.reasoning_view import ReasoningView
 from tests.tui_helpers import (
     make_app,
+    reply_views,
     run,
     scripted_engine,
     send,
     settle,
     stop_engine_servers,  # noqa: F401 (an autouse fixture)
+    wait_until_ready,
 )
 
 WIDTH = 60  # the test apps' width: a line of the tail holds this many characters
@@ -285,20 +287,6 @@ def test_a_slow_redraw_never_takes_text_back_after_the_reply_is_drawn_whole() ->
             assert not view.query_one(LiveTail).display
 
     run(body)
-
-
-async def wait_until_ready(app: Any, pilot: Any) -> None:
-    """Until the engine holds the pair."""
-    for _ in range(200):
-        await pilot.pause()
-        if app.ready:
-            return
-    raise AssertionError(f"engine never loaded: {app.engine_status}")
-
-
-def reply_views(app: Any) -> list[MessageView]:
-    """The assistant's messages on screen."""
-    return [view for view in app.chat_screen.query(MessageView) if view.role == "assistant"]
 
 
 async def written_up_to(app: Any, pilot: Any, length: int) -> MessageView:

@@ -28,6 +28,7 @@ from app.models.sources.on_this_machine import ScanResult
 from app.settings import Settings
 from app.tui.app import DraftpenApp
 from app.tui.models_service import PairListing
+from app.tui.widgets.message_view import MessageView
 from backends.engine import Engine, GenerationRequest
 from backends.speculative import GenerationEvent
 from tests.byte_model import ScriptedByteModel
@@ -191,3 +192,17 @@ async def send(pilot: Any, text: str) -> None:
     prompt.focus()
     prompt.insert(text)
     await pilot.press("enter")
+
+
+async def wait_until_ready(app: DraftpenApp, pilot: Any) -> None:
+    """Until the engine holds the pair."""
+    for _ in range(200):
+        await pilot.pause()
+        if app.ready:
+            return
+    raise AssertionError(f"engine never loaded: {app.engine_status}")
+
+
+def reply_views(app: DraftpenApp) -> list[MessageView]:
+    """The assistant's messages on screen."""
+    return [view for view in app.chat_screen.query(MessageView) if view.role == "assistant"]
