@@ -213,6 +213,24 @@ def test_greedy_token_is_the_argmax_on_random_rows() -> None:
         assert greedy_token(row) == int(np.argmax(row))
 
 
+@pytest.mark.parametrize("flat", [False, True], ids=["peaked", "flat"])
+def test_a_drafters_confidence_is_the_softmax_of_its_token_to_a_thousandth(
+    flat: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Peaked rows sum the tokens near the top; a flat one (tens of thousands near it)
+    # is summed whole in one float32 pass instead.
+    whole_row_passes = record_calls(monkeypatch, "_row_mass")
+    rng = np.random.default_rng(15)
+    for peak in (14.0, 18.0, 25.0):
+        row = (rng.standard_normal(QWEN_VOCAB) * (0.5 if flat else 2.4)).astype(np.float32)
+        token = int(rng.integers(QWEN_VOCAB))
+        row[token] = row.max() + (0.1 if flat else peak)
+        scaled = row.astype(np.float64)
+        exact = 1.0 / np.exp(scaled - scaled[token]).sum()
+        assert sampling.top_token_probability(row, token) == pytest.approx(exact, rel=1e-3)
+    assert bool(whole_row_passes) == flat
+
+
 def test_sparse_distribution_looks_up_probabilities_inside_and_outside_its_support() -> None:
     dist = SparseDistribution(np.array([3, 7, 20], dtype=np.int64), np.array([0.2, 0.5, 0.3]))
     assert dist.prob_of(7) == 0.5
