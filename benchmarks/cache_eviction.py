@@ -15,7 +15,16 @@ itself is in the cache either way), then times the work twice:
 "after a decode" and "again". The work is what one plain round does with a row:
 ``greedy_token`` at temperature 0, ``distribution`` plus a sample at 0.7.
 
+A second table needs no model: a row-sized array is written, the thread then waits
+(spinning in Python, touching almost nothing) for a while, and one ``max`` over the
+array is timed. On a machine whose caches survive a wait, the time stays flat; where
+it climbs with the wait, something else (the hypervisor, other tenants, the
+scheduler moving the thread) takes the caches while the loop waits for its runtime,
+as it does on every step; such a machine's host figures overstate what the same loop
+costs elsewhere.
+
     DRAFTPEN_MODELS_DIR=... python benchmarks/cache_eviction.py --pair starter
+    python benchmarks/cache_eviction.py --waits-only
 """
 
 from __future__ import annotations
@@ -52,12 +61,37 @@ def row_work(params: SamplingParams, rng: np.random.Generator) -> Callable[[np.n
     return greedy if params.greedy else sampled
 
 
+WAITS_MS = (0.0, 0.1, 0.3, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def print_waits(n_vocab: int, rounds: int) -> None:
+    """Median microseconds of one ``max`` over a row written just before a wait."""
+    source = (np.random.default_rng(0).standard_normal(n_vocab) * 2.5).astype(np.float32)
+    row = np.empty_like(source)
+    print(f"a {n_vocab}-float row written, then a wait, then one max over it ({rounds} each)")
+    for wait_ms in WAITS_MS:
+        times: list[float] = []
+        for _ in range(rounds):
+            np.copyto(row, source)
+            deadline = time.perf_counter() + wait_ms / 1e3
+            while time.perf_counter() < deadline:
+                pass
+            started = time.perf_counter()
+            row.max()
+            times.append(time.perf_counter() - started)
+        print(f"  wait {wait_ms:5.1f} ms: max {statistics.median(times) * 1e6:7.1f} us")
+
+
 def main() -> None:
     """Print median microseconds per row: after a decode, again, and their ratio."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="starter")
     parser.add_argument("--rounds", type=int, default=96, help="decodes per setting")
+    parser.add_argument("--waits-only", action="store_true", help="only the waits table")
     args = parser.parse_args()
+    print_waits(151_936, args.rounds)
+    if args.waits_only:
+        return
 
     model = LlamaCppModel(pair_files(args.pair, "llamacpp").target_path, n_ctx=2048)
     try:
