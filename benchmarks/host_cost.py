@@ -1,7 +1,7 @@
 """The loop's host time per generated token, by mode and sampling setting (a benchmark).
 
 Runs ``draftpen generate --json`` on a real pair for each mode (plain decoding, the
-draft model at K=4) and sampling setting (temperature 0; temperature 0.7 with
+draft model at K=4, ``auto``) and sampling setting (temperature 0; temperature 0.7 with
 top_p 0.95 and top_k 0, an OpenAI client's defaults; the chat app's defaults,
 top_k 40, top_p 0.95, min_p 0.05) and reads ``host_ms_per_token`` from its
 statistics: decode time outside the target's and draft's forward and rollback
@@ -37,6 +37,9 @@ SETTINGS = {
 MODES = {
     "plain": ["--drafter", "none"],
     "draft model K=4": ["--drafter", "model", "--draft-tokens", "4"],
+    # The default: the controller picks the drafter and K each round (it calibrates
+    # first, outside the decode time).
+    "auto": ["--drafter", "auto"],
 }
 PROMPT = "Write a Python function that reverses a list, and explain how it works."
 LAUNCH = "import sys; from app.main import main; sys.exit(main())"
