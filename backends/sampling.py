@@ -255,6 +255,11 @@ def _near_top(
     else:
         # The rest of the top-k set, or of the row, lies below the cut.
         below = ((top_k or n_vocab) - count) * each_below
+    if top_p * (float(weights.sum()) + below) <= 1.0:
+        # The most likely token (weight 1) alone reaches top_p, as in the shortcut
+        # above: _nucleus_in would keep just it (the first of tied maxima), and the
+        # dozen numpy calls it and _finish make would cost more than the answer.
+        return SparseDistribution.point(int(ids[int(np.argmax(weights))]))
     found = _nucleus_in(ids, weights, top_p, (0.0, below))
     if found is _UNDECIDED and not top_k:
         outside = _outside_mass(row, top, temperature, ids)

@@ -520,6 +520,31 @@ def test_a_top_token_that_alone_reaches_top_p_is_the_whole_nucleus() -> None:
     assert_same_filtering(got, row, params)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, top_p=0.95),
+        SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05),
+    ],
+    ids=["openai", "chat_defaults"],
+)
+def test_a_dominant_top_token_among_many_candidates_is_kept_alone_without_sorting(
+    params: SamplingParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 100 runners-up within the near-top cut (more than the few that plain Python
+    # handles) but far enough below that the top token alone reaches top_p.
+    rng = np.random.default_rng(38)
+    row = peaked_row(rng, list(rng.uniform(9.0, 12.0, size=100)))
+    nucleus_searches = record_calls(monkeypatch, "_nucleus_in")
+    got = distribution(row, params)
+    np.testing.assert_array_equal(got.ids, [int(np.argmax(row))])
+    assert not nucleus_searches, "decided from the candidates' total"
+    assert_same_filtering(got, row, params)
+    # Nearer runners-up share the nucleus: then it is searched for as before.
+    close = peaked_row(rng, list(rng.uniform(1.0, 4.0, size=100)))
+    assert distribution(close, params).ids.size > 1 and nucleus_searches
+
+
 def test_tied_top_tokens_keep_the_first_when_one_reaches_top_p() -> None:
     row = peaked_row(np.random.default_rng(33), [0.0, 9.0])  # two tokens tie at the top
     tied = np.flatnonzero(row == row.max())
