@@ -225,24 +225,17 @@ def _near_top(
     near = _near_top_candidates(row, temperature)
     if near is None:
         return None
-    ids, values, top, cut = near
+    ids, values, top, cut, first = near
     n_vocab = row.shape[0]
     count = ids.size
     top_scaled = top / temperature
     # Every token below the cut weighs less than this (computed the way the weights
     # below are, plus a margin for the last bit of rounding).
     each_below = math.exp(float(cut) / temperature - top_scaled) * (1.0 + _BOUND_MARGIN)
-    if count <= _FEW_CANDIDATES and (not top_k or count <= top_k):
-        # Most of an LLM's rows: the most likely token alone reaches top_p whatever
-        # lies below the cut. With a few candidates Python's own arithmetic answers
-        # that sooner than a round of numpy calls would (each costs microseconds more
-        # right after a forward, when little of numpy is in the CPU's caches).
-        listed = values.tolist()
-        total = math.fsum(math.exp(value / temperature - top_scaled) for value in listed)
-        below = ((top_k or n_vocab) - count) * each_below
-        if top_p * (total + below) <= 1.0:
-            # Ties: the first, as the sort in _nucleus_in would keep.
-            return SparseDistribution.point(int(ids[listed.index(top)]))
+    if count <= _PYTHON_CANDIDATES:
+        return _near_top_in_python(
+            row, ids, values, (top, first, each_below), temperature, top_k, top_p, min_p
+        )
     weights = values.astype(np.float64)
     weights /= temperature
     weights -= top_scaled
@@ -256,10 +249,10 @@ def _near_top(
         # The rest of the top-k set, or of the row, lies below the cut.
         below = ((top_k or n_vocab) - count) * each_below
     if top_p * (float(weights.sum()) + below) <= 1.0:
-        # The most likely token (weight 1) alone reaches top_p, as in the shortcut
-        # above: _nucleus_in would keep just it (the first of tied maxima), and the
-        # dozen numpy calls it and _finish make would cost more than the answer.
-        return SparseDistribution.point(int(ids[int(np.argmax(weights))]))
+        # The most likely token (weight 1) alone reaches top_p: _nucleus_in would keep
+        # just it (the first of tied maxima), and the dozen numpy calls it and _finish
+        # make would cost more than the answer.
+        return SparseDistribution.point(first)
     found = _nucleus_in(ids, weights, top_p, (0.0, below))
     if found is _UNDECIDED and not top_k:
         outside = _outside_mass(row, top, temperature, ids)
@@ -274,22 +267,105 @@ def _near_top(
     return _finish(ids, weights, min_p)
 
 
+def _near_top_in_python(
+    row: np.ndarray,
+    ids: np.ndarray,
+    values: np.ndarray,
+    maximum: tuple[float, int, float],
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+) -> SparseDistribution | None:
+    """:func:`_near_top`'s filters for a few hundred candidates, in plain Python.
+
+    ``maximum`` is the row's top logit, the first token that has it, and the bound on
+    each token below the cut. The decisions are the numpy code's (the same weights,
+    bounds and stable order, the nucleus found by the same running sum; the totals are
+    summed exactly). Why: right after a forward the CPU's caches hold little of numpy,
+    and each kind of numpy call (a reduction, a sort, an index) then costs tens of
+    microseconds before it does any work, more than Python's arithmetic on this many
+    numbers. Most rows end at the first test: the top token alone reaches top_p.
+    """
+    top, first, each_below = maximum
+    top_scaled = top / temperature
+    exp = math.exp
+    weights = [exp(value / temperature - top_scaled) for value in values.tolist()]
+    count = len(weights)
+    order: list[int] | None = None  # most likely first, once it is needed
+    if top_k and count > top_k:
+        # Equal weights keep the candidates' (ascending id) order, as the numpy path's
+        # stable sort does; ties at the top-k boundary: any of them, as top-k allows.
+        order = sorted(range(count), key=weights.__getitem__, reverse=True)[:top_k]
+        inside = math.fsum([weights[index] for index in order])
+        below = 0.0  # the top-k set lies among the candidates
+    else:
+        inside = math.fsum(weights)
+        # The rest of the top-k set, or of the row, lies below the cut.
+        below = ((top_k or row.shape[0]) - count) * each_below
+    if top_p * (inside + below) <= 1.0:
+        return SparseDistribution.point(first)  # the top token (weight 1) alone
+    if order is None:
+        order = sorted(range(count), key=weights.__getitem__, reverse=True)
+
+    def nucleus_size(low: float, high: float) -> int | _Verdict:
+        # _nucleus_in's decision, on the sorted weights.
+        if inside < high:
+            return _BEYOND if inside < low else _UNDECIDED
+        size = _first_reaching(order, weights, high)
+        if high != low and _first_reaching(order, weights, low) != size:
+            return _UNDECIDED
+        return size
+
+    found = nucleus_size(top_p * inside, top_p * (inside + below))
+    if found is _UNDECIDED and not top_k:
+        # The bound cannot settle it: sum the rest of the row (one float32 pass).
+        outside = _outside_mass(row, top, temperature, ids)
+        found = nucleus_size(top_p * (inside + outside), top_p * (inside + outside))
+    if isinstance(found, int):
+        order = order[:found]
+    elif found is not _BEYOND or not min_p > each_below:
+        return None  # undecided, or a nucleus reaching below the cut min-p does not cut
+    # (_BEYOND with min-p cutting below: the nucleus holds every candidate and tokens
+    # below the cut, which min-p drops; the top token weighs 1 and always survives.)
+    if min_p > 0.0:
+        floor = min_p * max(weights[index] for index in order)
+        order = [index for index in order if weights[index] >= floor]
+    order.sort()  # candidate positions ascend with their ids
+    kept = [weights[index] for index in order]
+    total = math.fsum(kept)
+    return SparseDistribution(ids[order], np.array([weight / total for weight in kept]))
+
+
+def _first_reaching(order: list[int], weights: list[float], goal: float) -> int:
+    """How many of ``order`` the running sum of their ``weights`` needs to reach ``goal``
+    (all of them if it never does): the count ``np.searchsorted`` gives the numpy path."""
+    running = 0.0
+    for taken, index in enumerate(order, start=1):
+        running += weights[index]
+        if running >= goal:
+            return taken
+    return len(order)
+
+
 def _near_top_candidates(
     row: np.ndarray, temperature: float
-) -> tuple[np.ndarray, np.ndarray, float, np.float32] | None:
+) -> tuple[np.ndarray, np.ndarray, float, np.float32, int] | None:
     """Every token within ``T * _NEAR_TOP_NATS`` of the row's maximum.
 
-    Returns their ids (ascending), their logits, the maximum and the cut: every token
-    left out lies below the cut. None for a row with more than ``_NEAR_TOP_LIMIT``
-    such tokens (or a maximum that is not finite).
+    Returns their ids (ascending), their logits, the maximum, the cut (every token
+    left out lies below it) and the first token with the maximum. None for a row with
+    more than ``_NEAR_TOP_LIMIT`` such tokens (or a maximum that is not finite).
 
-    Two sequential passes (the maximum, then the comparison) and nothing strided over
+    Two sequential passes (the argmax, then the comparison) and nothing strided over
     the whole row: right after a forward the row is not in the CPU's caches, and
     streaming it costs less than a strided sample of it (measured after the starter
     target's decode: ~65 us for the first pass, ~50 us for a sample of every 74th
-    logit; the second pass then finds the row in the cache).
+    logit; the second pass then finds the row in the cache). The argmax rather than
+    ``max``: numpy's reductions pay ~45 us of cold code after a decode, its argmax less.
     """
-    top = float(row.max())
+    first = int(row.argmax())  # NaN: the first NaN's index
+    top = float(row[first])
     if not math.isfinite(top):
         return None  # NaN, +inf, or a row the grammar masked whole: the general path
     # Rounded to float32 as the comparison with the row is; the bound uses that value.
@@ -297,7 +373,7 @@ def _near_top_candidates(
     ids = (row >= cut).nonzero()[0]
     if ids.size > _NEAR_TOP_LIMIT:
         return None  # a flat row: the general path
-    return ids, row[ids], top, cut
+    return ids, row[ids], top, cut, first
 
 
 def distribution_from_top(
@@ -461,9 +537,9 @@ _TINY = 1e-300
 _NEAR_TOP_WEIGHT = 1e-4 / 151_936
 _NEAR_TOP_NATS = -math.log(_NEAR_TOP_WEIGHT)
 _NEAR_TOP_LIMIT = 8192
-# Up to this many candidates, whether the top token alone reaches top-p is worked out
-# in plain Python (see _near_top).
-_FEW_CANDIDATES = 48
+# Up to this many candidates near the top, the filters run in plain Python (see
+# _near_top_in_python); more go through numpy.
+_PYTHON_CANDIDATES = 256
 # top_token_probability leaves out tokens this far below the top (temperature 1): on
 # a 151,936-token vocabulary they hold at most 0.1% of the top's weight. Above
 # _CONFIDENCE_NEAR_LIMIT tokens that close, one pass over the row is cheaper.

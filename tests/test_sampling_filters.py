@@ -531,17 +531,18 @@ def test_a_top_token_that_alone_reaches_top_p_is_the_whole_nucleus() -> None:
 def test_a_dominant_top_token_among_many_candidates_is_kept_alone_without_sorting(
     params: SamplingParams, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # 100 runners-up within the near-top cut (more than the few that plain Python
-    # handles) but far enough below that the top token alone reaches top_p.
+    # 300 runners-up within the near-top cut (more than plain Python filters; numpy
+    # does) but far enough below that the top token alone reaches top_p.
     rng = np.random.default_rng(38)
-    row = peaked_row(rng, list(rng.uniform(9.0, 12.0, size=100)))
+    assert sampling._PYTHON_CANDIDATES < 300
+    row = peaked_row(rng, list(rng.uniform(9.0, 12.0, size=300)))
     nucleus_searches = record_calls(monkeypatch, "_nucleus_in")
     got = distribution(row, params)
     np.testing.assert_array_equal(got.ids, [int(np.argmax(row))])
     assert not nucleus_searches, "decided from the candidates' total"
     assert_same_filtering(got, row, params)
     # Nearer runners-up share the nucleus: then it is searched for as before.
-    close = peaked_row(rng, list(rng.uniform(1.0, 4.0, size=100)))
+    close = peaked_row(rng, list(rng.uniform(1.0, 4.0, size=300)))
     assert distribution(close, params).ids.size > 1 and nucleus_searches
 
 
@@ -613,6 +614,44 @@ def test_a_nucleus_reaching_below_the_cut_is_settled_near_the_top_only_by_min_p(
     got = distribution(row, params)
     np.testing.assert_array_equal(got.ids, [5, 6, 7])
     assert_same_filtering(got, row, params)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [*PEAKED_PARAMS, SamplingParams(temperature=1.0, top_k=3, top_p=0.5, min_p=0.2)],
+    ids=["openai", "chat_defaults", "top_p_0.9", "top_k_top_p", "wide_with_min_p", "all_tight"],
+)
+def test_few_candidates_are_filtered_in_python_exactly_as_numpy_filters_them(
+    params: SamplingParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Up to _PYTHON_CANDIDATES tokens near the top are filtered in plain Python; the
+    # numpy code (the only path with the limit at 0) must give the same distribution:
+    # tied runners-up, top-k sets smaller and larger than the candidates, nuclei of one
+    # and of many tokens, and rows the near-top pass cannot settle.
+    rng = np.random.default_rng(36)
+    rows = [peaked_row(rng, gaps) for gaps in ([], [0.0], [0.5] * 6, [0.0, 0.0, 1.0, 5.0])]
+    rows += [peaked_row(rng, sorted(rng.uniform(0.0, 12.0, size=size))) for size in (3, 30, 200)]
+    rows += [llm_like_row(rng, peak) for peak in (9.0, 12.0)]
+    settled = 0
+    for row in rows:
+        args = (row, params.temperature, params.top_k, params.top_p, params.min_p)
+        in_python = sampling._near_top(*args)
+        with monkeypatch.context() as numpy_only:
+            numpy_only.setattr(sampling, "_PYTHON_CANDIDATES", 0)
+            in_numpy = sampling._near_top(*args)
+        assert (in_python is None) == (in_numpy is None)
+        if in_python is None or in_numpy is None:
+            continue
+        settled += 1
+        # Which of the tokens tied at a top-k boundary are kept is a free choice, so
+        # the kept logits are compared, and the probabilities in logit order.
+        np.testing.assert_array_equal(np.sort(row[in_python.ids]), np.sort(row[in_numpy.ids]))
+        np.testing.assert_allclose(np.sort(in_python.probs), np.sort(in_numpy.probs), rtol=1e-12)
+        if not params.top_k:
+            np.testing.assert_array_equal(in_python.ids, in_numpy.ids)
+        if not near_a_threshold(row, params):
+            assert_same_filtering(in_python, row, params)
+    assert settled >= 6
 
 
 # -- a row known by its top tokens (a runtime that filters on its device) -------------
