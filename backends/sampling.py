@@ -14,6 +14,8 @@ Only with every filter off does a distribution span the full vocabulary.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import threading
 from dataclasses import dataclass
@@ -85,13 +87,25 @@ class SparseDistribution:
 
     def sample(self, rng: np.random.Generator) -> int:
         """Draw one token."""
-        if self.ids.size == 1:
+        size = self.ids.size
+        if size == 1:
             return int(self.ids[0])
+        if size <= _PYTHON_CANDIDATES:
+            # The numpy walk's very sums (left to right) and search, in Python: a
+            # nucleus of a few tokens is sampled with one numpy call, not three.
+            cumulative = list(itertools.accumulate(self.probs.tolist()))
+            index = bisect.bisect_right(cumulative, rng.random() * cumulative[-1])
+            return int(self.ids[min(index, size - 1)])
         return int(self.ids[_inverse_cdf(self.probs, rng.random())])
 
     @property
     def top_prob(self) -> float:
         """The largest probability in the distribution."""
+        size = self.probs.size
+        if size == 1:
+            return float(self.probs[0])
+        if size <= _PYTHON_CANDIDATES:
+            return max(self.probs.tolist())  # no numpy reduction (cold after a forward)
         return float(self.probs.max())
 
 
