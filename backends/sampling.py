@@ -494,6 +494,8 @@ def top_ids(values: np.ndarray, count: int) -> np.ndarray:
 
 def residual(target: SparseDistribution, draft: SparseDistribution) -> SparseDistribution:
     """normalize(max(p - q, 0)): where to sample after a draft token is rejected."""
+    if target.ids.size + draft.ids.size <= _PYTHON_CANDIDATES:
+        return _small_residual(target, draft)
     ids = np.union1d(target.ids, draft.ids)
     excess = np.maximum(target.probs_at(ids) - draft.probs_at(ids), 0.0)
     total = excess.sum()
@@ -502,6 +504,23 @@ def residual(target: SparseDistribution, draft: SparseDistribution) -> SparseDis
         return target
     keep = excess > 0.0
     return SparseDistribution(ids[keep], excess[keep] / total)
+
+
+def _small_residual(target: SparseDistribution, draft: SparseDistribution) -> SparseDistribution:
+    """:func:`residual` of two small supports, in Python: the same differences, summed
+    exactly, with three numpy calls rather than twenty (cold after a forward)."""
+    p = dict(zip(target.ids.tolist(), target.probs.tolist(), strict=True))
+    q = dict(zip(draft.ids.tolist(), draft.probs.tolist(), strict=True))
+    ids = sorted(p.keys() | q.keys())
+    excess = [max(p.get(token, 0.0) - q.get(token, 0.0), 0.0) for token in ids]
+    total = math.fsum(excess)
+    if total <= 0.0:
+        return target  # p == q: a rejection has probability zero; use p
+    kept = [index for index, weight in enumerate(excess) if weight > 0.0]
+    return SparseDistribution(
+        np.array([ids[index] for index in kept], dtype=np.int64),
+        np.array([excess[index] / total for index in kept]),
+    )
 
 
 def verify_draft_token(

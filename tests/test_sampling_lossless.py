@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from backends import sampling
 from backends.sampling import (
     SamplingParams,
     SparseDistribution,
@@ -234,6 +235,31 @@ def test_residual_is_the_normalized_positive_part_of_p_minus_q(case: Case) -> No
     got = residual(case.p, case.q)
     assert np.all(np.diff(got.ids) > 0) and np.all(got.probs > 0)
     np.testing.assert_allclose(dense(got), excess / excess.sum(), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("support", [3, 100, 300], ids=lambda size: f"{size}_tokens")
+def test_residual_is_computed_alike_for_small_and_large_supports(
+    support: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Supports up to _PYTHON_CANDIDATES tokens in all are done in Python, larger ones
+    # with numpy: both must give normalize(max(p - q, 0)), overlapping or not.
+    rng = np.random.default_rng(support)
+    vocab = 4 * support
+
+    def random_distribution() -> SparseDistribution:
+        ids = np.sort(rng.choice(vocab, support, replace=False)).astype(np.int64)
+        return SparseDistribution(ids, rng.dirichlet(np.full(support, 0.5)))
+
+    p, q = random_distribution(), random_distribution()
+    excess = np.maximum(dense(p, vocab) - dense(q, vocab), 0.0)
+    both = []
+    for limit in (sampling._PYTHON_CANDIDATES, 0):
+        monkeypatch.setattr(sampling, "_PYTHON_CANDIDATES", limit)
+        got = residual(p, q)
+        assert np.all(np.diff(got.ids) > 0) and np.all(got.probs > 0)
+        np.testing.assert_allclose(dense(got, vocab), excess / excess.sum(), rtol=1e-12, atol=1e-15)
+        both.append(got)
+    np.testing.assert_array_equal(both[0].ids, both[1].ids)
 
 
 def test_residual_of_identical_distributions_is_p() -> None:
