@@ -47,6 +47,7 @@ SETTINGS: dict[str, SamplingParams] = {
     "T0.7 top_p .95": SamplingParams(temperature=0.7, top_p=0.95),
     "chat defaults": SamplingParams(temperature=0.7, top_p=0.95, top_k=40, min_p=0.05),
 }
+WAITS_MS = (0.0, 0.1, 0.3, 1.0, 2.0, 4.0, 8.0, 16.0)  # the waits table's waits
 
 
 def row_work(params: SamplingParams, rng: np.random.Generator) -> Callable[[np.ndarray], None]:
@@ -59,9 +60,6 @@ def row_work(params: SamplingParams, rng: np.random.Generator) -> Callable[[np.n
         distribution(row, params).sample(rng)
 
     return greedy if params.greedy else sampled
-
-
-WAITS_MS = (0.0, 0.1, 0.3, 1.0, 2.0, 4.0, 8.0, 16.0)
 
 
 def print_waits(n_vocab: int, rounds: int) -> None:

@@ -270,12 +270,12 @@ def _in_process_engine(args: argparse.Namespace) -> Iterator[Runner]:
 def _engine_process(args: argparse.Namespace, tree: Path) -> Iterator[Runner]:
     import app.client
     from app.client import ChatTurn, EngineClient, find_engine
-
-    # A tree from before CancelFlag (2026-11-23) takes a plain Event.
-    new_cancel_flag = getattr(app.client, "CancelFlag", threading.Event)
     from app.tui.app import DraftpenApp
     from backends.base import ChatMessage
     from backends.speculative import GenerationEvent
+
+    # A tree from before CancelFlag (2026-11-23) takes a plain Event.
+    new_cancel_flag = getattr(app.client, "CancelFlag", threading.Event)
 
     socket_path = Path(tempfile.mkdtemp(prefix="dp-ui-")) / "engine.sock"
     command = [
