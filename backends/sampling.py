@@ -87,15 +87,8 @@ class SparseDistribution:
 
     def sample(self, rng: np.random.Generator) -> int:
         """Draw one token."""
-        size = self.ids.size
-        if size == 1:
+        if self.ids.size == 1:
             return int(self.ids[0])
-        if size <= _PYTHON_CANDIDATES:
-            # The numpy walk's very sums (left to right) and search, in Python: a
-            # nucleus of a few tokens is sampled with one numpy call, not three.
-            cumulative = list(itertools.accumulate(self.probs.tolist()))
-            index = bisect.bisect_right(cumulative, rng.random() * cumulative[-1])
-            return int(self.ids[min(index, size - 1)])
         return int(self.ids[_inverse_cdf(self.probs, rng.random())])
 
     @property
@@ -786,10 +779,17 @@ def _nucleus(probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
 def _inverse_cdf(probs: np.ndarray, u: float) -> int:
     """Index i with cumulative(i - 1) <= u * total < cumulative(i).
 
-    Large distributions are walked block by block (block sums, then one block's
-    cumulative sum) instead of one cumulative sum over the whole vocabulary.
+    A few hundred probabilities are summed and searched in Python (the same left to
+    right sums as ``np.cumsum``, the same search as ``np.searchsorted``): a nucleus of
+    a few tokens is then sampled with one numpy call, not three, each of which is cold
+    right after a forward. Large distributions are walked block by block (block sums,
+    then one block's cumulative sum) instead of one cumulative sum over the whole
+    vocabulary.
     """
     size = probs.size
+    if size <= _PYTHON_CANDIDATES:
+        running = list(itertools.accumulate(probs.tolist()))
+        return min(bisect.bisect_right(running, u * running[-1]), size - 1)
     if size <= 4 * _SAMPLE_BLOCK:
         cumulative = np.cumsum(probs)
         index = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
