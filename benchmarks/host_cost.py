@@ -142,7 +142,7 @@ def main() -> None:
         f"host ms per generated token, median (and fastest) of {args.repeats} ({args.pair}, "
         f"{args.max_tokens} tokens); tok/s; load average during the runs"
     )
-    print(f"{'mode':<17} {'setting':<15} " + " ".join(f"{tree!s:>40}" for tree in trees))
+    print(f"{'mode':<17} {'setting':<15} " + " ".join(f"{tree!s:>56}" for tree in trees))
     for mode in modes:
         for setting in settings:
             cells = []
@@ -157,7 +157,7 @@ def main() -> None:
                     f"{statistics.median(hosts):6.3f} ms (min {min(hosts):.3f}) "
                     f"{speed:5.1f} tok/s load {min(loads):.1f}-{max(loads):.1f}"
                 )
-            print(f"{mode:<17} {setting:<15} " + " ".join(f"{cell:>40}" for cell in cells))
+            print(f"{mode:<17} {setting:<15} " + " ".join(f"{cell:>56}" for cell in cells))
 
 
 if __name__ == "__main__":
