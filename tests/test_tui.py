@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 import tomllib
 from pathlib import Path
 
@@ -210,6 +212,31 @@ def test_provenance_colours_mark_draft_tokens_and_toggle_with_a_key() -> None:
             assert view.query_one(Markdown).display
 
     run(body)
+
+
+def test_quitting_while_a_cancelled_worker_winds_down_still_closes_the_history() -> None:
+    # A worker that was cancelled but has not ended yet when the app quits (a closing
+    # screen's, or one that a newer load replaced) raised out of the shutdown and left
+    # the history open.
+    app = make_app({"fake": scripted_engine(["unused"])})
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.5)  # still winding down when the app unmounts
+            raise
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            worker = app.run_worker(slow_to_stop(), group="winding-down")
+            await pilot.pause()
+            worker.cancel()
+
+    run(body)  # the shutdown itself raises nothing
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        app.history.chats()
 
 
 def test_chats_switch_and_survive_a_restart() -> None:

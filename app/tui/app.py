@@ -16,6 +16,7 @@ from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
+from textual.worker import WorkerError
 
 from app.chats.history import History
 from app.client import EngineClient, EngineLost, EngineRequestError, ensure_engine
@@ -272,6 +273,14 @@ class DraftpenApp(App[None]):
         # Closing a reply's stream cancels it in the engine; the engine itself stays
         # (one started for us stops once idle with no client attached).
         self.chat_screen.action_stop()
-        await self.workers.wait_for_complete()
-        self._attachment.close()
-        self.history.close()
+        try:
+            # Every worker ends before the attachment and the history close. One that
+            # was cancelled (a closing screen's, or one a newer load replaced) has
+            # ended too, and one that failed has said so already: neither may stop
+            # the rest of the shutdown, which would leave the history open.
+            for worker in list(self.workers):
+                with contextlib.suppress(WorkerError):
+                    await worker.wait()
+        finally:
+            self._attachment.close()
+            self.history.close()
