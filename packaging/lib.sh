@@ -4,11 +4,21 @@
 # The one place that pins llama-cpp-python, finds a Python, makes virtualenvs and
 # installs llama-cpp-python from a wheel built once per machine and flavour:
 #
-#   ${XDG_CACHE_HOME:-~/.cache}/draftpen/wheels/<flavour>/llama_cpp_python-<version>-*.whl
+#   ${XDG_CACHE_HOME:-~/.cache}/draftpen/wheels/<flavour>-<flags checksum>/llama_cpp_python-<version>-*.whl
 #
 # flavour: cuda (nvcc and nvidia-smi both found), metal (macOS on Apple Silicon),
-# cpu (anything else), or custom-<checksum> when DRAFTPEN_LLAMA_CMAKE_ARGS sets the
-# CMake flags, so a wheel built with other flags never stands in for a standard one.
+# cpu (anything else), portable (the fallback when the native build crashes, see
+# verify_llama_runtime), or custom when DRAFTPEN_LLAMA_CMAKE_ARGS sets the CMake flags.
+# The cache directory is named by the flavour and a checksum of its CMake flags
+# (cpu-1234567890), so a wheel built with other flags, an older recipe's included,
+# never stands in for this one.
+#
+# No AMX. ggml's AMX matmul (ggml_backend_amx_mul_mat) segfaults on the first batched
+# decode on Intel CPUs with AMX (Sapphire Rapids and later, most cloud VMs since 2023):
+# llama.cpp issue #20824 (closed as stale, not fixed), Ollama #17006, and
+# stanfordnlp/dspy#10079. So the x86-64 builds keep every native instruction set of the
+# machine (-march=native) but switch the AMX ones off (-mno-amx-*), which compiles the
+# AMX kernels out. Once upstream fixes it, set DRAFTPEN_LLAMA_AMX=1 to build with them.
 #
 # Written for bash 3.2 too (macOS's /bin/bash): no negative array indexes, no
 # associative arrays, no `${var,,}`.
@@ -107,7 +117,7 @@ draftpen_cache_dir() {
 
 llama_flavour() {
     if [[ -n "${DRAFTPEN_LLAMA_CMAKE_ARGS:-}" ]]; then
-        printf 'custom-%s\n' "$(printf '%s' "$DRAFTPEN_LLAMA_CMAKE_ARGS" | cksum | cut -d' ' -f1)"
+        printf 'custom\n'
     elif command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1; then
         printf 'cuda\n'
     elif is_apple_silicon; then
@@ -117,13 +127,58 @@ llama_flavour() {
     fi
 }
 
+is_x86_64() {
+    case "$(uname -m)" in
+        x86_64 | amd64) return 0 ;;
+        *) return 1 ;;
+    esac
+}
+
+# The compiler flags that keep ggml's AMX kernels out of an x86-64 build (see the top
+# of this file), or nothing where they do not apply or DRAFTPEN_LLAMA_AMX=1.
+_no_amx_cmake_args() {
+    if is_x86_64 && [[ "${DRAFTPEN_LLAMA_AMX:-0}" != 1 ]]; then
+        printf '%s' "'-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'"
+        printf ' %s' "'-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'"
+    fi
+}
+
+# The x86-64 instruction sets ggml can use that this CPU reports, as CMake flags for a
+# build without -march=native: the portable fallback when a native build crashes.
+_portable_cmake_args() {
+    local flags="" feature option args="-DGGML_NATIVE=OFF"
+    if [[ -r /proc/cpuinfo ]]; then
+        flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+    fi
+    for feature in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2; do
+        option=${feature#*:}
+        if [[ $flags == *" ${feature%%:*} "* ]]; then
+            args="$args -DGGML_$option=ON"
+        else
+            args="$args -DGGML_$option=OFF"
+        fi
+    done
+    # AVX-512 and AMX stay off: the fallback trades a little speed for a build that runs.
+    printf '%s -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF\n' "$args"
+}
+
+# The CMake flags for FLAVOUR, quoted for CMAKE_ARGS (scikit-build-core splits it with
+# shlex, so a quoted flag with spaces stays one argument).
 llama_cmake_args() {
     case $1 in
-        custom-*) printf '%s\n' "$DRAFTPEN_LLAMA_CMAKE_ARGS" ;;
-        cuda) printf '%s\n' "-DGGML_CUDA=on" ;;
+        custom) printf '%s\n' "$DRAFTPEN_LLAMA_CMAKE_ARGS" ;;
+        cuda) printf '%s\n' "-DGGML_CUDA=on $(_no_amx_cmake_args)" ;;
         metal) printf '%s\n' "-DGGML_METAL=on" ;;
-        *) printf '\n' ;;
+        portable) _portable_cmake_args ;;
+        *) printf '%s\n' "$(_no_amx_cmake_args)" ;;
     esac
+}
+
+# The wheel cache directory for FLAVOUR: named by the flavour and its flags' checksum.
+llama_wheel_dir() {
+    local flavour=$1
+    printf '%s/wheels/%s-%s\n' "$(draftpen_cache_dir)" "$flavour" \
+        "$(llama_cmake_args "$flavour" | cksum | cut -d' ' -f1)"
 }
 
 # Print the cached wheel in DIR, if there is one.
@@ -204,11 +259,12 @@ with open(sys.argv[1], "rb") as wheel:
 import llama_cpp
 '
 
-# install_llama VENV: install the cached (or freshly built) wheel for this machine.
+# install_llama VENV [FLAVOUR]: install the cached (or freshly built) wheel for this
+# machine (or for FLAVOUR, e.g. portable).
 install_llama() {
     local venv=$1 python="$1/bin/python" flavour dir wheel
-    flavour=$(llama_flavour)
-    dir="$(draftpen_cache_dir)/wheels/$flavour"
+    flavour=${2:-$(llama_flavour)}
+    dir=$(llama_wheel_dir "$flavour")
     if [[ $flavour == cpu ]] && command -v nvidia-smi >/dev/null 2>&1; then
         warn "nvidia-smi found but nvcc is not on PATH: building for the CPU." \
             "Install the CUDA toolkit for GPU inference."

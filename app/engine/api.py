@@ -95,6 +95,9 @@ from backends.tool_calls import ToolCallParser, tool_call_syntax
 
 logger = logging.getLogger("draftpen.server")
 
+# A chat answer's shape: ChatFormat, or another dialect's subclass taking its arguments.
+ChatFormatFactory = type[ChatFormat]
+
 T = TypeVar("T")
 
 MAX_BODY_BYTES = 1 << 20
@@ -210,10 +213,29 @@ class AgentApi:
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``."""
-        parsed = parse_request(ChatCompletionRequest, await self._read_json(request))
+        parsed = parse_request(ChatCompletionRequest, await self.read_json(request))
+        return await self.respond_chat(request, parsed, ChatFormat)
+
+    async def respond_chat(
+        self,
+        request: Request,
+        parsed: ChatCompletionRequest,
+        make_format: ChatFormatFactory,
+        *,
+        response_id: str | None = None,
+    ) -> Response:
+        """Answer one chat request, whatever dialect it came in, in ``make_format``'s shape.
+
+        The one internal request of every chat dialect is a validated
+        :class:`ChatCompletionRequest`: the Messages and Responses adapters translate
+        theirs into one and come here, so the prompt, the tools' grammar, the limits,
+        the queue and the loop are the same code for all of them; only the shape of
+        the answer (``make_format``, called with :class:`ChatFormat`'s arguments)
+        differs.
+        """
         await asyncio.to_thread(self.pairs.check, parsed.model)
         options = parsed.draftpen or DraftpenRequestOptions()
-        response_id = new_response_id(ChatFormat.id_prefix)
+        response_id = response_id or new_response_id(make_format.id_prefix)
 
         thinking = _given(parsed.thinking, self.settings.thinking)
 
@@ -239,7 +261,7 @@ class AgentApi:
                     param="messages",
                     code="invalid_value",
                 ) from None
-            formatter = ChatFormat(
+            formatter = make_format(
                 parsed.model,
                 include_usage=parsed.include_usage,
                 tool_parser=plan.tool_parser,
@@ -250,12 +272,12 @@ class AgentApi:
                 left_out_messages=left_out,
             )
             generation = self._generation_request(
-                parsed, prompt, "messages", plan.constraint, engine, fit=options.fit_context
+                parsed, prompt, "messages", plan.constraint, engine
             )
             return Prepared(generation, formatter)
 
         def fallback() -> ResponseFormat:
-            return ChatFormat(
+            return make_format(
                 parsed.model, include_usage=parsed.include_usage, response_id=response_id
             )
 
@@ -263,7 +285,7 @@ class AgentApi:
 
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``: raw text in, no chat template."""
-        parsed = parse_request(CompletionRequest, await self._read_json(request))
+        parsed = parse_request(CompletionRequest, await self.read_json(request))
         await asyncio.to_thread(self.pairs.check, parsed.model)
         if not parsed.prompt:
             raise ApiError(400, "The prompt is empty.", param="prompt", code="invalid_value")
@@ -279,9 +301,7 @@ class AgentApi:
                 provenance=options.provenance,
                 response_id=response_id,
             )
-            generation = self._generation_request(
-                parsed, prompt, "prompt", None, engine, fit=options.fit_context
-            )
+            generation = self._generation_request(parsed, prompt, "prompt", None, engine)
             return Prepared(generation, formatter)
 
         def fallback() -> ResponseFormat:
@@ -297,7 +317,7 @@ class AgentApi:
         Always a stream: loading notices, then ``{"draftpen": {"loaded": {...}}}`` and
         ``[DONE]``; a failure is an error event. Jobs ahead of it finish first.
         """
-        body = await self._read_json(request)
+        body = await self.read_json(request)
         try:
             wanted = LoadRequest.model_validate(body)
         except ValidationError as error:
@@ -407,8 +427,8 @@ class AgentApi:
         calls = ToolCallOutput(allowed, syntax, mode=mode, parallel=parallel)
         return _ReplyPlan(tools, parser, ConstraintSpec(text=text, tool_calls=calls))
 
-    async def _read_json(self, request: Request) -> object:
-        """The parsed JSON body; its size is checked as it arrives, before parsing."""
+    async def read_json(self, request: Request) -> object:
+        """The parsed JSON body of ``request``; its size is checked as it arrives."""
         body = bytearray()
         received = 0
         try:
@@ -442,8 +462,6 @@ class AgentApi:
         prompt_param: str,
         constraint: ConstraintSpec | None,
         engine: Engine,
-        *,
-        fit: bool = False,
     ) -> GenerationRequest:
         n_ctx = engine.target.n_ctx
         bigger = (
@@ -459,19 +477,12 @@ class AgentApi:
                 code="context_length_exceeded",
             )
         room = n_ctx - len(prompt)
-        limit, limit_param = parsed.completion_limit
+        limit, _ = parsed.completion_limit
         if limit is not None and limit > room:
-            if fit:
-                limit = room  # the client asked to fit: the reply gets the room there is
-            else:
-                raise ApiError(
-                    400,
-                    f"{limit_param} is {limit}, but after the {len(prompt)}-token prompt only "
-                    f"{room} tokens fit in this model's {n_ctx}-token context. Ask for at most "
-                    f"{room}, {bigger}.",
-                    param=limit_param,
-                    code="context_length_exceeded",
-                )
+            # A ceiling, as llama.cpp's server and Ollama read it: agents send limits
+            # far above what is left (opencode: max_tokens 32000 after a 7k prompt) and
+            # expect the reply to stop at the context's end, finishing with "length".
+            limit = room
         settings = self.settings
         speculative = parsed.speculative
         drafter = (speculative.drafter if speculative else None) or settings.drafter

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.client.wire import encode_reasoning, encode_segments
+from app.engine.schema import ApiError
 from app.engine.tally import GenerationTally
 from backends.reasoning import ReasoningFormat
 from backends.speculative import GenerationEvent, TokenLogprob
@@ -148,6 +149,29 @@ class ResponseFormat:
             "usage": tally.usage(),
             "draftpen": tally.draftpen(),
         }
+
+    # -- server-sent events: how this dialect frames a stream -----------------------
+    # OpenAI's chat and completions streams are bare ``data:`` lines ending in
+    # ``[DONE]``; other dialects (Anthropic Messages, OpenAI Responses) override these
+    # to name their events and open and close the stream their own way. The engine's
+    # job stream (app.engine.job_responses) calls only these.
+
+    def sse_open(self) -> list[str]:
+        """Events sent before the first generation event (none for OpenAI's chunks)."""
+        return []
+
+    def sse_events(self, event: GenerationEvent, tally: GenerationTally) -> list[str]:
+        """The events for one generation event."""
+        return [sse_event(chunk) for chunk in self.event_chunks(event, tally)]
+
+    def sse_close(self, tally: GenerationTally) -> list[str]:
+        """Events after the last generation event: usage if asked, then ``[DONE]``."""
+        closing = [sse_event(self.usage_chunk(tally))] if self.include_usage else []
+        return [*closing, sse_event("[DONE]")]
+
+    def sse_error(self, error: ApiError) -> list[str]:
+        """An error found after the status line went out, as this dialect reports it."""
+        return [sse_event(error.body())]
 
     def _whole_logprobs(self, tally: GenerationTally) -> dict[str, Any] | None:
         """The whole reply's logprobs block, or None when the request did not ask."""
@@ -432,6 +456,8 @@ def new_response_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def sse_event(data: dict[str, Any] | str) -> str:
+def sse_event(data: dict[str, Any] | str, name: str | None = None) -> str:
+    """One server-sent event: ``data:`` (JSON, or a bare string), named when ``name``."""
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
-    return f"data: {payload}\n\n"
+    head = f"event: {name}\n" if name else ""
+    return f"{head}data: {payload}\n\n"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -42,9 +45,31 @@ def generation_error(error: BaseException) -> ApiError:
     )
 
 
+ErrorShape = Callable[[ApiError], dict[str, Any]]
+
+# The error body each dialect's clients read, by the path prefix of its routes; OpenAI's
+# shape (ApiError.body) everywhere else.
+_ERROR_SHAPES: list[tuple[str, ErrorShape]] = []
+
+
+def error_body(path: str, error: ApiError) -> dict[str, Any]:
+    """``error`` as the body the dialect served at ``path`` reports errors in."""
+    for prefix, shape in _ERROR_SHAPES:
+        if path == prefix or path.startswith(prefix + "/"):
+            return shape(error)
+    return error.body()
+
+
+def error_json(request: Request, error: ApiError) -> JSONResponse:
+    """The JSON response for ``error`` in the shape of the dialect ``request`` speaks."""
+    return JSONResponse(
+        error_body(request.url.path, error), status_code=error.status, headers=error.headers
+    )
+
+
 async def api_error_response(request: Request, error: Exception) -> Response:
     assert isinstance(error, ApiError)
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+    return error_json(request, error)
 
 
 async def http_error_response(request: Request, error: Exception) -> Response:
@@ -59,10 +84,9 @@ async def http_error_response(request: Request, error: Exception) -> Response:
         message = f"{request.method} is not allowed on {request.url.path}."
     else:
         message = str(error.detail)
-    api_error = ApiError(error.status_code, message, code="unknown_url")
-    return JSONResponse(api_error.body(), status_code=error.status_code, headers=error.headers)
+    api_error = ApiError(error.status_code, message, code="unknown_url", headers=error.headers)
+    return error_json(request, api_error)
 
 
 async def internal_error_response(request: Request, error: Exception) -> Response:
-    api_error = generation_error(error)
-    return JSONResponse(api_error.body(), status_code=api_error.status)
+    return error_json(request, generation_error(error))

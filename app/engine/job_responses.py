@@ -99,6 +99,7 @@ class JobResponses:
         """
         tally = formatter.new_tally()
         heartbeat = HEARTBEAT_SECONDS if progress else None
+        opened = False
         try:
             while True:
                 item = await job.next_item(heartbeat)
@@ -116,16 +117,23 @@ class JobResponses:
                     if progress:
                         yield sse_event(formatter.notice_chunk(_notice_fields(item)))
                 elif isinstance(item, GenerationEvent):
+                    if not opened:
+                        opened = True
+                        for opening in formatter.sse_open():
+                            yield opening
                     tally.add(item)
-                    for chunk in formatter.event_chunks(item, tally):
-                        yield sse_event(chunk)
+                    for event in formatter.sse_events(item, tally):
+                        yield event
         except Exception as error:
-            # The status line is long gone: OpenAI reports such errors as an event.
-            yield sse_event(generation_error(error).body())
+            # The status line is long gone: the dialect reports such errors as an event.
+            for event in formatter.sse_error(generation_error(error)):
+                yield event
             return
-        if formatter.include_usage:
-            yield sse_event(formatter.usage_chunk(tally))
-        yield sse_event("[DONE]")
+        if not opened:
+            for opening in formatter.sse_open():
+                yield opening
+        for event in formatter.sse_close(tally):
+            yield event
 
     async def _load_stream(self, job: EngineJob) -> AsyncIterator[str]:
         """The events of a load job: notices, then what was loaded, then ``[DONE]``."""
