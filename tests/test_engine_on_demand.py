@@ -225,8 +225,10 @@ def test_a_plain_openai_stream_still_gets_its_400_after_waiting_for_a_load(tmp_p
             list(
                 engine.openai().chat.completions.create(
                     model="alpha",
-                    messages=[{"role": "user", "content": "Hi"}],
-                    max_tokens=1000,
+                    # Longer than the whole context: a max_tokens past the room left
+                    # would only be a ceiling, a prompt that cannot fit is refused.
+                    messages=[{"role": "user", "content": "Hi " * 100}],
+                    max_tokens=10,
                     stream=True,
                 )
             )

@@ -382,9 +382,6 @@ BAD_REQUESTS = [
     pytest.param({"model": PAIR}, 400, "missing_required_parameter", "messages", id="missing"),
     pytest.param({**chat("hi"), "model": "gpt-4o"}, 404, "model_not_found", "model", id="model"),
     pytest.param(
-        chat("hi", max_tokens=100_000), 400, "context_length_exceeded", "max_tokens", id="max"
-    ),
-    pytest.param(
         chat("word " * 5000), 400, "context_length_exceeded", "messages", id="long-prompt"
     ),
     pytest.param(b"x" * (2 << 20), 413, "request_too_large", None, id="oversize"),
@@ -443,7 +440,27 @@ def test_unknown_paths_and_methods_get_error_objects(server: RunningServer):
 @pytest.mark.real_model
 def test_openai_sdk_raises_the_servers_error(server: RunningServer):
     with pytest.raises(openai.BadRequestError, match="context"):
-        server.openai().chat.completions.create(**chat("hi", max_tokens=100_000))
+        server.openai().chat.completions.create(**chat("word " * 5000, max_tokens=10))
+
+
+@pytest.mark.real_model
+def test_max_tokens_far_above_the_room_is_a_ceiling_at_the_context_end(server_home: Path):
+    # As llama.cpp's server and Ollama read it: opencode sends max_tokens 32000 whatever
+    # the context, and the reply stops where the context is full.
+    small = start_server(server_home, server_home / "ceiling.sock", "--context", "256")
+    try:
+        context = small.health()["loaded"][0]["context_length"]
+        with small.client() as client:
+            counted = client.post("/v1/completions", json={**COUNTING, "max_tokens": 100_000})
+        sdk = small.openai().chat.completions.create(**chat("Count to 3.", max_tokens=32_000))
+    finally:
+        assert small.stop() == 0
+    assert counted.status_code == 200, counted.text
+    body = counted.json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["total_tokens"] == context
+    assert sdk.usage is not None and sdk.usage.total_tokens <= context
+    assert sdk.choices[0].finish_reason in ("stop", "length")
 
 
 @pytest.mark.real_model

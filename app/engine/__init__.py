@@ -3,7 +3,8 @@ app, the plain REPL, agents) over the Unix socket with an OpenAI-compatible API
 (``draftpen serve``).
 
 ``api`` holds the routes; ``schema`` validates requests; ``chunks`` shapes responses and
-stream chunks; ``job_responses`` turns a job's items into a streamed or whole answer;
+stream chunks; ``job_responses`` turns a job's items into a streamed or whole answer
+(``choices``: a chat request's ``n`` > 1 choices, one after another);
 ``tally`` sums a generation's events; ``pairs`` says which pairs can be served;
 ``scheduler`` holds the pair in memory (loads on demand, keep-alive); ``queue`` runs one
 job at a time on one worker thread; ``unix_socket`` owns the socket file; ``runner``

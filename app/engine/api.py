@@ -54,6 +54,7 @@ from app.client.wire import (
     PairCard,
     QueueReport,
 )
+from app.engine.choices import answer_choices
 from app.engine.chunks import (
     ChatFormat,
     CompletionFormat,
@@ -214,6 +215,8 @@ class AgentApi:
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``."""
         parsed = parse_request(ChatCompletionRequest, await self.read_json(request))
+        if parsed.choices > 1:
+            return await answer_choices(request, parsed, self.respond_chat)
         return await self.respond_chat(request, parsed, ChatFormat)
 
     async def respond_chat(

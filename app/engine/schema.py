@@ -14,7 +14,7 @@ value by :data:`NOT_YET_HONOURED` (empty today: the penalties it held are applie
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -26,6 +26,8 @@ from backends.engine import DRAFTER_CHOICES
 MAX_STOP_STRINGS = 16
 MAX_DRAFT_TOKENS = 32
 MAX_TOOLS = 128
+# Chat choices per request (``n``): each is a whole generation, run one after another.
+MAX_CHOICES = 16
 # OpenAI's rule for function and schema names.
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
@@ -195,9 +197,13 @@ class NamedToolChoice(_Strict):
 
 
 class JsonSchemaFormat(_Strict):
-    """``response_format.json_schema``: a named schema the reply must match."""
+    """``response_format.json_schema``: a schema the reply must match.
 
-    name: str = Field(pattern=NAME_PATTERN)
+    OpenAI requires its ``name``; llama.cpp's server, vLLM and Ollama do not, and
+    clients written for them leave it out, so it is optional here.
+    """
+
+    name: str | None = Field(None, pattern=NAME_PATTERN)
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
@@ -263,6 +269,9 @@ class StreamOptions(BaseModel):
 class GenerationFields(_Strict):
     """Fields shared by chat and text completions."""
 
+    # The most choices (``n``) a request of this kind may ask for.
+    max_choices: ClassVar[int] = 1
+
     model: str
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -278,8 +287,9 @@ class GenerationFields(_Strict):
     speculative: Speculative | None = None
     # draftpen's own clients: provenance, progress notices, fitting the context.
     draftpen: DraftpenRequestOptions | None = None
-    # Accepted at their neutral values only, because common clients always send them.
+    # How many choices (chat completions: up to MAX_CHOICES; completions: 1).
     n: int | None = None
+    # Accepted at its neutral value only, because common clients always send it.
     logit_bias: dict[str, float] | None = None
     # OpenAI's penalties on tokens already in the reply, applied to p and q alike.
     presence_penalty: float | None = Field(None, ge=-2, le=2)
@@ -302,10 +312,25 @@ class GenerationFields(_Strict):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise ValueError("must be 1: draftpen writes one choice per request")
+    def _choices(cls, value: int | None) -> int | None:
+        if value is None or value == 1:
+            return value
+        if cls.max_choices == 1:
+            raise ValueError(
+                "must be 1: text completions write one choice per request (chat "
+                f"completions take n up to {MAX_CHOICES})"
+            )
+        if not 1 <= value <= cls.max_choices:
+            raise ValueError(
+                f"must be 1 to {cls.max_choices}: each choice is a whole generation, "
+                "run one after another"
+            )
         return value
+
+    @property
+    def choices(self) -> int:
+        """How many choices to write (``n``, 1 when left out)."""
+        return self.n or 1
 
     @field_validator("logit_bias")
     @classmethod
@@ -372,6 +397,8 @@ REASONING_EFFORTS: dict[str, bool] = {
 
 class ChatCompletionRequest(GenerationFields):
     """``POST /v1/chat/completions``."""
+
+    max_choices: ClassVar[int] = MAX_CHOICES
 
     messages: list[Message] = Field(min_length=1)
     tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
