@@ -95,6 +95,15 @@ def supports_gpu_offload() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
+def system_info() -> str:
+    """llama.cpp's own list of what this build uses: ``CPU : AVX2 = 1 | AMX_INT8 = 1 | ...``.
+
+    ggml lists the instruction sets it was compiled for, so this is the build's side of
+    "does this CPU have it / does the runtime use it" (``draftpen doctor``)."""
+    _ensure_backend()
+    return bytes(llama_cpp.llama_print_system_info()).decode("utf-8", errors="replace").strip()
+
+
 def check_gguf_file(path: Path) -> None:
     """Fail early, with a useful message, on a missing or non-GGUF file."""
     if not path.is_file():

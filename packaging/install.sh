@@ -22,7 +22,13 @@ downloads the starter model pair (draftpen models pull starter), then starts the
   -h, --help   show this help
 
 Environment: PYTHON (the Python to use, 3.11+), DRAFTPEN_MODELS_DIR (the model store),
-DRAFTPEN_LLAMA_CMAKE_ARGS (CMake flags for the llama-cpp-python build).
+DRAFTPEN_LLAMA_CMAKE_ARGS (CMake flags for the llama-cpp-python build),
+DRAFTPEN_LLAMA_FLAVOUR (cpu, cuda, metal or portable: the build to make),
+DRAFTPEN_LLAMA_AMX=1 (compile ggml's AMX kernels in: they are left out because they
+crash on Intel CPUs with AMX, llama.cpp #20824; see packaging/lib.sh).
+
+After installing, a runtime check decodes a few tokens with a tiny model in a child
+process; if the runtime crashes, llama-cpp-python is rebuilt once with portable flags.
 EOF
 }
 
@@ -72,6 +78,11 @@ else
     "$venv/bin/python" -m pip install --quiet "$REPO_ROOT"
 fi
 say "Installed $("$venv/bin/python" -m pip show draftpen 2>/dev/null | sed -n 's/^Version: /draftpen /p') into $venv"
+
+step "Runtime check"
+# A build that compiles is not a runtime that runs (llama.cpp #20824): decode a few
+# tokens in a child process, and fall back to a portable build once if it crashes.
+verify_llama_runtime "$venv"
 
 step "Command"
 bin_dir="$HOME/.local/bin"

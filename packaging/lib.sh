@@ -9,9 +9,11 @@
 # flavour: cuda (nvcc and nvidia-smi both found), metal (macOS on Apple Silicon),
 # cpu (anything else), portable (the fallback when the native build crashes, see
 # verify_llama_runtime), or custom when DRAFTPEN_LLAMA_CMAKE_ARGS sets the CMake flags.
-# The cache directory is named by the flavour and a checksum of its CMake flags
-# (cpu-1234567890), so a wheel built with other flags, an older recipe's included,
-# never stands in for this one.
+# DRAFTPEN_LLAMA_FLAVOUR=portable (or cpu, cuda, metal) chooses one by name.
+# The cache directory is named by the flavour and a checksum of its CMake flags and,
+# for the builds tuned to this CPU (-march=native), of this CPU's instruction sets
+# (cpu-1234567890): a wheel built with other flags, an older recipe's included, or on
+# another CPU (a home directory shared between machines) never stands in for this one.
 #
 # No AMX. ggml's AMX matmul (ggml_backend_amx_mul_mat) segfaults on the first batched
 # decode on Intel CPUs with AMX (Sapphire Rapids and later, most cloud VMs since 2023):
@@ -115,10 +117,20 @@ draftpen_cache_dir() {
     printf '%s/draftpen\n' "${XDG_CACHE_HOME:-$HOME/.cache}"
 }
 
+# Whether the CUDA toolkit and a driver are both here (a build for the GPU can run).
+has_cuda_toolkit() {
+    command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1
+}
+
 llama_flavour() {
-    if [[ -n "${DRAFTPEN_LLAMA_CMAKE_ARGS:-}" ]]; then
+    if [[ -n "${DRAFTPEN_LLAMA_FLAVOUR:-}" ]]; then
+        case $DRAFTPEN_LLAMA_FLAVOUR in
+            cpu | cuda | metal | portable) printf '%s\n' "$DRAFTPEN_LLAMA_FLAVOUR" ;;
+            *) die "DRAFTPEN_LLAMA_FLAVOUR is '$DRAFTPEN_LLAMA_FLAVOUR'; use cpu, cuda, metal or portable." ;;
+        esac
+    elif [[ -n "${DRAFTPEN_LLAMA_CMAKE_ARGS:-}" ]]; then
         printf 'custom\n'
-    elif command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1; then
+    elif has_cuda_toolkit; then
         printf 'cuda\n'
     elif is_apple_silicon; then
         printf 'metal\n'
@@ -143,13 +155,34 @@ _no_amx_cmake_args() {
     fi
 }
 
-# The x86-64 instruction sets ggml can use that this CPU reports, as CMake flags for a
-# build without -march=native: the portable fallback when a native build crashes.
-_portable_cmake_args() {
-    local flags="" feature option args="-DGGML_NATIVE=OFF"
-    if [[ -r /proc/cpuinfo ]]; then
-        flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+# This CPU's instruction sets, lower case, one line: the flags line of /proc/cpuinfo
+# (DRAFTPEN_CPUINFO names another file, for the tests), or on macOS what sysctl lists
+# (Intel Macs: AVX1.0 is avx; Apple Silicon lists none, and needs none here).
+cpu_flags() {
+    local cpuinfo=${DRAFTPEN_CPUINFO:-/proc/cpuinfo} flags=""
+    if [[ -r $cpuinfo ]]; then
+        flags=$(grep -m1 '^flags' "$cpuinfo" | cut -d: -f2)
+    elif [[ "$(uname -s)" == Darwin ]]; then
+        flags=$(sysctl -n machdep.cpu.features machdep.cpu.leaf7_features 2>/dev/null |
+            tr '[:upper:]' '[:lower:]' | sed 's/avx1\.0/avx/g')
     fi
+    # Split on purpose, globbing off: one space between flags, none around them.
+    set -f
+    # shellcheck disable=SC2086
+    set -- $flags
+    set +f
+    printf '%s\n' "$*"
+}
+
+# The x86-64 instruction sets ggml can use that this CPU reports, as CMake flags for a
+# build without -march=native: the portable fallback when a native build crashes. It
+# keeps the GPU: a crash in a CPU kernel is no reason to lose CUDA.
+_portable_cmake_args() {
+    local flags feature option args="-DGGML_NATIVE=OFF"
+    if has_cuda_toolkit; then
+        args="-DGGML_CUDA=on $args"
+    fi
+    flags=" $(cpu_flags) "
     for feature in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2; do
         option=${feature#*:}
         if [[ $flags == *" ${feature%%:*} "* ]]; then
@@ -174,11 +207,18 @@ llama_cmake_args() {
     esac
 }
 
-# The wheel cache directory for FLAVOUR: named by the flavour and its flags' checksum.
+# The wheel cache directory for FLAVOUR: named by the flavour and a checksum of its
+# flags, and of this CPU's instruction sets where the build is tuned to the CPU (all
+# but portable, whose flags already name the instruction sets it uses).
 llama_wheel_dir() {
-    local flavour=$1
+    local flavour=$1 key
+    key=$(llama_cmake_args "$flavour")
+    if [[ $flavour != portable ]]; then
+        key="$key
+cpu: $(cpu_flags)"
+    fi
     printf '%s/wheels/%s-%s\n' "$(draftpen_cache_dir)" "$flavour" \
-        "$(llama_cmake_args "$flavour" | cksum | cut -d' ' -f1)"
+        "$(printf '%s\n' "$key" | cksum | cut -d' ' -f1)"
 }
 
 # Print the cached wheel in DIR, if there is one.
@@ -287,4 +327,49 @@ install_llama() {
     "$python" -c "$_LLAMA_MATCHES_WHEEL" "$wheel" ||
         die "llama-cpp-python was installed from $wheel but does not import (see above)." \
             "Delete that wheel to have it rebuilt on the next run."
+}
+
+# `python -m app.runtime_check` exits with this when the runtime crashed or hung, so
+# another build may run (app/runtime_check/__main__.py says the same).
+RUNTIME_CHECK_CRASHED=3
+
+# verify_llama_runtime VENV: prove the installed runtime runs on this CPU. A child
+# process (python -m app.runtime_check, so draftpen must be installed in VENV) loads a
+# tiny model it writes itself and decodes a few tokens, one at a time and as a batch.
+# A crash is reported by its signal, likely cause and fix; then llama-cpp-python is
+# rebuilt once with the portable flags and checked again, and if that fails too the
+# install stops with what to report.
+verify_llama_runtime() {
+    local venv=$1 flavour status=0
+    flavour=$(llama_flavour)
+    "$venv/bin/python" -m app.runtime_check || status=$?
+    if [[ $status -eq 0 ]]; then
+        return 0
+    fi
+    if [[ $status -ne $RUNTIME_CHECK_CRASHED ]]; then
+        die "the runtime check could not decode with llama-cpp-python (exit $status; see above)." \
+            "Reinstall with bash packaging/install.sh; if it persists, report it with the output above."
+    fi
+    case $flavour in
+        portable)
+            die "llama-cpp-python's portable build crashed in the runtime check (see above)." \
+                "Report it with the output of: $venv/bin/draftpen doctor --json"
+            ;;
+        custom)
+            die "llama-cpp-python built with DRAFTPEN_LLAMA_CMAKE_ARGS crashed in the runtime" \
+                "check (see above). Unset it to get the standard build, or set" \
+                "DRAFTPEN_LLAMA_FLAVOUR=portable for the portable one."
+            ;;
+    esac
+    warn "llama-cpp-python ($flavour build) crashed in the runtime check; rebuilding it once" \
+        "with the portable flags: $(llama_cmake_args portable)"
+    install_llama "$venv" portable
+    status=0
+    "$venv/bin/python" -m app.runtime_check || status=$?
+    if [[ $status -ne 0 ]]; then
+        die "llama-cpp-python still fails the runtime check with the portable build (see" \
+            "above); giving up. Report it with the output of: $venv/bin/draftpen doctor --json"
+    fi
+    say "The portable build runs: draftpen uses it. (To skip the crashing build on the next" \
+        "install, set DRAFTPEN_LLAMA_FLAVOUR=portable.)"
 }

@@ -35,6 +35,11 @@ fi
 "$venv_python" -m pip install --quiet -e "${REPO_ROOT}[$extras]"
 say "Installed draftpen[$extras] in editable mode"
 
+step "Runtime check"
+# Decode a few tokens in a child process; a crash rebuilds llama-cpp-python once with
+# portable flags (see verify_llama_runtime in lib.sh).
+verify_llama_runtime "$venv"
+
 step "Test models"
 # One store per machine, outside the clone: ~1.6 GB is fetched once, not on every run.
 export DRAFTPEN_MODELS_DIR="${DRAFTPEN_MODELS_DIR:-$HOME/.cache/draftpen-test-models}"
