@@ -278,16 +278,35 @@ def test_every_catalog_pair_runs_on_both_runtimes_with_one_family_per_variant() 
     for pair in catalog.pairs:
         assert pair.runtimes == ("llamacpp", "mlx"), pair.key
         for variant in pair.variants:
-            models = catalog.models_of(variant)
-            assert len({model.architecture for model in models}) == 1, (pair.key, variant)
-            for model in models:
-                assert model.kv_bytes_per_token, model.key
+            target = catalog.model(variant.target)
+            if variant.draft_model is not None:
+                draft = catalog.model(variant.draft_model)
+                assert draft.architecture == target.architecture, (pair.key, variant)
+            if variant.mtp_head is not None:
+                # A separate MTP head is its target's own architecture, or Gemma 4's
+                # "assistant" drafter of it; it keeps no KV cache of its own.
+                head = catalog.model(variant.mtp_head)
+                assert head.architecture in (
+                    target.architecture,
+                    f"{target.architecture}-assistant",
+                )
+            for model in catalog.models_of(variant):
+                if model.key != variant.mtp_head:
+                    assert model.kv_bytes_per_token, model.key
                 if model.format == "gguf" and model.sha256 is None:
                     assert model.sources.names() == ("huggingface",), model.key
 
 
 # Which tokenizer a catalog architecture uses: models pair only within one family.
-TOKENIZER_FAMILIES = {"qwen2": "qwen", "qwen3": "qwen", "gemma3": "gemma3", "llama": "llama"}
+TOKENIZER_FAMILIES = {
+    "qwen2": "qwen",
+    "qwen3": "qwen",
+    "qwen35": "qwen3.5",
+    "qwen35moe": "qwen3.5",
+    "gemma3": "gemma3",
+    "gemma4": "gemma4",
+    "llama": "llama",
+}
 PAIRS_OF_2026 = ("qwen3-8b", "qwen3-14b", "qwen3-32b", "gemma3-27b", "gemma3-12b", "llama-70b")
 
 
@@ -329,8 +348,8 @@ def test_every_draft_passes_llama_cpps_vocabulary_rule_for_its_target() -> None:
     catalog = load_catalog()
     for pair in catalog.pairs:
         for variant in pair.variants:
-            if variant.draft is None:
-                continue
+            if variant.draft_model is None:
+                continue  # n-grams, or an MTP head: it reads the target's own vocabulary
             target, draft = catalog.models_of(variant)
             assert target.vocab_size and draft.vocab_size, (pair.key, variant.runtime)
             verdict = check_pair(
@@ -347,11 +366,33 @@ def test_a_draft_too_far_from_its_target_vocabulary_fails_the_rule() -> None:
 
 
 def test_kv_bytes_follow_from_the_published_config_for_every_model() -> None:
-    for model in load_catalog().models:
-        assert model.layers and model.kv_heads and model.head_dim, model.key
-        expected = 2 * model.layers * model.kv_heads * model.head_dim * 2
-        assert model.kv_bytes_per_token == expected, model.key
+    catalog = load_catalog()
+    heads = {v.mtp_head for pair in catalog.pairs for v in pair.variants if v.mtp_head}
+    for model in catalog.models:
         assert model.size_bytes > 0
+        if model.key in heads:
+            assert model.kv_bytes_per_token is None, model.key  # it reads the target's cache
+            continue
+        assert model.layers and model.kv_heads and model.head_dim, model.key
+        kv_layers = model.kv_layers or model.layers
+        assert kv_layers <= model.layers, model.key
+        expected = 2 * kv_layers * model.kv_heads * model.head_dim * 2
+        assert model.kv_bytes_per_token == expected, model.key
+
+
+def test_a_hybrid_model_counts_only_its_kv_layers() -> None:
+    text = MINIMAL.replace(
+        "size_bytes = 10\n",
+        "size_bytes = 10\nkv_bytes_per_token = 64\nlayers = 8\nkv_layers = 2\n"
+        "kv_heads = 2\nhead_dim = 4\n",
+    )
+    model = parse_catalog(text, "test.toml").model("tiny")
+    assert (model.layers, model.kv_layers, model.kv_bytes_per_token) == (8, 2, 64)
+    # Counting every layer would be 256 bytes: the catalog names the figure it expected.
+    with pytest.raises(CatalogError, match="2 x 2 KV layers x 2 KV heads x 4 head dim"):
+        parse_catalog(text.replace("kv_bytes_per_token = 64", "kv_bytes_per_token = 256"), "t")
+    with pytest.raises(CatalogError, match=r"kv_layers \(9\) cannot exceed layers \(8\)"):
+        parse_catalog(text.replace("kv_layers = 2", "kv_layers = 9"), "t")
 
 
 def test_a_kv_figure_that_contradicts_the_config_is_refused() -> None:
@@ -429,3 +470,187 @@ def test_the_packaged_catalog_has_no_local_files() -> None:
     with pytest.raises(CatalogError, match="unknown key"):
         parse_catalog(text, "test.toml")
     assert parse_catalog(text, "mine.toml", allow_local=True).model("tiny").is_local
+
+
+# A catalog with MTP pairs: "embedded" drafts with the head inside its target GGUF,
+# "separate" with a head in its own file. The hub sources are never fetched here.
+MTP_CATALOG = """
+[models.big]
+name = "Big, MTP layer kept"
+format = "gguf"
+architecture = "qwen35"
+size_bytes = 100
+mtp_layers = 1
+
+[models.big.sources.huggingface]
+repo = "org/big-MTP-GGUF"
+filename = "big-Q4_K_M.gguf"
+
+[models.plain]
+name = "Plain"
+format = "gguf"
+architecture = "gemma4"
+size_bytes = 90
+
+[models.plain.sources.huggingface]
+repo = "org/plain-GGUF"
+filename = "plain-Q4_K_M.gguf"
+
+[models.head]
+name = "Plain's MTP head"
+format = "gguf"
+architecture = "gemma4-assistant"
+size_bytes = 5
+mtp_layers = 4
+
+[models.head.sources.huggingface]
+repo = "org/plain-GGUF"
+filename = "MTP/plain-MTP-Q8_0.gguf"
+
+[models.big-mlx]
+name = "Big MLX"
+format = "mlx"
+architecture = "qwen35"
+size_bytes = 80
+
+[models.big-mlx.sources.huggingface]
+repo = "org/big-4bit"
+
+[pairs.embedded]
+description = "Drafts with the head inside its target."
+
+[pairs.embedded.llamacpp]
+target = "big"
+drafter = "mtp"
+
+[pairs.embedded.mlx]
+target = "big-mlx"
+
+[pairs.separate]
+description = "Drafts with a head in its own file."
+
+[pairs.separate.llamacpp]
+target = "plain"
+draft = "head"
+drafter = "mtp"
+"""
+
+
+def test_an_mtp_pair_drafts_with_the_head_inside_its_target_or_in_its_own_file() -> None:
+    catalog = parse_catalog(MTP_CATALOG, "mtp.toml")
+    embedded = catalog.pair("embedded").variant("llamacpp")
+    assert embedded.uses_mtp and embedded.drafter == "mtp"
+    assert embedded.model_keys == ("big",)  # nothing else to download
+    assert (embedded.draft_model, embedded.mtp_head) == (None, None)
+    assert catalog.model("big").mtp_layers == 1
+    assert "inside the target GGUF" in embedded.drafting
+
+    separate = catalog.pair("separate").variant("llamacpp")
+    assert separate.uses_mtp
+    assert separate.model_keys == ("plain", "head")  # the head is downloaded with its target
+    assert separate.draft_model is None  # ... but is never loaded as a model of its own
+    assert separate.mtp_head == "head"
+    assert "a separate MTP file" in separate.drafting
+
+    # mlx-lm runs no MTP head: that variant drafts with n-grams and says so.
+    mlx = catalog.pair("embedded").variant("mlx")
+    assert not mlx.uses_mtp and mlx.drafting.startswith("n-grams only")
+
+
+def test_a_pair_with_a_draft_model_still_drafts_with_it_when_drafter_is_left_out() -> None:
+    starter = load_catalog().pair("starter").variant("llamacpp")
+    assert starter.drafter == "model" and not starter.uses_mtp
+    assert starter.draft_model == starter.draft == "qwen2.5-coder-0.5b-instruct-q5_0"
+    assert starter.mtp_head is None
+    explicit = MINIMAL.replace(
+        'target = "tiny"', 'target = "tiny"\ndraft = "tiny"\ndrafter = "model"'
+    )
+    assert parse_catalog(explicit, "t").pair("solo").variant("llamacpp").draft_model == "tiny"
+
+
+@pytest.mark.parametrize(
+    ("edit", "fragment"),
+    [
+        # The target keeps no MTP layer, so there is nothing to draft with.
+        (
+            lambda t: t.replace("mtp_layers = 1\n", ""),
+            "without a draft needs a target that keeps its MTP layers",
+        ),
+        # A separate head file that does not say it holds MTP layers.
+        (lambda t: t.replace("mtp_layers = 4\n", ""), "is the separate MTP file"),
+        (
+            lambda t: t.replace(
+                '[pairs.embedded.mlx]\ntarget = "big-mlx"',
+                '[pairs.embedded.mlx]\ntarget = "big-mlx"\ndrafter = "mtp"',
+            ),
+            "mlx cannot run an MTP head yet",
+        ),
+        (
+            lambda t: t.replace(
+                'target = "big"\ndrafter = "mtp"', 'target = "big"\ndrafter = "model"'
+            ),
+            'drafter = "model" needs a draft model',
+        ),
+        (
+            lambda t: t.replace('drafter = "mtp"', 'drafter = "eagle3"', 1),
+            "drafter must be one of model, mtp",
+        ),
+        (
+            lambda t: t.replace("size_bytes = 80\n", "size_bytes = 80\nmtp_layers = 1\n"),
+            "mlx-lm cannot run an MTP head",
+        ),
+        (lambda t: t.replace("mtp_layers = 1", "mtp_layers = 0"), "mtp_layers must be positive"),
+    ],
+)
+def test_malformed_mtp_pairs_are_refused_with_the_fix(
+    edit: Callable[[str], str], fragment: str
+) -> None:
+    with pytest.raises(CatalogError) as caught:
+        parse_catalog(edit(MTP_CATALOG), "mtp.toml")
+    assert fragment in str(caught.value)
+    assert "mtp.toml" in str(caught.value)
+
+
+def test_the_late_2026_pairs_draft_with_their_own_mtp_heads_on_llama_cpp_only() -> None:
+    catalog = load_catalog()
+    expected = {
+        # pair: (target architecture, head architecture or None for a head in the target)
+        "qwen3.6-27b": ("qwen35", None),
+        "qwen3.6-35b-a3b": ("qwen35moe", None),
+        "gemma4-12b": ("gemma4", "gemma4-assistant"),
+    }
+    for name, (architecture, head_architecture) in expected.items():
+        pair = catalog.pair(name)
+        variant = pair.variant("llamacpp")
+        target = catalog.model(variant.target)
+        assert variant.uses_mtp, name
+        assert target.architecture == architecture, name
+        if head_architecture is None:
+            assert variant.draft is None and target.mtp_layers, name
+        else:
+            head = catalog.model(variant.mtp_head or "")
+            assert head.architecture == head_architecture and head.mtp_layers, name
+            assert head.size_bytes * 10 < target.size_bytes, name  # a head is small
+        # Nothing of these was hashed from here: the hub's own checksums decide.
+        for model in catalog.models_of(variant):
+            assert model.sha256 is None and model.sources.names() == ("huggingface",)
+        mlx = pair.variant("mlx")
+        assert not mlx.uses_mtp and mlx.draft is None, name
+        assert catalog.model(mlx.target).architecture == architecture, name
+
+
+def test_the_catalog_says_which_late_2026_figures_were_not_checked_from_here() -> None:
+    text = (REPO_ROOT / "app" / "models" / "models.toml").read_text()
+    section = text[text.index("Late-2026 pairs (issue 28)") : text.index("[pairs.starter]")]
+    assert "HONESTY NOTE" in section
+    # Each hub-only model of the section says what was seen and what was not.
+    for key in (
+        "qwen3.6-27b-mtp-q4_k_m",
+        "qwen3.6-35b-a3b-mtp-ud-q4_k_xl",
+        "gemma-4-12b-it-qat-ud-q4_k_xl",
+        "gemma-4-12b-it-qat-mtp-q8_0",
+    ):
+        start = section.index(f'[models."{key}"]')
+        entry = section[start : section.index("\n[models.", start + 1)]
+        assert "Seen" in entry or "seen" in entry, key
+        assert "Approximate" in entry, key

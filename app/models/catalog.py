@@ -162,6 +162,13 @@ class ModelEntry:
     kv_heads: int | None = None
     head_dim: int | None = None
     """With ``layers`` and ``kv_heads``: the config figures ``kv_bytes_per_token`` comes from."""
+    kv_layers: int | None = None
+    """Layers that keep a KV cache, where fewer than ``layers`` do: a hybrid model such as
+    Qwen3.6 keeps one only in its attention layers (its DeltaNet layers hold a recurrent
+    state of fixed size instead)."""
+    mtp_layers: int | None = None
+    """Multi-token-prediction (nextn) layers the GGUF holds (``<arch>.nextn_predict_layers``):
+    a target that kept its MTP head, or a separate MTP file. Most GGUFs drop them."""
 
     @property
     def is_local(self) -> bool:
@@ -185,18 +192,55 @@ class ModelEntry:
         return self.sha256 is not None
 
 
+DRAFTER_KINDS = ("model", "mtp")
+"""What a pair variant may name as its ``drafter``: a draft model, or the MTP head."""
+
+
 @dataclass(frozen=True)
 class PairVariant:
-    """The models of a pair for one runtime: a target and an optional draft."""
+    """The models of a pair for one runtime: a target and an optional draft.
+
+    ``drafter`` says what drafts. ``"model"`` (the default where ``draft`` is set): the
+    draft model. ``"mtp"``: the target's own multi-token-prediction (nextn) head, kept
+    inside the target GGUF when ``draft`` is ``None``, or published as a separate MTP
+    GGUF that ``draft`` then names (it is not a model that runs alone). ``None`` with no
+    draft: n-gram drafts only.
+    """
 
     runtime: str
     target: str
     draft: str | None
+    drafter: str | None = None
 
     @property
     def model_keys(self) -> tuple[str, ...]:
         """The target's key, then the draft's if there is one."""
         return (self.target,) if self.draft is None else (self.target, self.draft)
+
+    @property
+    def uses_mtp(self) -> bool:
+        """Whether the target's MTP head drafts (embedded, or from the ``draft`` file)."""
+        return self.drafter == "mtp"
+
+    @property
+    def draft_model(self) -> str | None:
+        """The key of a draft model that runs on its own, if the variant has one."""
+        return None if self.uses_mtp else self.draft
+
+    @property
+    def mtp_head(self) -> str | None:
+        """The key of a separate MTP GGUF, if the MTP head is not inside the target."""
+        return self.draft if self.uses_mtp else None
+
+    @property
+    def drafting(self) -> str:
+        """In a few words, where drafts come from (for ``models list`` and the menu)."""
+        if self.uses_mtp:
+            where = "a separate MTP file" if self.draft else "inside the target GGUF"
+            return f"the target's own MTP head ({where}); n-grams where it cannot run"
+        if self.draft is not None:
+            return "the draft model, and n-grams"
+        return "n-grams only (no draft model)"
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from app.errors import CatalogError
 from app.models.catalog import (
+    DRAFTER_KINDS,
     Catalog,
     GGUFConversion,
     HuggingFaceFile,
@@ -181,7 +182,35 @@ def parse_catalog(text: str, origin: str, *, allow_local: bool = False) -> Catal
                         f"{role} {key!r} is a {formats[key]} model; "
                         f"{variant.runtime} needs a {wanted} model",
                     )
+            if variant.uses_mtp:
+                _check_mtp_variant(reader, where, variant, catalog)
     return catalog
+
+
+def _check_mtp_variant(
+    reader: _TableReader, where: str, variant: PairVariant, catalog: Catalog
+) -> None:
+    """An MTP variant must name a GGUF that holds the MTP layers it drafts with.
+
+    Without a draft the target itself must keep them (most published GGUFs drop the
+    nextn layer, and such a target has nothing to draft with); with one, the draft is
+    the separate MTP file and must say it holds them.
+    """
+    holder = variant.mtp_head or variant.target
+    if catalog.model(holder).mtp_layers:
+        return
+    if variant.mtp_head is None:
+        reader.fail(
+            where,
+            f'drafter = "mtp" without a draft needs a target that keeps its MTP layers: '
+            f"give target {holder!r} mtp_layers (its GGUF's nextn_predict_layers), or "
+            "name the separate MTP file in draft",
+        )
+    reader.fail(
+        where,
+        f"draft {holder!r} is the separate MTP file of this variant and needs mtp_layers "
+        "(its GGUF's nextn_predict_layers)",
+    )
 
 
 def _table_name(*keys: str) -> str:
@@ -259,6 +288,9 @@ def _model_entry(reader: _TableReader, key: str, table: dict[str, Any]) -> Model
         reader.fail(where, "sha256 must be 64 lowercase hex digits")
     if sha256 is not None and model_format == "mlx":
         reader.fail(where, "an mlx model is a directory of files and has no single sha256")
+    if "mtp_layers" in fields and model_format == "mlx":
+        # mlx-lm runs no MTP head; a figure here would promise a drafter that never runs.
+        reader.fail(where, "mtp_layers is for gguf models: mlx-lm cannot run an MTP head")
     sources_path = ("models", key, "sources")
     if model_format == "gguf":
         sources = _gguf_sources(reader, sources_path, fields["sources"])
@@ -290,31 +322,49 @@ def _model_entry(reader: _TableReader, key: str, table: dict[str, Any]) -> Model
         layers=fields.get("layers"),
         kv_heads=fields.get("kv_heads"),
         head_dim=fields.get("head_dim"),
+        kv_layers=fields.get("kv_layers"),
+        mtp_layers=fields.get("mtp_layers"),
     )
 
 
 # Optional whole numbers of a model entry; each must be above zero.
-_POSITIVE_COUNTS = ("kv_bytes_per_token", "vocab_size", "layers", "kv_heads", "head_dim")
+_POSITIVE_COUNTS = (
+    "kv_bytes_per_token",
+    "vocab_size",
+    "layers",
+    "kv_layers",
+    "kv_heads",
+    "head_dim",
+    "mtp_layers",
+)
 _F16_BYTES = 2
 
 
 def _check_kv_formula(reader: _TableReader, where: str, fields: dict[str, Any]) -> None:
     """Where the config figures are given, the KV figure must follow from them.
 
-    An f16 cache holds K and V for every layer: 2 x layers x KV heads x head dim x 2 bytes.
+    An f16 cache holds K and V for every layer that keeps one: 2 x layers x KV heads x
+    head dim x 2 bytes, where ``kv_layers`` (a hybrid model's attention layers) replaces
+    ``layers`` when it is given.
     """
     shape = [fields.get(name) for name in ("layers", "kv_heads", "head_dim")]
     if all(value is None for value in shape):
+        if "kv_layers" in fields:
+            reader.fail(where, "kv_layers needs layers, kv_heads and head_dim beside it")
         return
     if any(value is None for value in shape):
         reader.fail(where, "layers, kv_heads and head_dim go together: give all three or none")
     layers, kv_heads, head_dim = shape
-    expected = 2 * layers * kv_heads * head_dim * _F16_BYTES
+    kv_layers = fields.get("kv_layers", layers)
+    if kv_layers > layers:
+        reader.fail(where, f"kv_layers ({kv_layers}) cannot exceed layers ({layers})")
+    expected = 2 * kv_layers * kv_heads * head_dim * _F16_BYTES
     given = fields.get("kv_bytes_per_token")
     if given != expected:
+        counted = f"{kv_layers} KV layers" if "kv_layers" in fields else f"{layers} layers"
         reader.fail(
             where,
-            f"kv_bytes_per_token must be 2 x {layers} layers x {kv_heads} KV heads x "
+            f"kv_bytes_per_token must be 2 x {counted} x {kv_heads} KV heads x "
             f"{head_dim} head dim x 2 bytes = {expected}, not {given}",
         )
 
@@ -424,13 +474,30 @@ def _pair_entry(reader: _TableReader, key: str, table: dict[str, Any]) -> PairEn
     for runtime in SUPPORTED_RUNTIMES:
         if runtime not in fields:
             continue
+        where_variant = _table_name("pairs", key, runtime)
         variant = reader.take(
             fields[runtime],
-            _table_name("pairs", key, runtime),
+            where_variant,
             required={"target": str},
-            optional={"draft": str},
+            optional={"draft": str, "drafter": str},
         )
-        variants.append(PairVariant(runtime, variant["target"], variant.get("draft")))
+        draft = variant.get("draft")
+        drafter = variant.get("drafter", "model" if draft is not None else None)
+        if drafter is not None and drafter not in DRAFTER_KINDS:
+            reader.fail(
+                where_variant,
+                f"drafter must be one of {', '.join(DRAFTER_KINDS)}, not {drafter!r} "
+                "(leave it out for a draft model, or for n-gram drafts when there is no draft)",
+            )
+        if drafter == "model" and draft is None:
+            reader.fail(where_variant, 'drafter = "model" needs a draft model in draft')
+        if drafter == "mtp" and runtime != "llamacpp":
+            reader.fail(
+                where_variant,
+                f'drafter = "mtp" runs only on llama.cpp; {runtime} cannot run an MTP head '
+                "yet, so give this variant no drafter (it drafts with n-grams)",
+            )
+        variants.append(PairVariant(runtime, variant["target"], draft, drafter))
     if not variants:
         reader.fail(
             where,
