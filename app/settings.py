@@ -36,6 +36,7 @@ HOME_ENV = "DRAFTPEN_HOME"
 MODELS_DIR_ENV = "DRAFTPEN_MODELS_DIR"
 CATALOG_ENV = "DRAFTPEN_CATALOG"
 SETTINGS_FILENAME = "settings.toml"
+API_KEY_FILENAME = "api-key"
 USER_CATALOG_FILENAME = "my-models.toml"
 
 DrafterChoice = Literal["auto", "model", "ngram", "none"]
@@ -106,6 +107,11 @@ def user_catalog_path() -> Path:
 def settings_path() -> Path:
     """The user's settings file (it need not exist)."""
     return config_dir() / SETTINGS_FILENAME
+
+
+def api_key_path() -> Path:
+    """The key TCP clients of ``draftpen serve`` send (``app.client.api_key``); 0600."""
+    return config_dir() / API_KEY_FILENAME
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,9 @@ class HealthReport(_Lenient):
     attached_clients: int = 0
     keep_alive_seconds: float | None = None
     idle_exit: bool = False
+    # http://HOST:PORT when the engine also listens on TCP (serve --tcp), for clients
+    # that speak only HTTP (draftpen launch); None on the Unix socket alone.
+    tcp: str | None = None
 
 
 class PairCard(_Lenient):

@@ -5,7 +5,8 @@ with a ``loaded`` flag), ``POST /v1/chat/completions``, ``POST /v1/completions``
 (streamed as server-sent events or not), ``GET /health``, and for draftpen's clients
 ``POST /draftpen/load`` (load or reload a pair, progress streamed) and
 ``GET /draftpen/attach`` (a connection held open by a front end, so an engine started
-with ``--idle-exit`` knows someone uses it). No TCP port is opened unless asked for.
+with ``--idle-exit`` knows someone uses it). No TCP port is opened unless asked for,
+and there every request must carry the engine's API key (``api_key_check``).
 
 Data flow: a handler validates the request (``schema``) and checks that its ``model``
 names a downloaded pair (``pairs``), then submits a job to the
@@ -138,6 +139,8 @@ class AgentApi:
         self.created = int(time.time())
         self.version = engine_version()
         self.responses = JobResponses(queue, scheduler)
+        # http://HOST:PORT once the server listens on TCP too (for GET /health).
+        self.tcp_url: str | None = None
         # Front ends holding GET /draftpen/attach open, and when the last one left.
         self.attached = 0
         self.detached_at = time.monotonic()
@@ -209,6 +212,7 @@ class AgentApi:
             attached_clients=self.attached,
             keep_alive_seconds=self.scheduler.keep_alive,
             idle_exit=self.idle_exit,
+            tcp=self.tcp_url,
         )
         return JSONResponse(report.model_dump())
 

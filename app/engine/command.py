@@ -5,6 +5,11 @@ memory at a time) and unloading it after ``--keep-alive`` without work; ``--pair
 loads one before it listens. Started by a front end (``--idle-exit``), it stops when it
 has been idle that long with no front end attached; run as a service, it stays.
 
+With ``--tcp`` it also listens on TCP for clients that speak only HTTP (agent CLIs,
+through ``draftpen launch``); every request there must carry the API key
+(``app.client.api_key``: ``--api-key``, ``$DRAFTPEN_API_KEY``, or a key made once and
+kept 0600 in the config directory) unless ``--no-api-key`` says otherwise.
+
 Prints one line on stdout once it listens (``draftpen serve: listening on unix:PATH``),
 logs to stderr (both to ``--log-file``, rotated, when given), and runs until SIGTERM or
 Ctrl+C; then it cancels what is generating, removes its socket and exits 0 (130 after
@@ -28,6 +33,7 @@ from app.errors import DraftpenError
 from app.options import add_model_options
 
 if TYPE_CHECKING:
+    from app.client.api_key import ApiKey
     from app.settings import Settings
 
 # Ollama's default keep-alive, and how long an engine started by a front end waits for
@@ -93,8 +99,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--tcp",
         default=None,
         metavar="HOST:PORT",
-        help="also listen on TCP, e.g. 127.0.0.1:8080 (no peer check: any process "
-        "that reaches the address may use the model)",
+        help="also listen on TCP, e.g. 127.0.0.1:8080 (port 0: a free one), for clients "
+        "that speak only HTTP; every request there must carry the API key",
+    )
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="the key TCP clients send as 'Authorization: Bearer KEY' or 'x-api-key: KEY' "
+        "(default: $DRAFTPEN_API_KEY, else a random key made once and kept 0600 in "
+        "draftpen's config directory, file api-key)",
+    )
+    serve.add_argument(
+        "--no-api-key",
+        action="store_true",
+        help="let TCP clients in without a key: anyone who can reach the address may use "
+        "the model (the Unix socket never needs one)",
     )
     serve.add_argument(
         "--keep-alive",
@@ -165,6 +185,7 @@ def run_serve(args: argparse.Namespace) -> int:
     keep_alive = parse_duration(args.keep_alive, "--keep-alive")
     idle_exit = parse_duration(args.idle_exit, "--idle-exit") if args.idle_exit else None
     tcp = parse_tcp_address(args.tcp) if args.tcp else None
+    api_key = _tcp_api_key(args, tcp)
     cache_bytes = _conversation_cache_bytes(args.conversation_cache, settings)
     if args.socket or os.environ.get(SOCKET_ENV, "").strip():
         socket_path = Path(args.socket).expanduser().absolute() if args.socket else None
@@ -208,9 +229,12 @@ def run_serve(args: argparse.Namespace) -> int:
             tcp=tcp,
             stop=stop,
             idle_exit=idle_exit,
+            api_key=api_key.value if api_key else None,
+            tcp_without_key=args.no_api_key,
         )
         if not stop.is_set():
-            server.run(announce=_announce(args.pair, keep_alive, idle_exit))
+            show_key = sys.stderr.isatty() and not args.log_file
+            server.run(announce=_announce(args.pair, keep_alive, idle_exit, api_key, show_key))
     finally:
         signal.signal(signal.SIGTERM, previous)
         # A generation stuck in one long call still uses the models: leave them to the
@@ -218,6 +242,24 @@ def run_serve(args: argparse.Namespace) -> int:
         if server is None or server.worker_stopped:
             scheduler.unload("the engine stopped")
     return 0
+
+
+def _tcp_api_key(args: argparse.Namespace, tcp: tuple[str, int] | None) -> ApiKey | None:
+    """The key TCP clients must send; None without TCP, or with ``--no-api-key``."""
+    from app.client.api_key import engine_api_key
+
+    if args.api_key is not None and args.no_api_key:
+        raise DraftpenError("--api-key and --no-api-key contradict each other; pick one.")
+    if tcp is None:
+        if args.api_key is not None or args.no_api_key:
+            raise DraftpenError(
+                "--api-key and --no-api-key go with --tcp: the Unix socket needs no key "
+                "(only this user can reach it)."
+            )
+        return None
+    if args.no_api_key:
+        return None
+    return engine_api_key(args.api_key)
 
 
 def _refuse_if_taken(socket_path: Path) -> None:
@@ -258,7 +300,11 @@ def _duration_text(seconds: float | None) -> str:
 
 
 def _announce(
-    pair: str | None, keep_alive: float | None, idle_exit: float | None
+    pair: str | None,
+    keep_alive: float | None,
+    idle_exit: float | None,
+    api_key: ApiKey | None = None,
+    show_key: bool = False,
 ) -> Callable[[str], None]:
     def announce(address: str) -> None:
         if address.startswith("unix:"):
@@ -276,12 +322,20 @@ def _announce(
                 )
             )
             _progress(f"try: curl --unix-socket {path} http://draftpen/v1/models")
-        else:
-            print(
-                f"draftpen serve: also listening on {address}/v1 - no peer check on TCP: "
-                "any process that can reach this address can use the model",
-                file=sys.stderr,
-                flush=True,
+        elif api_key is None:
+            _progress(
+                f"WARNING: also listening on {address}/v1 with no API key (--no-api-key) "
+                "and no peer check: any process that can reach this address can use the model"
             )
+        else:
+            _progress(
+                f"also listening on {address}/v1; every request there must carry the API "
+                "key, as 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
+            )
+            # The key itself only to a person at a terminal, never into a log file.
+            where = f"kept in {api_key.source}" if "/" in api_key.source else api_key.source
+            made = ", made just now" if api_key.created else ""
+            shown = f"{api_key.value} ({where}{made})" if show_key else f"{where}{made}"
+            _progress(f"API key: {shown}")
 
     return announce

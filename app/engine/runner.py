@@ -16,6 +16,7 @@ import uvicorn
 import uvicorn.config
 
 from app.engine.api import MAX_BODY_BYTES, AgentApi
+from app.engine.api_key_check import ApiKeyCheck
 from app.engine.pairs import FixedPairs, PairDirectory
 from app.engine.queue import (
     DEFAULT_QUEUE_LIMIT,
@@ -84,6 +85,10 @@ class AgentServer:
     flight and removes its socket. ``allowed_uid`` is the one user served over the Unix
     socket (default: this process's); ``stop``, when already set at startup (a SIGTERM
     during model loading), makes the server stop at once.
+
+    On TCP every request must carry ``api_key`` (``api_key_check``); serving TCP without
+    a key needs ``tcp_without_key`` said out loud. Port 0 takes a free port: the one
+    taken is announced and reported by ``GET /health`` (``tcp``).
     """
 
     def __init__(
@@ -102,7 +107,11 @@ class AgentServer:
         stop: threading.Event | None = None,
         configure_logging: bool = True,
         idle_exit: float | None = None,
+        api_key: str | None = None,
+        tcp_without_key: bool = False,
     ) -> None:
+        if tcp is not None and not api_key and not tcp_without_key:
+            raise ValueError("TCP needs an api_key (or tcp_without_key=True, said out loud)")
         if engine is not None:
             fixed = FixedPairs(model_id or engine.target.name, engine)
             options = LoadOptions(engine.target.n_ctx, settings.exact_output)
@@ -126,8 +135,9 @@ class AgentServer:
         )
         self._stop = stop or threading.Event()
         uid = os.getuid() if allowed_uid is None else allowed_uid
+        app = self.api.app()
         config = uvicorn.Config(
-            self.api.app(),
+            ApiKeyCheck(app, api_key) if api_key else app,
             http=peer_checked_protocol(uid),
             ws="none",
             lifespan="off",
@@ -165,11 +175,13 @@ class AgentServer:
         self.worker_stopped = False
         try:
             if self.tcp is not None:
-                sockets.append(bind_tcp_socket(*self.tcp))
+                tcp_listener = bind_tcp_socket(*self.tcp)
+                sockets.append(tcp_listener)
+                self.api.tcp_url = _http_url(self.tcp[0], tcp_listener.getsockname()[1])
             if announce is not None:
                 announce(f"unix:{self.socket_path}")
-                if self.tcp is not None:
-                    announce(f"http://{self.tcp[0]}:{self.tcp[1]}")
+                if self.api.tcp_url is not None:
+                    announce(self.api.tcp_url)
             watching = threading.Event()
             if self.idle_exit is not None:
                 watcher = threading.Thread(
@@ -196,3 +208,8 @@ class AgentServer:
         """Ask a running server to stop (thread-safe: uvicorn polls the flag)."""
         self._stop.set()
         self._server.should_exit = True
+
+
+def _http_url(host: str, port: int) -> str:
+    """``http://HOST:PORT``, an IPv6 host in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
