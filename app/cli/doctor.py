@@ -1,21 +1,30 @@
 """``draftpen doctor``: what this machine is, which runtimes it has, which one runs.
 
-The facts are gathered once into :class:`DoctorReport` and rendered as lines, so
-the rendering is tested with made-up machines.
+The facts are gathered once into :class:`DoctorReport` and rendered as lines (or, with
+``--json``, as data), so the rendering is tested with made-up machines. llama.cpp is
+never loaded in this process: the runtime check (:mod:`app.runtime_check`) loads it in
+a child, so a build that crashes on this CPU is reported, not suffered.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import psutil
 
 from app.machine import cpu_model
+from app.runtime_check.check import RuntimeCheck, render_check, run_runtime_check, stderr_excerpt
+from app.runtime_check.cpu_features import FeatureUse, cpu_flags, feature_uses
 from backends.select import RuntimeFacts, decide_runtime, detect_facts
+
+# Exit status when the runtime check crashed, hung or failed: scripts can tell.
+EXIT_RUNTIME_BROKEN = 1
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,8 @@ class DoctorReport:
     facts: RuntimeFacts
     llama_cpp_gpu_offload: bool | None  # None: llama.cpp not installed or not loadable
     mlx_device: str | None  # "gpu" / "cpu"; None: mlx not installed or not loadable
+    cpu_features: tuple[FeatureUse, ...] = ()  # AVX2, AVX-512, AMX: CPU and build
+    runtime_check: RuntimeCheck | None = None  # None: not run
 
 
 def _chip() -> str:
@@ -62,17 +73,6 @@ def _nvidia_gpus() -> tuple[str, ...]:
     return tuple(line.strip() for line in output.splitlines() if line.strip())
 
 
-def _llama_cpp_gpu_offload(facts: RuntimeFacts) -> bool | None:
-    if not facts.llama_cpp_version:
-        return None
-    try:
-        from backends.llamacpp import supports_gpu_offload
-
-        return supports_gpu_offload()
-    except Exception:  # a report, not a requirement: a broken install shows as unknown
-        return None
-
-
 def _mlx_device(facts: RuntimeFacts) -> str | None:
     if not facts.mlx_version:
         return None
@@ -85,17 +85,50 @@ def _mlx_device(facts: RuntimeFacts) -> str | None:
 
 
 def gather_report() -> DoctorReport:
-    """Look at this machine (loads each runtime's library, not any model)."""
+    """Look at this machine: mlx's library here, llama.cpp's in the runtime check's child
+    process (which loads a tiny model and decodes with it)."""
     facts = detect_facts()
+    check = run_runtime_check()
     return DoctorReport(
         os_name=platform.platform(),
         chip=_chip(),
         memory_gib=round(psutil.virtual_memory().total / 2**30, 1),
         gpus=_nvidia_gpus(),
         facts=facts,
-        llama_cpp_gpu_offload=_llama_cpp_gpu_offload(facts),
+        llama_cpp_gpu_offload=check.gpu_offload,
         mlx_device=_mlx_device(facts),
+        cpu_features=feature_uses(cpu_flags(), check.system_info),
+        runtime_check=check,
     )
+
+
+def _yes_no(value: bool | None, yes: str, no: str) -> str:
+    return "unknown" if value is None else (yes if value else no)
+
+
+def _feature_lines(features: tuple[FeatureUse, ...]) -> list[str]:
+    if not features:
+        return []
+    lines = ["CPU features (this CPU / this llama.cpp build):"]
+    for feature in features:
+        cpu = _yes_no(feature.cpu, "yes", "no")
+        build = _yes_no(feature.build, "used", "not used")
+        line = f"  {feature.name + ':':<9} {cpu} / {build}"
+        lines.append(f"{line}  ({feature.note})" if feature.note else line)
+    return lines
+
+
+def _check_lines(check: RuntimeCheck | None) -> list[str]:
+    if check is None:
+        return []
+    rendered = render_check(check)
+    lines = [f"runtime check: {rendered[0]}", *rendered[1:]]
+    if check.error:
+        lines.append(f"  error: {check.error}")
+    if not check.ok:
+        excerpt = stderr_excerpt(check.stderr_tail, lines=6)
+        lines += ["  its error output:", *(f"    {line}" for line in excerpt)] if excerpt else []
+    return lines
 
 
 def render_report(report: DoctorReport) -> list[str]:
@@ -119,17 +152,55 @@ def render_report(report: DoctorReport) -> list[str]:
         f"llama.cpp:  {llama}",
         f"mlx:        {mlx}",
         f"runtime:    {decision.runtime} ({decision.reason}); override with --runtime",
+        *_feature_lines(report.cpu_features),
+        *_check_lines(report.runtime_check),
     ]
 
 
+def report_json(report: DoctorReport) -> dict[str, Any]:
+    """The report as data (``draftpen doctor --json``): the same facts as the lines."""
+    facts = report.facts
+    decision = decide_runtime(facts)
+    check = report.runtime_check
+    return {
+        "os": report.os_name,
+        "chip": report.chip,
+        "apple_silicon": facts.apple_silicon,
+        "memory_gib": report.memory_gib,
+        "gpus": list(report.gpus),
+        "llama_cpp": {
+            "version": facts.llama_cpp_version,
+            "gpu_offload": report.llama_cpp_gpu_offload,
+        },
+        "mlx": {"version": facts.mlx_version, "device": report.mlx_device},
+        "runtime": {"name": decision.runtime, "reason": decision.reason},
+        "cpu_features": [asdict(feature) for feature in report.cpu_features],
+        "runtime_check": None if check is None else check.as_json(),
+    }
+
+
 def run_doctor(args: argparse.Namespace) -> int:
-    """``draftpen doctor``: print what was detected and which runtime would be used."""
-    for line in render_report(gather_report()):
-        print(line)
-    return 0
+    """``draftpen doctor``: print what was detected, which runtime would be used, and
+    whether llama.cpp runs here; exit 1 when its runtime check crashed, hung or failed."""
+    report = gather_report()
+    if args.json:
+        print(json.dumps(report_json(report), indent=2))
+    else:
+        for line in render_report(report):
+            print(line)
+    check = report.runtime_check
+    broken = check is not None and check.outcome in ("crashed", "hung", "failed")
+    return EXIT_RUNTIME_BROKEN if broken else 0
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add the ``doctor`` subcommand."""
-    doctor = commands.add_parser("doctor", help="show this machine and the runtime it would use")
+    doctor = commands.add_parser(
+        "doctor",
+        help="show this machine, the runtime it would use, and whether that runtime runs",
+        description="Show this machine, the runtime draftpen would use, the CPU features "
+        "that matter (this CPU and the llama.cpp build), and a runtime check: a tiny model "
+        "decoded in a child process.",
+    )
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(func=run_doctor)
