@@ -27,7 +27,8 @@ from backends.base import Model
 from backends.constraints import GrammarState, mask_logits
 from backends.penalties import TokenCounts
 from backends.rows import HostRows, LogitRows, forward_rows
-from backends.sampling import SamplingParams, SparseDistribution, greedy_token
+from backends.sampling import SamplingParams, greedy_token
+from backends.sparse_distribution import SparseDistribution
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,9 @@ from backends.errors import (
     RuntimeUnavailableError,
 )
 from backends.rows import HostRows, LogitRows
-from backends.sampling import (
-    SamplingParams,
-    SparseDistribution,
-    distribution,
-    distribution_from_top,
-)
+from backends.sampling import SamplingParams, distribution
+from backends.sparse_distribution import SparseDistribution
+from backends.top_logits import distribution_from_top
 
 # mlx-lm imports transformers, which prints a PyTorch advisory on stderr; the TUI owns
 # the terminal, and MLX needs no PyTorch.
@@ -378,7 +375,7 @@ class MlxRows:
     Each kind of answer is computed for every row at once, in one evaluation, the
     first time a row is asked (a verify batch needs most of its rows): argmaxes; for
     sampling, each row's ``DEVICE_CANDIDATES`` largest logits and its log-sum-exp at
-    the temperature, from which :func:`backends.sampling.distribution_from_top`
+    the temperature, from which :func:`backends.top_logits.distribution_from_top`
     filters on the host; log-sum-exps at temperature 1 for confidences. Where the
     candidates cannot settle a distribution, that row is copied back and filtered
     whole, as on the host.

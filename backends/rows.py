@@ -19,13 +19,9 @@ from typing import Protocol
 import numpy as np
 
 from backends.base import Model
-from backends.sampling import (
-    SamplingParams,
-    SparseDistribution,
-    distribution,
-    greedy_token,
-    top_token_probability,
-)
+from backends.row_scans import top_token_probability
+from backends.sampling import SamplingParams, distribution, greedy_token
+from backends.sparse_distribution import SparseDistribution
 
 
 class LogitRows(Protocol):

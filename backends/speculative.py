@@ -34,16 +34,11 @@ from backends.constraints import GrammarState, mask_logits
 from backends.drafters import EMPTY_PROPOSAL, Drafter, DraftProposal, common_prefix_length
 from backends.errors import ContextOverflowError
 from backends.penalties import TokenCounts
+from backends.rejection import verify_draft_token
+from backends.row_scans import log_normaliser, top_ids
 from backends.rows import LogitRows, forward_rows
-from backends.sampling import (
-    SamplingParams,
-    SparseDistribution,
-    distribution,
-    greedy_token,
-    log_normaliser,
-    top_ids,
-    verify_draft_token,
-)
+from backends.sampling import SamplingParams, distribution, greedy_token
+from backends.sparse_distribution import SparseDistribution
 
 # Finish reasons, as OpenAI names them where it has a name.
 FINISH_STOP = "stop"

@@ -30,6 +30,8 @@ import json, sys
 for name in ("llama_cpp", "mlx", "mlx_lm"):
     sys.modules[name] = None  # any import of it now raises ImportError
 import backends.speculative, backends.sampling, backends.drafters, backends.base
+import backends.sparse_distribution, backends.row_scans, backends.nucleus
+import backends.rejection, backends.top_logits
 import backends.conversation_cache, backends.engine
 import backends.errors, backends.penalties
 print(json.dumps(sorted(sys.modules)))
@@ -60,6 +62,7 @@ print(json.dumps({"modules": sorted(sys.modules), "failed": failed}))
     app_modules = [name for name in report["modules"] if name == "app" or name.startswith("app.")]
     assert app_modules == []
     core = {"base", "sampling", "penalties", "drafters", "speculative", "errors"}
+    core |= {"sparse_distribution", "row_scans", "nucleus", "rejection", "top_logits"}
     assert not core & set(report["failed"]), report["failed"]
 
 

@@ -22,7 +22,8 @@ import pytest
 from backends.constraints import GrammarSpec, GrammarState, GrammarVocabulary
 from backends.drafters import ModelDrafter
 from backends.engine import Engine, GenerationRequest
-from backends.sampling import SamplingParams, distribution, log_normaliser, top_ids
+from backends.row_scans import log_normaliser, top_ids
+from backends.sampling import SamplingParams, distribution
 from backends.speculative import (
     FixedDraftPolicy,
     GenerationEvent,

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from backends.errors import DecodeError, ModelLoadError
-from backends.sampling import SamplingParams, distribution, distribution_from_top
+from backends.sampling import SamplingParams, distribution
+from backends.top_logits import distribution_from_top
 from tests.model_files import SMOLLM2_KEY, require_mlx_model
 
 pytestmark = pytest.mark.real_model

@@ -9,12 +9,14 @@ logits, the rule that no dropped token beats a kept one, and the probabilities.
 from __future__ import annotations
 
 import math
+from types import ModuleType
 
 import numpy as np
 import pytest
 
-from backends import sampling
-from backends.sampling import SamplingParams, SparseDistribution, distribution, greedy_token
+from backends import row_scans, sampling, sparse_distribution, top_logits
+from backends.sampling import SamplingParams, distribution, greedy_token
+from backends.sparse_distribution import SparseDistribution
 
 
 def reference_filter(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
@@ -219,7 +221,7 @@ def test_a_drafters_confidence_is_the_softmax_of_its_token_to_a_thousandth(
 ) -> None:
     # Peaked rows sum the tokens near the top; a flat one (tens of thousands near it)
     # is summed whole in one float32 pass instead.
-    whole_row_passes = record_calls(monkeypatch, "_row_mass")
+    whole_row_passes = record_calls(monkeypatch, "row_mass", row_scans)
     rng = np.random.default_rng(15)
     for peak in (14.0, 18.0, 25.0):
         row = (rng.standard_normal(QWEN_VOCAB) * (0.5 if flat else 2.4)).astype(np.float32)
@@ -227,7 +229,7 @@ def test_a_drafters_confidence_is_the_softmax_of_its_token_to_a_thousandth(
         row[token] = row.max() + (0.1 if flat else peak)
         scaled = row.astype(np.float64)
         exact = 1.0 / np.exp(scaled - scaled[token]).sum()
-        assert sampling.top_token_probability(row, token) == pytest.approx(exact, rel=1e-3)
+        assert row_scans.top_token_probability(row, token) == pytest.approx(exact, rel=1e-3)
     assert bool(whole_row_passes) == flat
 
 
@@ -331,7 +333,7 @@ def misleading_row() -> np.ndarray:
     """
     rng = np.random.default_rng(21)
     row = (rng.standard_normal(QWEN_VOCAB) * 0.5 - 8.0).astype(np.float32)
-    stride = QWEN_VOCAB // sampling._SAMPLE_SIZE
+    stride = QWEN_VOCAB // row_scans.SAMPLE_SIZE
     sampled = np.arange(0, QWEN_VOCAB, stride)
     row[sampled] = (rng.standard_normal(sampled.size) * 0.5 + 6.0).astype(np.float32)
     return row
@@ -340,7 +342,7 @@ def misleading_row() -> np.ndarray:
 def test_a_candidate_set_too_small_falls_back_to_exact_selection() -> None:
     row = misleading_row()
     at_least = 3000  # more than the sampled positions the estimate lets through
-    ids = sampling._upper_set(row, at_least)
+    ids = row_scans.upper_set(row, at_least)
     assert ids.size >= at_least
     outside = np.setdiff1d(np.arange(QWEN_VOCAB), ids)
     assert row[outside].max() < row[ids].min(), "the candidates are the top of the row"
@@ -408,13 +410,13 @@ def test_top_p_is_decided_with_and_without_a_pass_over_the_rest_of_the_row(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     passes: list[int] = []
-    real_row_mass = sampling._row_mass
+    real_row_mass = sampling.row_mass
 
     def counting(*args: object) -> float:
         passes.append(1)
         return real_row_mass(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sampling, "_row_mass", counting)
+    monkeypatch.setattr(sampling, "row_mass", counting)
     params = SamplingParams(temperature=0.7, top_p=0.9)
     rng = np.random.default_rng(24)
     decided_by_bound = needed_a_pass = 0
@@ -441,7 +443,7 @@ def test_sampling_a_full_vocabulary_distribution_walks_blocks_like_one_cumulativ
     for u in rng.random(2000):
         plain = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
         plain = min(plain, probs.size - 1)
-        got = sampling._inverse_cdf(probs, float(u))
+        got = sparse_distribution._inverse_cdf(probs, float(u))
         # Summing block by block rounds differently: only a neighbour at a boundary may differ.
         assert abs(got - plain) <= 1
         assert probs[got] > 0.0
@@ -481,16 +483,18 @@ def peaked_row(rng: np.random.Generator, runner_up_gaps: list[float]) -> np.ndar
     return row
 
 
-def record_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[object]:
-    """What each call of one of sampling's private functions returned."""
+def record_calls(
+    monkeypatch: pytest.MonkeyPatch, name: str, module: ModuleType = sampling
+) -> list[object]:
+    """What each call of one of a sampling module's functions (as it calls it) returned."""
     results: list[object] = []
-    real = getattr(sampling, name)
+    real = getattr(module, name)
 
     def recording(*args: object, **kwargs: object) -> object:
         results.append(real(*args, **kwargs))
         return results[-1]
 
-    monkeypatch.setattr(sampling, name, recording)
+    monkeypatch.setattr(module, name, recording)
     return results
 
 
@@ -551,9 +555,9 @@ def test_a_dominant_top_token_among_many_candidates_is_kept_alone_without_sortin
     # 300 runners-up within the near-top cut (more than plain Python filters; numpy
     # does) but far enough below that the top token alone reaches top_p.
     rng = np.random.default_rng(38)
-    assert sampling._PYTHON_CANDIDATES < 300
+    assert sparse_distribution.PYTHON_CANDIDATES < 300
     row = peaked_row(rng, list(rng.uniform(9.0, 12.0, size=300)))
-    nucleus_searches = record_calls(monkeypatch, "_nucleus_in")
+    nucleus_searches = record_calls(monkeypatch, "nucleus_in")
     got = distribution(row, params)
     np.testing.assert_array_equal(got.ids, [int(np.argmax(row))])
     assert not nucleus_searches, "decided from the candidates' total"
@@ -572,7 +576,7 @@ def test_tied_top_tokens_keep_the_first_when_one_reaches_top_p() -> None:
 
 
 def test_a_flat_row_skips_the_near_top_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    general = record_calls(monkeypatch, "_upper_set")
+    general = record_calls(monkeypatch, "upper_set")
     row = llm_like_row(np.random.default_rng(34), 4.0)  # thousands within reach of the top
     params = SamplingParams(temperature=0.7, top_p=0.95)
     assert not near_a_threshold(row, params)
@@ -592,7 +596,7 @@ def test_top_p_that_the_bound_cannot_decide_sums_the_tokens_below_the_cut(
     row[77] = 10.0
     rest = float(np.exp(np.float64(row[0]) - 10.0)) * (QWEN_VOCAB - 1)
     params = SamplingParams(temperature=1.0, top_p=1.0 / (1.0 + rest / 2))
-    passes = record_calls(monkeypatch, "_row_mass")
+    passes = record_calls(monkeypatch, "row_mass")
     got = distribution(row, params)
     assert passes, "the rest of the row was summed"
     assert got.ids.size > 1 and 77 in got.ids.tolist()
@@ -654,7 +658,7 @@ def test_few_candidates_are_filtered_in_python_exactly_as_numpy_filters_them(
         args = (row, params.temperature, params.top_k, params.top_p, params.min_p)
         in_python = sampling._near_top(*args)
         with monkeypatch.context() as numpy_only:
-            numpy_only.setattr(sampling, "_PYTHON_CANDIDATES", 0)
+            numpy_only.setattr(sampling, "PYTHON_CANDIDATES", 0)
             in_numpy = sampling._near_top(*args)
         assert (in_python is None) == (in_numpy is None)
         if in_python is None or in_numpy is None:
@@ -700,7 +704,7 @@ def test_a_row_known_by_its_top_64_filters_like_the_full_sort(params: SamplingPa
         row = peaked_row(rng, gaps)
         if near_a_threshold(row, params):
             continue
-        got = sampling.distribution_from_top(
+        got = top_logits.distribution_from_top(
             *top_of(row, 64, params.temperature), QWEN_VOCAB, params
         )
         if got is not None:
@@ -717,7 +721,7 @@ def test_a_row_known_by_its_top_tokens_is_refused_where_they_cannot_settle_it() 
         SamplingParams(temperature=0.7, min_p=0.0001),  # min-p keeps more than 64
         SamplingParams(temperature=0.7),  # no filter: the whole row
     ):
-        assert sampling.distribution_from_top(*top_of(row, 64, 0.7), QWEN_VOCAB, params) is None
+        assert top_logits.distribution_from_top(*top_of(row, 64, 0.7), QWEN_VOCAB, params) is None
 
 
 def test_the_rest_of_the_row_is_trusted_only_to_the_devices_precision() -> None:
@@ -727,9 +731,9 @@ def test_the_rest_of_the_row_is_trusted_only_to_the_devices_precision() -> None:
     row[9] = 10.0
     ids, values, log_mass = top_of(row, 64, 1.0)
     share = float(np.exp(10.0 - log_mass))
-    near = SamplingParams(temperature=1.0, top_p=share * (1 + sampling._DEVICE_MASS_SLACK / 4))
-    assert sampling.distribution_from_top(ids, values, log_mass, QWEN_VOCAB, near) is None
-    clear = SamplingParams(temperature=1.0, top_p=share * (1 - 4 * sampling._DEVICE_MASS_SLACK))
-    got = sampling.distribution_from_top(ids, values, log_mass, QWEN_VOCAB, clear)
+    near = SamplingParams(temperature=1.0, top_p=share * (1 + top_logits._DEVICE_MASS_SLACK / 4))
+    assert top_logits.distribution_from_top(ids, values, log_mass, QWEN_VOCAB, near) is None
+    clear = SamplingParams(temperature=1.0, top_p=share * (1 - 4 * top_logits._DEVICE_MASS_SLACK))
+    got = top_logits.distribution_from_top(ids, values, log_mass, QWEN_VOCAB, clear)
     assert got is not None
     np.testing.assert_array_equal(got.ids, [9])

@@ -37,14 +37,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from backends import sampling
-from backends.sampling import (
-    SamplingParams,
-    SparseDistribution,
-    distribution,
-    residual,
-    verify_draft_token,
-)
+from backends import rejection
+from backends.rejection import residual, verify_draft_token
+from backends.sampling import SamplingParams, distribution
+from backends.sparse_distribution import SparseDistribution
 
 VOCAB = 12
 N_REFERENCE = 400_000
@@ -253,8 +249,8 @@ def test_residual_is_computed_alike_for_small_and_large_supports(
     p, q = random_distribution(), random_distribution()
     excess = np.maximum(dense(p, vocab) - dense(q, vocab), 0.0)
     both = []
-    for limit in (sampling._PYTHON_CANDIDATES, 0):
-        monkeypatch.setattr(sampling, "_PYTHON_CANDIDATES", limit)
+    for limit in (rejection.PYTHON_CANDIDATES, 0):
+        monkeypatch.setattr(rejection, "PYTHON_CANDIDATES", limit)
         got = residual(p, q)
         assert np.all(np.diff(got.ids) > 0) and np.all(got.probs > 0)
         np.testing.assert_allclose(dense(got, vocab), excess / excess.sum(), rtol=1e-12, atol=1e-15)
