@@ -190,6 +190,9 @@ class GenerationEvent:
     decision: str = ""
     # One per token in ``tokens`` when the generation asked for logprobs; else empty.
     token_logprobs: tuple[TokenLogprob, ...] = ()
+    # The stop string that ended the generation (finish_reason "stop"); None when an
+    # end-of-generation token, a limit or a cancel ended it, or it goes on.
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True)
@@ -318,6 +321,8 @@ class StopStringFilter:
 
     def __init__(self, stop: Sequence[str]) -> None:
         self.stop = [s for s in stop if s]
+        # The stop string found, once one was (the earliest in the text).
+        self.matched: str | None = None
         self._held: list[TextSegment] = []
         self._longest = max((len(s) for s in self.stop), default=0)
 
@@ -329,6 +334,7 @@ class StopStringFilter:
         held_text = "".join(s.text for s in self._held)
         cut = _earliest_match(held_text, self.stop)
         if cut is not None:
+            self.matched = next(s for s in self.stop if held_text.find(s) == cut)
             shown = _take_chars(self._held, cut)
             self._held = []
             return shown, True
@@ -647,6 +653,7 @@ def speculative_generate(
             decision=plan.reason,
             # The end-of-generation token is not in ``tokens``, so not here either.
             token_logprobs=tuple(emitted_logprobs[: len(kept_tokens)]),
+            stop_sequence=stop_filter.matched if stopped else None,
         )
         if finish is not None:
             return

@@ -62,16 +62,20 @@ from app.engine.chunks import (
     ResponseFormat,
     new_response_id,
 )
+from app.engine.dialects.anthropic_messages import anthropic_routes
 from app.engine.http_errors import (
     api_error_response,
+    generation_error,
     http_error_response,
     internal_error_response,
 )
 from app.engine.job_responses import JobResponses
 from app.engine.pairs import PairDirectory, model_not_found
 from app.engine.queue import (
+    END,
     EngineJob,
     GenerationQueue,
+    Inspected,
     Prepared,
     Preparer,
     QueueFullError,
@@ -153,6 +157,7 @@ class AgentApi:
             Route("/v1/models/{model_id:path}", self.get_model, methods=["GET"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            *anthropic_routes(self),
             Route("/health", self.health, methods=["GET"]),
             Route("/draftpen/load", self.load, methods=["POST"]),
             Route("/draftpen/attach", self.attach, methods=["GET"]),
@@ -244,30 +249,9 @@ class AgentApi:
         options = parsed.draftpen or DraftpenRequestOptions()
         response_id = response_id or new_response_id(make_format.id_prefix)
 
-        thinking = _given(parsed.thinking, self.settings.thinking)
-
         def prepare(engine: Engine) -> Prepared:
             plan = self._reply_plan(parsed, engine)
-            messages = parsed.chat_messages()
-            left_out = 0
-            try:
-                if options.fit_context and not plan.prompt_tools:
-                    reply_room = parsed.completion_limit[0] or self.settings.max_tokens
-                    fitted = fit_conversation(engine, messages, reply_room, thinking=thinking)
-                    prompt, prompt_text = list(fitted.tokens), fitted.text
-                    left_out = fitted.dropped_messages
-                else:
-                    prompt_text = engine.chat_prompt_text(
-                        messages, plan.prompt_tools, thinking=thinking
-                    )
-                    prompt = engine.text_prompt(prompt_text)
-            except ChatTemplateError as error:
-                raise ApiError(
-                    400,
-                    f"{error} Over the API, POST /v1/completions sends raw text instead.",
-                    param="messages",
-                    code="invalid_value",
-                ) from None
+            prompt, prompt_text, left_out = self._chat_prompt(parsed, engine, plan, options)
             formatter = make_format(
                 parsed.model,
                 include_usage=parsed.include_usage,
@@ -289,6 +273,40 @@ class AgentApi:
             )
 
         return await self._respond(request, parsed, options, response_id, prepare, fallback)
+
+    async def count_chat_tokens(self, parsed: ChatCompletionRequest) -> int:
+        """How many tokens ``parsed``'s prompt is, rendered as :meth:`respond_chat` would.
+
+        Run on the engine's worker (the pair loaded if need be): the model's own chat
+        template, the tools as the prompt shows them, the thinking switch.
+        """
+        await asyncio.to_thread(self.pairs.check, parsed.model)
+        options = DraftpenRequestOptions()
+
+        def count(engine: Engine) -> int:
+            plan = self._reply_plan(parsed, engine)
+            return len(self._chat_prompt(parsed, engine, plan, options)[0])
+
+        job = EngineJob(
+            id=new_response_id("count"),
+            pair=parsed.model,
+            kind="token count",
+            loop=asyncio.get_running_loop(),
+            inspect=count,
+        )
+        self._submit(job)
+        try:
+            while True:
+                item = await job.next_item()
+                if isinstance(item, Inspected):
+                    return int(item.result)
+                if isinstance(item, BaseException):
+                    raise generation_error(item)
+                if item is END:
+                    raise ApiError(503, "The engine stopped before counting.", code="cancelled")
+        finally:
+            if not job.delivered:
+                self.queue.cancel(job, "request handler stopped")
 
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``: raw text in, no chat template."""
@@ -433,6 +451,31 @@ class AgentApi:
         )
         calls = ToolCallOutput(allowed, syntax, mode=mode, parallel=parallel)
         return _ReplyPlan(tools, parser, ConstraintSpec(text=text, tool_calls=calls))
+
+    def _chat_prompt(
+        self,
+        parsed: ChatCompletionRequest,
+        engine: Engine,
+        plan: _ReplyPlan,
+        options: DraftpenRequestOptions,
+    ) -> tuple[list[int], str, int]:
+        """The prompt's tokens and text, and how many old messages fitting left out."""
+        thinking = _given(parsed.thinking, self.settings.thinking)
+        messages = parsed.chat_messages()
+        try:
+            if options.fit_context and not plan.prompt_tools:
+                reply_room = parsed.completion_limit[0] or self.settings.max_tokens
+                fitted = fit_conversation(engine, messages, reply_room, thinking=thinking)
+                return list(fitted.tokens), fitted.text, fitted.dropped_messages
+            prompt_text = engine.chat_prompt_text(messages, plan.prompt_tools, thinking=thinking)
+            return engine.text_prompt(prompt_text), prompt_text, 0
+        except ChatTemplateError as error:
+            raise ApiError(
+                400,
+                f"{error} Over the API, POST /v1/completions sends raw text instead.",
+                param="messages",
+                code="invalid_value",
+            ) from None
 
     async def read_json(self, request: Request) -> object:
         """The parsed JSON body of ``request``; its size is checked as it arrives."""

@@ -272,16 +272,9 @@ class ChatFormat(ResponseFormat):
 
     def response(self, tally: GenerationTally) -> dict[str, Any]:
         """The whole response; the reply runs through the same parser as a stream's."""
-        parser = self.tool_parser
-        if parser is None and self.reasoning is None:
+        if self.tool_parser is None and self.reasoning is None:
             return super().response(tally)
-        reply = ParsedReply()
-        if parser is not None:
-            for piece in tally.pieces:
-                reply.add(parser.feed(piece))
-            reply.add(parser.finish())
-        else:
-            reply.add([ContentPiece(tally.text)])
+        reply = self.parsed_reply(tally)
         calls = reply.tool_calls
         message: dict[str, Any] = {
             "role": "assistant",
@@ -314,6 +307,18 @@ class ChatFormat(ResponseFormat):
             "usage": tally.usage(),
             "draftpen": tally.draftpen(),
         }
+
+    def parsed_reply(self, tally: GenerationTally) -> ParsedReply:
+        """The whole answer read as a stream's is: its content and its tool calls."""
+        reply = ParsedReply()
+        parser = self.tool_parser
+        if parser is not None:
+            for piece in tally.pieces:
+                reply.add(parser.feed(piece))
+            reply.add(parser.finish())
+        else:
+            reply.add([ContentPiece(tally.text)])
+        return reply
 
     def _finish_reason(self, finish_reason: str | None) -> str | None:
         # A reply that ended by itself after calling tools finished "to call tools";

@@ -9,6 +9,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from app.engine.dialects.anthropic_messages import anthropic_error_body
 from app.engine.schema import (
     ApiError,
 )
@@ -49,7 +50,9 @@ ErrorShape = Callable[[ApiError], dict[str, Any]]
 
 # The error body each dialect's clients read, by the path prefix of its routes; OpenAI's
 # shape (ApiError.body) everywhere else.
-_ERROR_SHAPES: list[tuple[str, ErrorShape]] = []
+_ERROR_SHAPES: list[tuple[str, ErrorShape]] = [
+    ("/v1/messages", anthropic_error_body),
+]
 
 
 def error_body(path: str, error: ApiError) -> dict[str, Any]:
@@ -77,7 +80,8 @@ async def http_error_response(request: Request, error: Exception) -> Response:
     if error.status_code == 404:
         message = (
             f"There is no {request.url.path} here. draftpen serves GET /v1/models, "
-            "POST /v1/chat/completions, POST /v1/completions, GET /health, and for its own "
+            "POST /v1/chat/completions, POST /v1/completions, POST /v1/messages (and "
+            "/v1/messages/count_tokens), GET /health, and for its own "
             "clients POST /draftpen/load and GET /draftpen/attach."
         )
     elif error.status_code == 405:

@@ -74,6 +74,13 @@ class Prepared:
 
 
 @dataclass(frozen=True)
+class Inspected:
+    """What an inspect job's function returned, run against the loaded engine."""
+
+    result: Any
+
+
+@dataclass(frozen=True)
 class LoadedNotice:
     """A load job's end: the pair is in memory (``fresh``: loaded by this job)."""
 
@@ -90,7 +97,10 @@ class EngineJob:
     """One request's work, as the worker and the request's handler share it.
 
     ``prepare`` None makes it a load job: it loads ``pair`` (with ``load_options``, a
-    reload when the pair is held with other ones) and ends.
+    reload when the pair is held with other ones) and ends; with ``inspect`` it then
+    runs that function on the engine (counting a prompt's tokens, say: the worker is
+    the only thread that may touch the models) and posts its result as
+    :class:`Inspected`.
     """
 
     id: str
@@ -99,6 +109,7 @@ class EngineJob:
     loop: asyncio.AbstractEventLoop
     prepare: Preparer | None = None
     load_options: LoadOptions | None = None
+    inspect: Callable[[Engine], Any] | None = None
     cancel_event: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = ""
     submitted: float = field(default_factory=time.monotonic)
@@ -327,6 +338,8 @@ class GenerationQueue:
             job.post(END)
             return "failed"
         try:
+            if job.inspect is not None:
+                return self._inspect(job, loaded.engine)
             if job.prepare is None:
                 job.post(LoadedNotice(loaded, fresh))
                 job.post(END)
@@ -334,6 +347,18 @@ class GenerationQueue:
             return self._generate(job, loaded.engine, started)
         finally:
             self.scheduler.touch()
+
+    def _inspect(self, job: EngineJob, engine: Engine) -> str:
+        assert job.inspect is not None
+        try:
+            result = job.inspect(engine)
+        except Exception as error:  # reported to the client; the worker lives on
+            job.post(error)
+            job.post(END)
+            return "failed"
+        job.post(Inspected(result))
+        job.post(END)
+        return "completed"
 
     def _generate(self, job: EngineJob, engine: Engine, started: float) -> str:
         assert job.prepare is not None
