@@ -127,7 +127,7 @@ def _events_from_engine(
 ) -> tuple[Iterator[GenerationEvent], Callable[[], ReasoningFormat | None]]:
     """The answer's events from the engine (its notices go to stderr), and how its
     reasoning is marked (known once the first event has arrived)."""
-    from app.client import CancelFlag, ChatTurn, Loading, Waiting, ensure_engine
+    from app.client import CancelFlag, ChatTurn, EngineLost, Loading, Waiting, ensure_engine
 
     if args.raw:
         raise DraftpenError("--engine answers chat prompts only; leave out --raw.")
@@ -155,13 +155,22 @@ def _events_from_engine(
     stream = client.chat(turn, cancel)
 
     def events() -> Iterator[GenerationEvent]:
-        for item in stream:
-            if isinstance(item, Waiting):
-                _note(f"waiting behind {', '.join(item.ahead)}")
-            elif isinstance(item, Loading):
-                _note(item.text)
-            else:
-                yield item
+        answered = False
+        try:
+            for item in stream:
+                if isinstance(item, Waiting):
+                    _note(f"waiting behind {', '.join(item.ahead)}")
+                elif isinstance(item, Loading):
+                    _note(item.text)
+                else:
+                    answered = True
+                    yield item
+        except EngineLost:
+            # The engine died mid-answer (its runtime crashed, say): end the answer's
+            # line, so the error that follows on stderr starts on its own.
+            if answered and not args.json:
+                print(flush=True)
+            raise
 
     return events(), lambda: stream.reasoning
 

@@ -6,7 +6,9 @@ streams the reply (the engine reuses the cached prefix of earlier turns), prints
 statistics line and keeps the conversation. When the chat outgrows the context, the
 engine leaves out its oldest turns and a line says how many. Ctrl+C stops a reply and
 keeps what was written; Ctrl+D or /exit leaves. If the engine dies mid-reply, what it
-wrote is kept in the chat, marked as interrupted, and a new engine is started.
+wrote is kept in the chat, marked as interrupted, and a new engine is started. If its
+runtime crashed (a fatal signal), that is said with the fix; a second crash ends the
+chat (exit status 1) instead of starting the engine a third time.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from app.client import (
     CancelFlag,
     ChatTurn,
     EngineClient,
+    EngineCrashedError,
+    EngineError,
     EngineLost,
     Loading,
     Waiting,
@@ -34,6 +38,7 @@ from backends.speculative import SpeculativeStats
 
 HELP = "Type a message and press Enter. /new starts over, /exit (or Ctrl+D) leaves."
 INTERRUPTED_NOTE = "[interrupted: the engine stopped]"
+CRASHED_NOTE = "[interrupted: the runtime crashed]"
 
 
 def _say(text: str) -> None:
@@ -51,7 +56,20 @@ class EngineSession:
         self._attachment = contextlib.ExitStack()
 
     def start(self) -> EngineClient:
-        """Connect (starting an engine if none runs), attach, load the pair."""
+        """Connect (starting an engine if none runs), attach, load the pair.
+
+        An engine whose runtime crashes while it loads is started once more; a second
+        crash raises :class:`EngineCrashedError` (``gives_up``).
+        """
+        try:
+            return self._start()
+        except EngineCrashedError as error:
+            if error.gives_up:
+                raise
+            _say(f"draftpen: {error}\ndraftpen: starting the engine again (once) ...")
+            return self._start()
+
+    def _start(self) -> EngineClient:
         self.close()
         options = ("--runtime", self.args.runtime) if self.args.runtime else ()
         client = ensure_engine(self.settings, on_status=_say, serve_options=options)
@@ -91,8 +109,9 @@ class PlainChat:
         self.messages: list[ChatMessage] = list(self.system)
 
     def run(self) -> int:
-        """Read messages and answer them until Ctrl+D or /exit."""
-        client = self.session.start()
+        """Read messages and answer them until Ctrl+D or /exit (or the engine's runtime
+        crashed twice: exit status 1)."""
+        client: EngineClient | None = self.session.start()
         _say(HELP)
         try:
             while True:
@@ -111,13 +130,16 @@ class PlainChat:
                     _say("(new chat)")
                     continue
                 client = self.answer(client, text)
+                if client is None:
+                    return 1
         finally:
             self.session.close()
 
-    def answer(self, client: EngineClient, text: str) -> EngineClient:
+    def answer(self, client: EngineClient, text: str) -> EngineClient | None:
         """Stream the reply to ``text`` and keep both in the conversation.
 
-        Returns the client to use next: a new engine's when this one died mid-reply.
+        Returns the client to use next: a new engine's when this one died mid-reply;
+        None when no engine can be had (its runtime crashed twice: the chat ends).
         """
         messages = self.messages
         messages.append(ChatMessage("user", text))
@@ -145,8 +167,17 @@ class PlainChat:
             else:
                 messages.pop()
                 kept = "It wrote nothing; send your message again."
-            _say(f"\n{INTERRUPTED_NOTE} {error}\n{kept}\ndraftpen: starting the engine again ...")
-            return self.session.start()
+            crashed = isinstance(error, EngineCrashedError)
+            note = CRASHED_NOTE if crashed else INTERRUPTED_NOTE
+            _say(f"\n{note} {error}\n{kept}")
+            if crashed and error.gives_up:
+                return None  # the message said why: no third engine
+            _say("draftpen: starting the engine again ...")
+            try:
+                return self.session.start()
+            except EngineError as failure:  # it crashed again as it loaded, say
+                _say(f"draftpen: {failure}")
+                return None
         except DraftpenError as error:
             messages.pop()
             _say(f"\ndraftpen: {error}")

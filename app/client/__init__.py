@@ -4,7 +4,9 @@
 asks it for its health, its pairs, a load, and streams a chat reply as
 :class:`Waiting`, :class:`Loading` and :class:`~backends.speculative.GenerationEvent`
 items. ``wire`` holds the request and response shapes the engine uses too;
-``engine_log`` the log of an engine a front end started (``engine.log``, rotated).
+``engine_log`` the log of an engine a front end started (``engine.log``, rotated);
+``crash_report`` reads the record an engine whose runtime crashed left beside its
+socket, and keeps a front end from restarting a crashing engine more than once.
 
 May import: ``app.settings``, ``app.errors``, ``backends`` (its data types). Never
 ``app.engine`` (it is reached over the socket) and never a front end: the chat app and
@@ -15,6 +17,8 @@ from app.client.cancel_flag import CancelFlag
 from app.client.engine_client import ChatTurn, EngineClient, Loading, Waiting
 from app.client.engine_log import engine_log_path
 from app.client.errors import (
+    EngineCrashedError,
+    EngineCrashLoopError,
     EngineError,
     EngineLost,
     EngineRequestError,
@@ -30,6 +34,8 @@ __all__ = [
     "CancelFlag",
     "ChatTurn",
     "EngineClient",
+    "EngineCrashLoopError",
+    "EngineCrashedError",
     "EngineError",
     "EngineHealth",
     "EngineLost",

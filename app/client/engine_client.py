@@ -2,8 +2,10 @@
 
 Every call opens its own HTTP connection (httpx over the socket), so one client may be
 used from several threads at once: the chat app streams a reply in a worker while its
-models screen asks for the pair list. Transport failures become :class:`EngineLost`;
-errors the engine answers become :class:`EngineRequestError` with the engine's message.
+models screen asks for the pair list. Transport failures become :class:`EngineLost`, or
+:class:`EngineCrashedError` when the engine died by a fatal signal (its runtime crashed:
+``crash_report`` reads the record it left); errors the engine answers become
+:class:`EngineRequestError` with the engine's message.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import httpx
 
 from app.client.cancel_flag import CancelFlag
+from app.client.crash_report import crash_error
 from app.client.errors import EngineLost, EngineRequestError
 from app.client.wire import (
     DraftpenRequestOptions,
@@ -88,8 +91,11 @@ ChatItem = Waiting | Loading | GenerationEvent
 class EngineClient:
     """The engine on one socket. Cheap to create; holds no connection between calls."""
 
-    def __init__(self, socket_path: Path) -> None:
+    def __init__(self, socket_path: Path, engine_pid: int | None = None) -> None:
         self.socket_path = socket_path
+        # The engine process this client found (``find_engine`` knows it): a crash
+        # record left by another engine on the same socket is then not taken for its.
+        self.engine_pid = engine_pid
 
     def _http(self, read_timeout: float | None = 30.0) -> httpx.Client:
         transport = httpx.HTTPTransport(uds=os.fspath(self.socket_path))
@@ -101,7 +107,7 @@ class EngineClient:
             with self._http() as http:
                 response = http.get(path)
         except httpx.TransportError as error:
-            raise _lost(self.socket_path, error) from error
+            raise self._lost(error) from error
         return _json_or_raise(response)
 
     def health(self) -> HealthReport:
@@ -134,7 +140,9 @@ class EngineClient:
                 report(str(extra["loading"]))
             if "loaded" in extra:
                 return LoadedPairReport.model_validate(extra["loaded"])
-        raise EngineLost(f"The engine on {self.socket_path} ended the load without an answer.")
+        raise self._crashed() or EngineLost(
+            f"The engine on {self.socket_path} ended the load without an answer."
+        )
 
     def chat(self, turn: ChatTurn, cancel: CancelFlag | None = None) -> ChatStream:
         """Stream one reply: :class:`Waiting`, :class:`Loading`, then generation events.
@@ -163,7 +171,7 @@ class EngineClient:
             status = connection.recv(64).split(b"\r\n", 1)[0]
         except OSError as error:
             connection.close()
-            raise _lost(self.socket_path, error) from error
+            raise self._lost(error) from error
         if b" 200 " not in status + b" ":
             connection.close()
             answer = status.decode(errors="replace")
@@ -211,13 +219,21 @@ class EngineClient:
         except httpx.TransportError as error:
             if cancel is not None and cancel.is_set():
                 return  # our own hang-up ended the read
-            raise _lost(self.socket_path, error) from error
+            raise self._lost(error) from error
         finally:
             forget_hang_up()  # the stream is over: a later set has nothing to close
         if cancel is None or not cancel.is_set():
-            raise EngineLost(
+            raise self._crashed() or EngineLost(
                 f"The engine on {self.socket_path} closed the stream before it finished."
             )
+
+    def _crashed(self) -> EngineLost | None:
+        """The crash that took the engine away, if it died by a fatal signal."""
+        return crash_error(self.socket_path, pid=self.engine_pid)
+
+    def _lost(self, error: Exception) -> EngineLost:
+        """What to raise for a transport failure: the crash, or the engine lost."""
+        return self._crashed() or _lost(self.socket_path, error)
 
 
 class ChatStream:

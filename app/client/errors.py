@@ -17,6 +17,33 @@ class EngineLost(EngineError):
     """
 
 
+class EngineCrashedError(EngineLost):
+    """The engine died by a fatal signal: the model runtime inside it crashed.
+
+    The message names the signal, what the engine was doing with which pair, and the
+    fix (``draftpen doctor``). ``signal_name`` is ``"SIGSEGV"`` and the like; ``doing``
+    is ``"loading"``, ``"generating"`` or ``"idle"``; ``pair`` the pair it was using,
+    if any. ``gives_up``: this front end has seen the engine crash twice and will not
+    start it again (``ensure_engine`` refuses with :class:`EngineCrashLoopError`).
+    Like any :class:`EngineLost`, what was received before is valid.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        signal_name: str,
+        doing: str | None = None,
+        pair: str | None = None,
+        gives_up: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.signal_name = signal_name
+        self.doing = doing
+        self.pair = pair
+        self.gives_up = gives_up
+
+
 class NotAnEngineError(EngineError):
     """The socket belongs to something that is not a draftpen engine."""
 
@@ -27,6 +54,10 @@ class EngineVersionError(EngineError):
 
 class EngineStartError(EngineError):
     """A client started an engine and it did not come up."""
+
+
+class EngineCrashLoopError(EngineStartError):
+    """The engine crashed twice for this front end, which therefore does not start it again."""
 
 
 class EngineRequestError(EngineError):

@@ -5,6 +5,10 @@ answers on the socket it is used; if nobody does, ``draftpen serve --idle-exit``
 started detached (its own session, output to ``engine.log`` in the cache directory,
 rotated past a few MB: ``engine_log``) and waited for. Anything else on the socket, or
 an engine of another API version, is an error whose message says how to clear the way.
+
+An engine whose runtime crashes is started again once, not in a loop: after two
+crashes (``crash_report``) :func:`ensure_engine` refuses with
+:class:`EngineCrashLoopError`, whose message says to run ``draftpen doctor``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from app.client.crash_report import crash_error, refuse_after_crashes, remember_started
 from app.client.engine_client import EngineClient
 from app.client.engine_log import engine_log_path, rotate_log
 from app.client.errors import (
@@ -79,6 +84,7 @@ def find_engine(socket_path: Path) -> EngineClient | None:
             f"{API_VERSION}. Stop that engine (kill {health.pid}, or systemctl --user "
             "restart draftpen for the service) and this one starts its own."
         )
+    client.engine_pid = health.pid
     return client
 
 
@@ -109,9 +115,12 @@ def ensure_engine(
             client = find_engine(path)
     if client is not None:
         return client
+    # An engine that crashed twice for this front end is not started a third time.
+    refuse_after_crashes(path)
     log_path = engine_log_path()
     report(f"Starting the draftpen engine on {path} (log: {log_path})")
     process = _start_engine(path, log_path, serve_options)
+    remember_started(path, process)  # its exit status names the signal if it crashes
     # The engine outlives this call; whenever it exits, reap it so no zombie remains.
     threading.Thread(target=process.wait, name="draftpen-engine-reaper", daemon=True).start()
     deadline = time.monotonic() + start_seconds
@@ -122,6 +131,9 @@ def ensure_engine(
             report("The draftpen engine is running")
             return client
         if process.poll() is not None:
+            crashed = crash_error(path, pid=process.pid)  # e.g. loading `serve --pair`
+            if crashed is not None:
+                raise crashed
             raise EngineStartError(
                 f"The draftpen engine did not start (exit status {process.returncode}): "
                 f"{_last_line(log_path)}. Its log: {log_path}"

@@ -164,6 +164,7 @@ def parse_tcp_address(value: str) -> tuple[str, int]:
 def run_serve(args: argparse.Namespace) -> int:
     """``draftpen serve``: (load ``--pair``,) listen, serve until stopped."""
     from app.client.wire import SOCKET_ENV
+    from app.engine import crash_record
     from app.engine.pairs import CatalogPairs, catalog_loader
     from app.engine.runner import AgentServer
     from app.engine.scheduler import LoadOptions, PairScheduler
@@ -199,6 +200,8 @@ def run_serve(args: argparse.Namespace) -> int:
     ensure_not_running(socket_path)
 
     runtime = choose_runtime(args.runtime)
+    # The socket is ours now: record what we do, and a fatal signal, for the clients.
+    crash_record.start_recording(socket_path, runtime)
     pairs = CatalogPairs(runtime)
     defaults = LoadOptions(
         context_length=args.context or settings.context_length, exact=settings.exact_output
@@ -241,6 +244,7 @@ def run_serve(args: argparse.Namespace) -> int:
         # process exit rather than free them under it.
         if server is None or server.worker_stopped:
             scheduler.unload("the engine stopped")
+        crash_record.stop_recording()
     return 0
 
 

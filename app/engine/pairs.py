@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from app.engine.crash_record import load_watched
 from app.engine.scheduler import LoadOptions, PairLoader
 from app.engine.schema import ApiError
 from app.errors import DraftpenError
@@ -98,13 +99,17 @@ def catalog_loader(runtime: str | None, *, conversation_cache_bytes: int = 0) ->
     def load(name: str, options: LoadOptions, report: Callable[[str], None]) -> Engine:
         from app.loading import load_engine
 
-        return load_engine(
+        # Recorded as "loading": a runtime that crashes here is reported with the pair.
+        return load_watched(
             name,
-            n_ctx=options.context_length,
-            runtime=runtime,
-            exact_output=options.exact,
-            conversation_cache_bytes=conversation_cache_bytes,
-            on_progress=report,
+            lambda: load_engine(
+                name,
+                n_ctx=options.context_length,
+                runtime=runtime,
+                exact_output=options.exact,
+                conversation_cache_bytes=conversation_cache_bytes,
+                on_progress=report,
+            ),
         )
 
     return load

@@ -114,6 +114,12 @@ class DraftpenApp(App[None]):
         self._set_engine_status(f"{reason} Restarting the engine…")
         self._load_pair(self.pair_name, self.settings)
 
+    def give_up_on_engine(self, reason: str) -> None:
+        """The engine crashed again: let it go and say why; nothing starts it again."""
+        self.forget_engine()
+        self.loaded = None
+        self._set_engine_status(reason)
+
     def forget_engine(self) -> None:
         """Drop the client and the attach connection (the engine is gone)."""
         self._attachment.close()

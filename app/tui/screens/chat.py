@@ -40,7 +40,15 @@ from app.chats.history import (
     History,
     StoredMessage,
 )
-from app.client import CancelFlag, ChatTurn, EngineClient, EngineLost, Loading, Waiting
+from app.client import (
+    CancelFlag,
+    ChatTurn,
+    EngineClient,
+    EngineCrashedError,
+    EngineLost,
+    Loading,
+    Waiting,
+)
 from app.errors import DraftpenError, HistoryError
 from app.rates import RollingRate
 from app.settings import Settings, data_dir
@@ -176,10 +184,16 @@ class ChatScreen(Screen[None]):
 
     @dataclass
     class ReplyLost(Message):
-        """The engine went away while writing ``message_id``; ``error`` says so."""
+        """The engine went away while writing ``message_id``; ``error`` says so.
+
+        ``crashed``: its runtime crashed (a fatal signal); ``gives_up``: it has crashed
+        twice, and is not started again.
+        """
 
         message_id: int
         error: str
+        crashed: bool = False
+        gives_up: bool = False
 
     @dataclass
     class ReplyFinished(Message):
@@ -413,6 +427,10 @@ class ChatScreen(Screen[None]):
                     if first:
                         self.post_message(self.ReplyStarted(reply.message_id))
             self.post_message(self.ReplyFinished(reply.message_id))
+        except EngineCrashedError as error:
+            self.post_message(
+                self.ReplyLost(reply.message_id, str(error), crashed=True, gives_up=error.gives_up)
+            )
         except EngineLost as error:
             self.post_message(self.ReplyLost(reply.message_id, str(error)))
         except (DraftpenError, ValueError) as error:
@@ -467,15 +485,19 @@ class ChatScreen(Screen[None]):
         reply = self.reply
         if reply is None or reply.message_id != message.message_id:
             return
-        await self._keep_unfinished(reply, INTERRUPTED, note="interrupted: the engine stopped")
+        what = "the runtime crashed" if message.crashed else "the engine stopped"
+        await self._keep_unfinished(reply, INTERRUPTED, note=f"interrupted: {what}")
         self.notify(
             f"{message.error} What it wrote is kept; the chat is intact.",
-            title="The engine stopped mid-reply",
+            title=f"{what.capitalize()} mid-reply",
             severity="error",
-            timeout=15,
+            timeout=30 if message.crashed else 15,
         )
         self._reply_ended()
-        self.draftpen.restart_engine("The engine stopped mid-reply.")
+        if message.gives_up:  # one restart was tried already: no crash loop
+            self.draftpen.give_up_on_engine(message.error)
+        else:
+            self.draftpen.restart_engine(f"{what.capitalize()} mid-reply.")
 
     @on(ReplyStarted)
     async def _reply_started(self, message: ReplyStarted) -> None:
