@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.client.wire import QueueNotice, waiting_label
+from app.engine.crash_record import generating
 from app.engine.scheduler import LoadedPair, LoadOptions, PairScheduler
 from backends.engine import Engine, GenerationRequest
 from backends.speculative import FINISH_CANCELLED, GenerationEvent, SpeculativeStats
@@ -364,12 +365,14 @@ class GenerationQueue:
         assert job.prepare is not None
         last: GenerationEvent | None = None
         try:
-            prepared = job.prepare(engine)
-            job.prompt_tokens = len(prepared.request.prompt_tokens)
-            job.post(prepared)
-            for event in engine.generate(prepared.request, job.cancel_event):
-                job.post(event)
-                last = event
+            # Recorded: a runtime that crashes here is reported with the pair it ran.
+            with generating(job.pair):
+                prepared = job.prepare(engine)
+                job.prompt_tokens = len(prepared.request.prompt_tokens)
+                job.post(prepared)
+                for event in engine.generate(prepared.request, job.cancel_event):
+                    job.post(event)
+                    last = event
         except Exception as error:  # reported to the client; the worker lives on
             logger.warning("%s: failed: %s", job.id, error)
             job.post(error)
