@@ -6,13 +6,16 @@ loads target and draft, and runs the pair check (inside ``Engine``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from app.calibration_store import ensure_calibrated
-from app.models.pair_files import pair_files
+from app.models.pair_files import ResolvedPair, pair_files
 from backends.conversation_cache import ConversationCache
-from backends.engine import Engine
+from backends.engine import DRAFTER_CHOICES, Engine
 from backends.select import choose_runtime, load_model
+
+log = logging.getLogger(__name__)
 
 
 def load_engine(
@@ -55,6 +58,8 @@ def load_engine(
             ConversationCache(conversation_cache_bytes) if conversation_cache_bytes > 0 else None
         )
         engine = Engine(target, draft, conversations=conversations)
+        if with_draft and resolved.variant.uses_mtp:
+            _use_mtp_head(engine, resolved, report)
         if calibrate:
             ensure_calibrated(engine, chosen_runtime, report)
         return engine
@@ -63,3 +68,42 @@ def load_engine(
         if draft is not None:
             draft.close()
         raise
+
+
+def _use_mtp_head(engine: Engine, resolved: ResolvedPair, report: Callable[[str], None]) -> None:
+    """Let the engine draft with the pair's MTP head, or say that it drafts with n-grams.
+
+    A head inside the target GGUF needs nothing here: a runtime with an MTP drafter finds
+    it in the target. A separate MTP file is handed to the engine's ``attach_mtp_head``.
+    Where the runtime has no MTP drafter (yet), the pair still loads and runs, with
+    n-gram drafts: the output is the same, only the speed-up is smaller, and the user
+    is told why rather than met with an error.
+    """
+    pair = resolved.entry.key
+    if "mtp" not in DRAFTER_CHOICES:
+        _warn(
+            report,
+            f"{pair}: this build of draftpen cannot draft with an MTP head yet; "
+            "drafting with n-grams instead (same output, less speed-up)",
+        )
+        return
+    head = resolved.mtp_head_path
+    if head is None:
+        return
+    attach = getattr(engine, "attach_mtp_head", None)
+    if attach is None:
+        _warn(
+            report,
+            f"{pair}: this build drafts only with MTP heads kept inside the target, not "
+            f"with a separate file ({head.name}); drafting with n-grams instead",
+        )
+        return
+    report(f"loading MTP head {head.name}")
+    attach(head)
+
+
+def _warn(report: Callable[[str], None], message: str) -> None:
+    # Both: report reaches a front end that passed one; the log reaches everyone else
+    # (`generate` and `bench` load in-process without a progress callback).
+    report(message)
+    log.warning(message)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import models as cli_models
-from app.models.catalog_file import load_catalog
+from app.models.catalog_file import load_catalog, parse_catalog
 from app.models.fit import MachineMemory
 from app.models.overview import PairRow, pair_overview
 from app.models.recommend import (
@@ -168,3 +168,68 @@ def test_the_models_screen_stars_the_pair_and_lists_gguf_files_found_here(
             app.save_screenshot(str(ARTIFACTS / "models-recommended-and-found.svg"))
 
     run(body)
+
+
+def test_a_24_gb_gpu_gets_qwen3_6_27b_q4_drafting_with_its_own_mtp_head(tmp_path: Path) -> None:
+    machine = MachineMemory(64 * GB, gpu_name="RTX 4090", vram_bytes=24 * GB, cpu_cores=8)
+    rows = overview(tmp_path, machine)
+    best = recommend_pair(rows, machine, "llamacpp")
+    assert best is not None
+    chosen = next(row for row in rows if row.name == best.pair)
+    variant = chosen.variant("llamacpp")
+    assert variant is not None
+    target = variant.models[0].entry
+    # The issue's advice, read from the catalog's figures: a Qwen3.6 27B at Q4 whose own
+    # MTP head drafts (the GGUF keeps its nextn layer), on the GPU.
+    assert variant.variant.uses_mtp and variant.variant.draft is None
+    assert target.architecture == "qwen35" and target.mtp_layers
+    assert "Q4" in target.name and "27B" in target.name
+    assert variant.fit.place == "gpu"
+    assert "with its own MTP head" in best.reason
+
+
+MTP_AND_PLAIN = """
+[models.plain]
+name = "Plain 20B"
+format = "gguf"
+architecture = "qwen35"
+size_bytes = 12_000_000_000
+
+[models.plain.sources.huggingface]
+repo = "org/plain-GGUF"
+filename = "plain.gguf"
+
+[models.with-head]
+name = "Same 20B, MTP layer kept"
+format = "gguf"
+architecture = "qwen35"
+size_bytes = 12_000_000_000
+mtp_layers = 1
+
+[models.with-head.sources.huggingface]
+repo = "org/mtp-GGUF"
+filename = "mtp.gguf"
+
+[pairs.no-drafter]
+description = "n-grams only"
+
+[pairs.no-drafter.llamacpp]
+target = "plain"
+
+[pairs.own-head]
+description = "its own MTP head"
+
+[pairs.own-head.llamacpp]
+target = "with-head"
+drafter = "mtp"
+"""
+
+
+def test_between_equal_targets_the_one_whose_mtp_head_drafts_wins(tmp_path: Path) -> None:
+    # The pair without a drafter comes first: a tie broken by order would pick it.
+    catalog = parse_catalog(MTP_AND_PLAIN, "mtp.toml")
+    machine = MachineMemory(64 * GB, gpu_name="RTX 4090", vram_bytes=24 * GB, cpu_cores=8)
+    rows = pair_overview(catalog, ModelStore(tmp_path / "store"), machine)
+    best = recommend_pair(rows, machine, "llamacpp")
+    assert best is not None and best.pair == "own-head"
+    assert "with its own MTP head" in best.reason

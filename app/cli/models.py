@@ -176,7 +176,8 @@ def _print_variant(row: VariantRow, out: TextIO) -> None:
             file=out,
         )
     if row.variant.draft is None:
-        print(f"    {'draft':<8} none: n-gram drafting only", file=out)
+        # No draft file: n-grams, or an MTP head kept inside the target GGUF.
+        print(f"    {'draft':<8} none: drafts from {row.variant.drafting}", file=out)
 
 
 def pull_pair_command(args: argparse.Namespace) -> int:

@@ -212,6 +212,12 @@ class PairVariant:
     draft: str | None
     drafter: str | None = None
 
+    def __post_init__(self) -> None:
+        # A draft without a stated drafter is a draft model, however the variant was
+        # made (the catalog file, ``models add``, --target/--draft): one spelling each.
+        if self.drafter is None and self.draft is not None:
+            object.__setattr__(self, "drafter", "model")
+
     @property
     def model_keys(self) -> tuple[str, ...]:
         """The target's key, then the draft's if there is one."""

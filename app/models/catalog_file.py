@@ -482,7 +482,9 @@ def _pair_entry(reader: _TableReader, key: str, table: dict[str, Any]) -> PairEn
             optional={"draft": str, "drafter": str},
         )
         draft = variant.get("draft")
-        drafter = variant.get("drafter", "model" if draft is not None else None)
+        drafter = variant.get("drafter")
+        if drafter is None and draft is not None:
+            drafter = "model"  # as PairVariant itself reads it; named here for the checks
         if drafter is not None and drafter not in DRAFTER_KINDS:
             reader.fail(
                 where_variant,

@@ -33,13 +33,16 @@ from backends.select import choose_runtime
 class ResolvedPair:
     """A pair whose models are all present and verified, for one runtime.
 
-    Paths are files for llamacpp (gguf) and directories for mlx.
+    Paths are files for llamacpp (gguf) and directories for mlx. A variant whose
+    drafter is a separate MTP file has that file in :attr:`mtp_head_path`, never in
+    :attr:`draft_path`: it is not a model that can be loaded and run alone.
     """
 
     target_path: Path
     draft_path: Path | None
     entry: PairEntry
     runtime: str
+    mtp_head_path: Path | None = None
 
     @property
     def variant(self) -> PairVariant:
@@ -73,11 +76,13 @@ def resolve_pair(
         if path is None:
             raise ModelNotDownloadedError(pair.key)
         paths.append(path)
+    second = paths[1] if len(paths) > 1 else None
     return ResolvedPair(
         target_path=paths[0],
-        draft_path=paths[1] if len(paths) > 1 else None,
+        draft_path=None if variant.uses_mtp else second,
         entry=pair,
         runtime=variant.runtime,
+        mtp_head_path=second if variant.uses_mtp else None,
     )
 
 

@@ -11,8 +11,10 @@ The rule, stated so a person can check it:
   estimate is anchored on a measurement: the starter pair's 1.1 GB target decodes at
   ~11 tok/s on 2 cores of our CI machine (README, "Performance on this machine").
 
-Between pairs with the same target, one with a draft model wins (it can speculate with
-the draft model as well as n-grams). It is advice, not a limit: every pair stays usable.
+Between pairs with the same target, one with a drafter wins (it can speculate with a
+draft model, or with the target's own MTP head, as well as n-grams): on a 24 GB GPU that
+is Qwen3.6-27B Q4 drafting with its MTP head, the largest target that fits. It is
+advice, not a limit: every pair stays usable.
 """
 
 from __future__ import annotations
@@ -97,8 +99,14 @@ def _target_bytes(variant: VariantRow) -> int:
 
 
 def _rank(variant: VariantRow) -> tuple[int, bool]:
-    return _target_bytes(variant), variant.variant.draft is not None
+    # A draft model and an MTP head both count: either drafts better than n-grams alone.
+    pair = variant.variant
+    return _target_bytes(variant), pair.draft is not None or pair.uses_mtp
 
 
 def _with_what(variant: VariantRow) -> str:
-    return "its draft model" if variant.variant.draft is not None else "no draft model"
+    pair = variant.variant
+    if pair.uses_mtp:
+        # An MTP head inside the target costs no memory of its own; a separate one does.
+        return "its MTP head file" if pair.mtp_head is not None else "its own MTP head"
+    return "its draft model" if pair.draft is not None else "no draft model"
