@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from backends.base import ToolSpec
-from backends.tool_calls import ToolCallSyntax
+from backends.call_syntax import ToolCallSyntax
 
 
 @dataclass(frozen=True)

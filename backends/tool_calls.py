@@ -1,23 +1,12 @@
 """Reading tool calls out of a model's reply, as it streams.
 
-Models write tool calls in their family's own syntax, the one their chat template
-teaches them:
-
-- Hermes, Qwen2.5, Qwen3: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
-  one block per call. Small Qwen2.5-Coder models often leave the tags out: they write
-  the object in a fenced ```` ```json ```` block, or bare at the start of the reply,
-  and doubled as ``{{...}}`` (Qwen2.5's template shows the format that way). Those
-  forms are also ordinary text, so they count as a call only when they name one of
-  the request's tools.
-- Llama 3.1 and later: a bare JSON object ``{"name": ..., "parameters": {...}}`` that
-  begins the reply, after ``<|python_tag|>`` or not; several are separated by ``;``.
-
-The family is chosen from the template text (:func:`tool_call_syntax`), never from a
-pair's name. :class:`ToolCallParser` is fed the reply's text in pieces as they come and
-returns what can already be told apart: content text, the start of a call (its index,
-id and function name) and fragments of its ``arguments``. Text that may be the start
-of a call marker is held back until it is known, so call syntax never reaches content.
-The server's streaming and non-streaming answers both run this one parser.
+Models write tool calls in their family's own syntax (backends/call_syntax.py), chosen
+from the chat template. :class:`ToolCallParser` is fed the reply's text in pieces as
+they come and returns what can already be told apart: content text, the start of a
+call (its index, id and function name) and fragments of its ``arguments``. Text that
+may be the start of a call marker is held back until it is known, so call syntax
+never reaches content. The server's streaming and non-streaming answers both run this
+one parser.
 """
 
 from __future__ import annotations
@@ -31,71 +20,14 @@ from dataclasses import dataclass
 from enum import Enum, auto
 
 from backends.base import ToolCall
-
-
-@dataclass(frozen=True)
-class CallWrapper:
-    """How one form of call is delimited around its JSON object.
-
-    ``opener`` is the text that opens a call; an empty opener means a bare JSON object
-    at the start of the reply. ``closer`` follows the object (empty: the object's end
-    closes the call). ``known_names_only`` wrappers are also ordinary text (a fenced
-    JSON block), so they make a call only when the name is one of the tools.
-    """
-
-    opener: str
-    closer: str = ""
-    known_names_only: bool = False
-
-
-@dataclass(frozen=True)
-class ToolCallSyntax:
-    """A model family's way of writing tool calls."""
-
-    family: str
-    wrappers: tuple[CallWrapper, ...]
-    # The key that holds the arguments, after "name" (both are read for every family).
-    argument_keys: tuple[str, ...] = ("arguments", "parameters")
-    # Text allowed between two calls besides whitespace.
-    separators: str = ""
-    # The wrapper the template itself teaches: what constrained decoding writes.
-    canonical: int = 0
-
-    @property
-    def canonical_wrapper(self) -> CallWrapper:
-        """The form of call a grammar spells out (the template's own)."""
-        return self.wrappers[self.canonical]
-
-
-HERMES = ToolCallSyntax(
-    "hermes",
-    (
-        CallWrapper("<tool_call>", "</tool_call>"),
-        CallWrapper("```json", "```", known_names_only=True),
-        CallWrapper("", known_names_only=True),
-    ),
+from backends.call_syntax import CallWrapper, ToolCallSyntax
+from backends.streamed_json import (
+    WHITESPACE,
+    Head,
+    JsonValueScanner,
+    partial_suffix,
+    read_head,
 )
-LLAMA3_JSON = ToolCallSyntax(
-    "llama3_json",
-    (CallWrapper("<|python_tag|>"), CallWrapper("")),
-    argument_keys=("parameters", "arguments"),
-    separators=";",
-    canonical=1,  # the bare JSON object; <|python_tag|> is for built-in tools
-)
-
-
-def tool_call_syntax(template: str | None) -> ToolCallSyntax | None:
-    """The call syntax a chat template teaches, or None when it is not one we read."""
-    if not template:
-        return None
-    if "<tool_call>" in template and "<function=" not in template:
-        return HERMES
-    if "<|python_tag|>" in template or (
-        "<|start_header_id|>" in template and '"parameters"' in template
-    ):
-        return LLAMA3_JSON
-    return None
-
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 
@@ -140,145 +72,6 @@ class _State(Enum):
     TAIL = auto()  # after the arguments, up to the wrapper's closer
 
 
-class _Head:
-    """Outcome of reading ``{"name": "...", "arguments":`` at the start of a call."""
-
-    PENDING = "pending"
-    MISMATCH = "mismatch"
-
-
-_WHITESPACE = " \t\r\n"
-
-
-def _skip_whitespace(text: str, position: int) -> int:
-    while position < len(text) and text[position] in _WHITESPACE:
-        position += 1
-    return position
-
-
-def _string_end(text: str, start: int) -> int | None:
-    """The index after the JSON string opening at ``start``, None while unterminated."""
-    position = start + 1
-    while position < len(text):
-        char = text[position]
-        if char == "\\":
-            position += 2
-            continue
-        if char == '"':
-            return position + 1
-        position += 1
-    return None
-
-
-def _read_head(text: str, argument_keys: Sequence[str]) -> tuple[str, int, int] | str:
-    """The function name, where its arguments begin and how many braces opened the call.
-
-    Or PENDING (not enough text yet) or MISMATCH (not a call's head).
-    """
-    position = _skip_whitespace(text, 0)
-    if position >= len(text):
-        return _Head.PENDING
-    if text[position] != "{":
-        return _Head.MISMATCH
-    position = _skip_whitespace(text, position + 1)
-    if position >= len(text):
-        return _Head.PENDING
-    braces = 1
-    if text[position] == "{":
-        braces, position = 2, position + 1
-    expected: list[str | tuple[str, ...] | None] = [
-        ("name",),
-        ":",
-        None,  # the name itself
-        ",",
-        tuple(argument_keys),
-        ":",
-    ]
-    name = ""
-    for step in expected:
-        position = _skip_whitespace(text, position)
-        if position >= len(text):
-            return _Head.PENDING
-        if isinstance(step, str):
-            if text[position] != step:
-                return _Head.MISMATCH
-            position += 1
-            continue
-        if text[position] != '"':
-            return _Head.MISMATCH
-        end = _string_end(text, position)
-        if end is None:
-            return _Head.PENDING
-        try:
-            value = json.loads(text[position:end])
-        except ValueError:
-            return _Head.MISMATCH
-        if step is None:
-            name = value
-        elif value not in step:
-            return _Head.MISMATCH
-        position = end
-    return name, _skip_whitespace(text, position), braces
-
-
-class _JsonValueScanner:
-    """Finds where one JSON value ends in text that arrives in pieces.
-
-    It counts brackets outside strings; it does not check the JSON, it only has to
-    know when the model has finished writing the value.
-    """
-
-    def __init__(self) -> None:
-        self.started = False
-        self.first_char = ""
-        self._depth = 0
-        self._in_string = False
-        self._escaped = False
-
-    def end_in(self, text: str) -> int | None:
-        """Feed ``text``; the index just after the value's end in it, or None."""
-        for position, char in enumerate(text):
-            if not self.started:
-                if char in _WHITESPACE:
-                    continue
-                self.started = True
-                self.first_char = char
-            elif self._in_string:
-                if self._escaped:
-                    self._escaped = False
-                elif char == "\\":
-                    self._escaped = True
-                elif char == '"':
-                    self._in_string = False
-                    if self._depth == 0:
-                        return position + 1
-                continue
-            if char == '"':
-                self._in_string = True
-            elif char in "{[":
-                self._depth += 1
-            elif char in "}]":
-                if self._depth == 0:
-                    return position  # a bare number or literal, ended by its container
-                self._depth -= 1
-                if self._depth == 0:
-                    return position + 1
-            elif self._depth == 0 and char != self.first_char and char in "," + _WHITESPACE:
-                return position  # a bare number or literal ended
-        return None
-
-
-def _partial_suffix(text: str, markers: Collection[str]) -> int:
-    """The length of the longest end of ``text`` that begins some marker."""
-    longest = 0
-    for marker in markers:
-        for size in range(min(len(marker) - 1, len(text)), longest, -1):
-            if text.endswith(marker[:size]):
-                longest = size
-                break
-    return longest
-
-
 class ToolCallParser:
     """Splits a reply into content and tool calls while it streams.
 
@@ -307,7 +100,7 @@ class ToolCallParser:
         self._held_space = ""  # whitespace that may precede a call (dropped if one follows)
         self._space_before_call = ""
         self._wrapper = syntax.wrappers[0]
-        self._scanner = _JsonValueScanner()
+        self._scanner = JsonValueScanner()
         # A bare call may begin the reply, or follow another call.
         self._call_may_begin = True
         self._braces = 1
@@ -363,7 +156,7 @@ class ToolCallParser:
     def _text(self, out: list[ParsedPiece], final: bool) -> bool:
         buffer = self._buffer
         if self._bare is not None and self._call_may_begin:
-            start = len(buffer) - len(buffer.lstrip(_WHITESPACE + self.syntax.separators))
+            start = len(buffer) - len(buffer.lstrip(WHITESPACE + self.syntax.separators))
             if start == len(buffer):
                 if final:
                     self._content(out, buffer)
@@ -371,7 +164,7 @@ class ToolCallParser:
                 return False  # only whitespace yet: a bare call may still follow
             if buffer[start] == "{":
                 leading = buffer[:start]
-                if not leading.strip(_WHITESPACE):
+                if not leading.strip(WHITESPACE):
                     self._held_space += leading  # given back if this is not a call
                 self._open(self._bare, buffer[start:], out)
                 return True
@@ -384,7 +177,7 @@ class ToolCallParser:
             wrapper = next(w for w in self.syntax.wrappers if w.opener == opener)
             self._open(wrapper, buffer[position + len(opener) :], out)
             return True
-        hold = 0 if final else _partial_suffix(buffer, self._openers)
+        hold = 0 if final else partial_suffix(buffer, self._openers)
         self._content(out, buffer[: len(buffer) - hold])
         self._buffer = buffer[len(buffer) - hold :]
         return False
@@ -398,14 +191,14 @@ class ToolCallParser:
         self._state = _State.HEAD
 
     def _head(self, out: list[ParsedPiece], final: bool) -> bool:
-        head = _read_head(self._buffer, self.syntax.argument_keys)
-        if head == _Head.PENDING:
+        head = read_head(self._buffer, self.syntax.argument_keys)
+        if head == Head.PENDING:
             if final:
                 self._state = _State.WHOLE
                 return True
             return False
         wrapper = self._wrapper
-        if head == _Head.MISMATCH or (wrapper.known_names_only and head[0] not in self.tool_names):
+        if head == Head.MISMATCH or (wrapper.known_names_only and head[0] not in self.tool_names):
             if wrapper.known_names_only:
                 # A fenced block or an object that is not a call is the model's text:
                 # its opener is content, and what follows is read as text again.
@@ -418,7 +211,7 @@ class ToolCallParser:
             return True
         name, arguments_at, self._braces = head
         self._buffer = self._buffer[arguments_at:]
-        self._scanner = _JsonValueScanner()
+        self._scanner = JsonValueScanner()
         self._state = _State.ARGUMENTS
         self._start_call(name, out)
         return True
@@ -435,7 +228,7 @@ class ToolCallParser:
     def _arguments(self, out: list[ParsedPiece]) -> bool:
         scanner = self._scanner
         if not scanner.started:
-            self._buffer = self._buffer.lstrip(_WHITESPACE)
+            self._buffer = self._buffer.lstrip(WHITESPACE)
             if not self._buffer:
                 return False
         end = scanner.end_in(self._buffer)
@@ -479,7 +272,7 @@ class ToolCallParser:
             return True
         position = self._buffer.find(closer)
         if position < 0:
-            keep = _partial_suffix(self._buffer, [closer])
+            keep = partial_suffix(self._buffer, [closer])
             self._buffer = self._buffer[len(self._buffer) - keep :]
             return False
         self._buffer = self._buffer[position + len(closer) :]
@@ -500,7 +293,7 @@ class ToolCallParser:
                 closer = wrapper.closer
             body, rest = self._buffer[:position], self._buffer[position + len(closer) :]
         else:
-            end = _JsonValueScanner().end_in(self._buffer)
+            end = JsonValueScanner().end_in(self._buffer)
             if end is None:
                 if not final:
                     return False
@@ -520,7 +313,7 @@ class ToolCallParser:
         return True
 
     def _call_from_json(self, body: str) -> tuple[str, str] | None:
-        text = body.strip(_WHITESPACE)
+        text = body.strip(WHITESPACE)
         if text.startswith("{{") and text.endswith("}}"):
             text = text[1:-1]  # the doubled braces Qwen2.5's template shows
         try:
@@ -542,7 +335,7 @@ class ToolCallParser:
             return
         if not keep_space:
             # Trailing whitespace waits: if a call follows, it is dropped with it.
-            stripped = text.rstrip(_WHITESPACE)
+            stripped = text.rstrip(WHITESPACE)
             if not stripped:
                 self._held_space += text
                 return

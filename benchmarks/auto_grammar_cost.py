@@ -15,10 +15,10 @@ import sys
 import time
 
 from backends.base import ToolSpec
+from backends.call_syntax import HERMES
 from backends.constraints import GrammarVocabulary, grammar_for
 from backends.output_constraints import ConstraintSpec, ToolCallOutput
 from backends.select import load_model
-from backends.tool_calls import HERMES
 
 TEXT = (
     "Sure, let me look up the weather in Paris for you. It is usually mild in spring, "

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from backends.base import ToolSpec
+from backends.call_syntax import HERMES, LLAMA3_JSON
 from backends.constraints import (
     GrammarError,
     GrammarSpec,
@@ -16,7 +17,6 @@ from backends.constraints import (
     mask_logits,
 )
 from backends.output_constraints import ConstraintSpec, JsonOutput, ToolCallOutput
-from backends.tool_calls import HERMES, LLAMA3_JSON
 from tests.byte_model import ScriptedByteModel
 from tests.fakes import EOS, HashModel
 from tests.model_files import TARGET_KEY, require_model

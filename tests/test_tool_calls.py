@@ -8,17 +8,14 @@ import json
 import pytest
 
 from backends.base import ToolCall
+from backends.call_syntax import HERMES, LLAMA3_JSON, ToolCallSyntax, tool_call_syntax
 from backends.tool_calls import (
-    HERMES,
-    LLAMA3_JSON,
     ArgumentsPiece,
     ContentPiece,
     ParsedPiece,
     ParsedReply,
     ToolCallParser,
     ToolCallStart,
-    ToolCallSyntax,
-    tool_call_syntax,
 )
 
 TOOLS = ("get_weather", "get_time")

@@ -14,9 +14,9 @@ from typing import Any
 
 from app.errors import DraftpenError
 from backends.base import ChatMessage, ToolSpec
+from backends.call_syntax import tool_call_syntax
 from backends.engine import Engine
 from backends.output_constraints import ConstraintSpec, JsonOutput, ToolCallOutput
-from backends.tool_calls import tool_call_syntax
 
 
 @dataclass(frozen=True)

@@ -93,11 +93,12 @@ from app.engine.schema import (
 )
 from app.settings import Settings
 from backends.base import ToolSpec
+from backends.call_syntax import tool_call_syntax
 from backends.chat_template import ChatTemplateError, model_chat_template, template_takes_tools
 from backends.engine import Engine, GenerationRequest
 from backends.output_constraints import ConstraintSpec, JsonOutput, ToolCallOutput
 from backends.sampling import SamplingParams
-from backends.tool_calls import ToolCallParser, tool_call_syntax
+from backends.tool_calls import ToolCallParser
 
 logger = logging.getLogger("draftpen.server")
 
