@@ -5,6 +5,6 @@ formats a generation's figures for them, and ``reply_stream`` prints a reply wit
 thinking model's reasoning kept apart. ``generate`` runs the loop in-process; the REPL
 (``repl``) is a client of the engine through ``app.client`` and loads nothing itself.
 May import ``app.client``, ``app.models``, ``app.chats``, ``app.loading``,
-``app.options``, ``app.settings``, ``app.errors`` and ``backends``; never another front
-end (``tui``, ``engine``, ``bench``).
+``app.runtime_check`` (``doctor``), ``app.options``, ``app.settings``, ``app.errors`` and
+``backends``; never another front end (``tui``, ``engine``, ``bench``).
 """
