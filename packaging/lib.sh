@@ -183,7 +183,7 @@ _portable_cmake_args() {
         args="-DGGML_CUDA=on $args"
     fi
     flags=" $(cpu_flags) "
-    for feature in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2; do
+    for feature in sse4_2:SSE42 avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2; do
         option=${feature#*:}
         if [[ $flags == *" ${feature%%:*} "* ]]; then
             args="$args -DGGML_$option=ON"

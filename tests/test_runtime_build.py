@@ -172,7 +172,7 @@ def cpuinfo(tmp_path: Path) -> Path:
     path = tmp_path / "cpuinfo"
     path.write_text(
         "processor\t: 0\nvendor_id\t: GenuineIntel\n"
-        "flags\t\t: fpu sse sse2 avx avx2 fma f16c bmi2 avx512f avx512_vnni "
+        "flags\t\t: fpu sse sse2 sse4_2 avx avx2 fma f16c bmi2 avx512f avx512_vnni "
         "amx_bf16 amx_tile amx_int8\n"
         "processor\t: 1\nflags\t\t: fpu\n"
     )
@@ -235,7 +235,7 @@ def test_portable_flags_follow_this_cpus_flags(cpuinfo: Path, tmp_path: Path) ->
         "llama_cmake_args portable", env={"DRAFTPEN_CPUINFO": str(cpuinfo)}, machine="x86_64"
     ).split()
     assert "-DGGML_NATIVE=OFF" in args
-    for feature in ("AVX", "AVX2", "FMA", "F16C", "BMI2"):
+    for feature in ("SSE42", "AVX", "AVX2", "FMA", "F16C", "BMI2"):
         assert f"-DGGML_{feature}=ON" in args
     # AVX-512 and AMX stay off even on a CPU that has them: the fallback must run.
     for feature in ("AVX512", "AMX_TILE", "AMX_INT8", "AMX_BF16"):
@@ -247,7 +247,7 @@ def test_portable_flags_follow_this_cpus_flags(cpuinfo: Path, tmp_path: Path) ->
         "llama_cmake_args portable", env={"DRAFTPEN_CPUINFO": str(older)}, machine="x86_64"
     ).split()
     assert "-DGGML_AVX=ON" in args
-    for feature in ("AVX2", "FMA", "F16C", "BMI2"):
+    for feature in ("SSE42", "AVX2", "FMA", "F16C", "BMI2"):
         assert f"-DGGML_{feature}=OFF" in args
 
 
