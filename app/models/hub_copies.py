@@ -23,7 +23,7 @@ from typing import Any
 
 from app.errors import ChecksumMismatchError
 from app.models.catalog import HuggingFaceFile, HuggingFaceRepo, ModelEntry
-from app.models.hub import HASH_CHUNK_BYTES, HubCache, HubFile, verify_blob
+from app.models.hub_cache import HASH_CHUNK_BYTES, HubCache, HubFile, verify_blob
 
 RECORDS_DIR = "hub"
 

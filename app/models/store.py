@@ -39,7 +39,8 @@ from app.models.catalog import (
     shard_names,
 )
 from app.models.disk import tree_size
-from app.models.hub import HubCache, HubSettings
+from app.models.hub import HubSettings
+from app.models.hub_cache import HubCache
 from app.models.hub_copies import HubCopies
 
 ModelState = Literal["downloaded", "partial", "absent"]

@@ -14,7 +14,8 @@ from app.models.catalog import (
     HuggingFaceRepo,
     ModelEntry,
 )
-from app.models.hub import HubClient, HubFile, HubSettings
+from app.models.hub import HubClient, HubSettings
+from app.models.hub_cache import HubFile
 from app.models.store import ModelStore, ProgressCallback, sha256_of_file
 
 
