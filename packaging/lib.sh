@@ -348,7 +348,8 @@ verify_llama_runtime() {
     fi
     if [[ $status -ne $RUNTIME_CHECK_CRASHED ]]; then
         die "the runtime check could not decode with llama-cpp-python (exit $status; see above)." \
-            "Reinstall with bash packaging/install.sh; if it persists, report it with the output above."
+            "If llama-cpp-python itself failed to load, delete its cached wheel" \
+            "($(llama_wheel_dir "$flavour")) and run this again; otherwise report it with the output above."
     fi
     case $flavour in
         portable)

@@ -190,7 +190,16 @@ def run_runtime_check(
             fix="bash packaging/install.sh installs it, built for this machine",
         )
     with tempfile.TemporaryDirectory(prefix="draftpen-runtime-check-") as directory:
-        tiny = write_tiny_model(Path(directory))
+        try:
+            tiny = write_tiny_model(Path(directory))
+        except ImportError as error:  # an environment from before gguf was a dependency
+            return RuntimeCheck(
+                outcome="failed",
+                stage="started",
+                summary=f"not run: the tiny model needs the gguf package ({error})",
+                error=str(error),
+                fix="reinstall draftpen (bash packaging/install.sh), which brings gguf",
+            )
         command = [sys.executable, "-m", "app.runtime_check.probe", str(tiny.path)]
         started = time.perf_counter()
         try:
