@@ -160,10 +160,12 @@ _no_amx_cmake_args() {
 # (Intel Macs: AVX1.0 is avx; Apple Silicon lists none, and needs none here).
 cpu_flags() {
     local cpuinfo=${DRAFTPEN_CPUINFO:-/proc/cpuinfo} flags=""
+    # `|| true`: no flags line (ARM's cpuinfo says "Features") or no such sysctl (Apple
+    # Silicon) is an empty answer, not an error that `set -e -o pipefail` would exit on.
     if [[ -r $cpuinfo ]]; then
-        flags=$(grep -m1 '^flags' "$cpuinfo" | cut -d: -f2)
+        flags=$({ grep -m1 '^flags' "$cpuinfo" || true; } | cut -d: -f2)
     elif [[ "$(uname -s)" == Darwin ]]; then
-        flags=$(sysctl -n machdep.cpu.features machdep.cpu.leaf7_features 2>/dev/null |
+        flags=$({ sysctl -n machdep.cpu.features machdep.cpu.leaf7_features 2>/dev/null || true; } |
             tr '[:upper:]' '[:lower:]' | sed 's/avx1\.0/avx/g')
     fi
     # Split on purpose, globbing off: one space between flags, none around them.

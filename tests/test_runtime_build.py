@@ -256,3 +256,13 @@ def test_draftpen_llama_flavour_chooses_the_build() -> None:
     refused = lib_sh("llama_flavour", env={"DRAFTPEN_LLAMA_FLAVOUR": "fast"})
     assert refused.returncode != 0
     assert "cpu, cuda, metal or portable" in refused.stderr
+
+
+def test_a_cpu_without_a_flags_line_is_no_error(tmp_path: Path) -> None:
+    # ARM's /proc/cpuinfo says "Features", not "flags"; install.sh runs with
+    # `set -euo pipefail`, where a grep that finds nothing must not end the install.
+    arm = tmp_path / "arm-cpuinfo"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd evtstrm aes crc32 cpuid\n")
+    env = {"DRAFTPEN_CPUINFO": str(arm), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    assert shell_output("cpu_flags; echo done", env=env, machine="aarch64") == "done"
+    assert "/wheels/cpu-" in shell_output("llama_wheel_dir cpu", env=env, machine="aarch64")
