@@ -19,6 +19,7 @@ import pytest
 
 from app import main as main_module
 from app.cli import models as cli_models
+from app.cli import pair_listing
 from app.errors import DraftpenError, LocalModelMissingError
 from app.models.catalog_file import forget_command_line_pairs, load_catalog
 from app.models.fit import MachineMemory
@@ -192,7 +193,7 @@ def test_scan_finds_models_in_the_hf_cache_lm_studio_and_ollama_and_says_why_not
     assert not mismatch.compatible and "BOS differs" in (mismatch.problem or "")
 
     out = io.StringIO()
-    cli_models.print_scan(result, out)
+    pair_listing.print_scan(result, out)
     printed = out.getvalue()
     assert "can pair: draftpen models add NAME --target" in printed
     assert "cannot pair: BOS differs" in printed

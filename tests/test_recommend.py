@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import models as cli_models
+from app.cli import pair_listing
 from app.models.catalog_file import load_catalog, parse_catalog
 from app.models.fit import MachineMemory
 from app.models.overview import PairRow, pair_overview
@@ -97,13 +97,13 @@ def test_models_list_marks_the_recommended_pair_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     machine = MachineMemory(24 * GB, cpu_cores=2)
-    monkeypatch.setattr(cli_models, "machine_memory", lambda: machine)
-    monkeypatch.setattr(cli_models, "choose_runtime", lambda _: "llamacpp")
+    monkeypatch.setattr(pair_listing, "machine_memory", lambda: machine)
+    monkeypatch.setattr(pair_listing, "choose_runtime", lambda _: "llamacpp")
     best = recommend_pair(overview(tmp_path, machine), machine, "llamacpp")
     assert best is not None
     out = io.StringIO()
     with redirect_stdout(out):
-        assert cli_models.list_pairs(None) == 0  # type: ignore[arg-type]
+        assert pair_listing.list_pairs(None) == 0  # type: ignore[arg-type]
     printed = out.getvalue()
     assert f"Recommended here: {best.pair} (llamacpp), {best.reason}." in printed
     starred = [line for line in printed.splitlines() if "* recommended" in line]

