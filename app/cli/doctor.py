@@ -123,8 +123,6 @@ def _check_lines(check: RuntimeCheck | None) -> list[str]:
         return []
     rendered = render_check(check)
     lines = [f"runtime check: {rendered[0]}", *rendered[1:]]
-    if check.error:
-        lines.append(f"  error: {check.error}")
     if not check.ok:
         excerpt = stderr_excerpt(check.stderr_tail, lines=6)
         lines += ["  its error output:", *(f"    {line}" for line in excerpt)] if excerpt else []
