@@ -222,7 +222,7 @@ class Counting:
         from textual.screen import Screen
 
         from app.chats.history import History
-        from app.tui.screens.chat import ChatScreen
+        from app.tui.screens.reply_writing import ReplyWritingScreen
 
         self.counts: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
@@ -231,7 +231,7 @@ class Counting:
         self._wrap(Screen, "_refresh_layout", "layout")
         self._wrap(Screen, "_compositor_refresh", "paint")
         self._wrap(History, "update_message", "save")
-        self._wrap(ChatScreen, "_refresh_reply", "tick")
+        self._wrap(ReplyWritingScreen, "_refresh_reply", "tick")
 
     def _wrap(self, owner: Any, name: str, label: str) -> None:
         original = getattr(owner, name)

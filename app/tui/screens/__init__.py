@@ -1,1 +1,2 @@
-"""The chat app's screens: chat, models, settings, help, and small dialogs."""
+"""The chat app's screens: chat (on ``reply_writing``, which shows a reply as it is
+written), models, settings, help, and small dialogs."""
