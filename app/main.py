@@ -2,8 +2,8 @@
 
 It parses the command line and hands each command to the front end that serves it:
 ``chat`` to the chat app (``app.tui``) or, with ``--plain``, the REPL (``app.cli``);
-``generate``, ``models`` and ``doctor`` to ``app.cli``; ``serve`` to ``app.engine``;
-``bench`` to ``app.bench``. Nothing imports this module.
+``generate``, ``models``, ``doctor`` and ``launch`` (agent CLIs) to ``app.cli``;
+``serve`` to ``app.engine``; ``bench`` to ``app.bench``. Nothing imports this module.
 
 Every command reports a failure as one line on stderr that says what to do, and
 exits non-zero; tracebacks are for bugs, not for missing models or bad input.
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from app.bench import command as bench_command
-from app.cli import doctor, generate
+from app.cli import doctor, generate, launch
 from app.cli import models as cli_models
 from app.engine import command as server_command
 from app.errors import DraftpenError
@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_models.register(commands)
     server_command.register(commands)
     doctor.register(commands)
+    launch.register(commands)
     return parser
 
 
