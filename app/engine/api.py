@@ -63,6 +63,7 @@ from app.engine.chunks import (
     new_response_id,
 )
 from app.engine.dialects.anthropic_messages import anthropic_routes
+from app.engine.dialects.openai_responses import responses_routes
 from app.engine.http_errors import (
     api_error_response,
     generation_error,
@@ -159,6 +160,7 @@ class AgentApi:
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             *anthropic_routes(self),
+            *responses_routes(self),
             Route("/health", self.health, methods=["GET"]),
             Route("/draftpen/load", self.load, methods=["POST"]),
             Route("/draftpen/attach", self.attach, methods=["GET"]),

@@ -81,7 +81,8 @@ async def http_error_response(request: Request, error: Exception) -> Response:
         message = (
             f"There is no {request.url.path} here. draftpen serves GET /v1/models, "
             "POST /v1/chat/completions, POST /v1/completions, POST /v1/messages (and "
-            "/v1/messages/count_tokens), GET /health, and for its own "
+            "/v1/messages/count_tokens), POST /v1/responses (and GET and DELETE "
+            "/v1/responses/{id}), GET /health, and for its own "
             "clients POST /draftpen/load and GET /draftpen/attach."
         )
     elif error.status_code == 405:

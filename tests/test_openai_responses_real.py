@@ -1,0 +1,216 @@
+"""The Responses API on the real starter pair (Qwen2.5-Coder 1.5B + 0.5B), and Codex CLI.
+
+One ``draftpen serve --pair starter --context 32768`` for the module, on its Unix
+socket and on TCP with an API key, as ``draftpen launch codex`` runs it: the official
+``openai`` SDK generates through both, and the published Codex CLI (``npm install -g
+@openai/codex``; the test is marked ``agent_cli`` so it can be run alone) answers a
+question through it. The shapes themselves are checked on scripted models in
+tests/test_openai_responses.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.model_files import DRAFT_KEY, TARGET_KEY, require_model
+from tests.test_openai_responses import WEATHER, free_port
+from tests.test_server import RunningServer, start_server
+
+API_KEY = "responses-real-test-key"
+# Codex's prompt (instructions and tool schemas) is about 9k tokens; its answer, more.
+CONTEXT = 32768
+
+
+class StarterServer:
+    """The module's server and the SDK on its socket and on TCP."""
+
+    def __init__(self, running: RunningServer, port: int) -> None:
+        self.running = running
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+
+    def tcp(self) -> openai.OpenAI:
+        """The SDK on TCP, with the key."""
+        return openai.OpenAI(
+            api_key=API_KEY,
+            base_url=self.base_url,
+            max_retries=0,
+            http_client=httpx.Client(timeout=600),
+        )
+
+    def socket(self) -> openai.OpenAI:
+        """The SDK on the Unix socket (no key needed there)."""
+        return self.running.openai()
+
+
+@pytest.fixture(scope="module")
+def starter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StarterServer]:
+    """``draftpen serve --pair starter --context 32768`` on a socket and on TCP."""
+    require_model(TARGET_KEY)
+    require_model(DRAFT_KEY)
+    home = tmp_path_factory.mktemp("responses-home")
+    port = free_port()
+    running = start_server(
+        home,
+        home / "responses.sock",
+        "--context",
+        str(CONTEXT),
+        "--tcp",
+        f"127.0.0.1:{port}",
+        "--api-key",
+        API_KEY,
+        pair="starter",
+    )
+    yield StarterServer(running, port)
+    running.stop()
+
+
+def ask(sdk: openai.OpenAI, **fields: Any) -> Any:
+    """A greedy, short Responses request to the starter pair."""
+    return sdk.responses.create(
+        model="starter", **{"temperature": 0, "max_output_tokens": 40, **fields}
+    )
+
+
+@pytest.mark.real_model
+def test_starter_answers_over_tcp_and_the_socket_streamed_and_not(starter: StarterServer):
+    question = "What is 2+3? Answer with the number only."
+    whole = ask(starter.tcp(), input=question)
+    assert whole.status == "completed" and "5" in whole.output_text
+    assert whole.usage is not None and whole.usage.output_tokens > 0
+    events = list(ask(starter.socket(), input=question, stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    # Greedy decoding: the same answer both ways (speculation changes no token).
+    assert deltas == events[-1].response.output_text == whole.output_text
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(
+    "tool_choice",
+    ["required", {"type": "function", "name": "get_weather"}],
+    ids=["required", "named"],
+)
+def test_starter_must_call_when_the_tool_choice_says_so(starter: StarterServer, tool_choice: Any):
+    # A question no tool answers: only the grammar makes the call certain.
+    response = ask(
+        starter.tcp(),
+        input="Tell me a short joke about cats.",
+        tools=[WEATHER],
+        tool_choice=tool_choice,
+        parallel_tool_calls=False,
+    )
+    [call] = response.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+    assert (response.model_extra or {})["draftpen"]["grammar_forced"] > 0
+
+
+@pytest.mark.real_model
+def test_starter_tool_loop_with_function_call_output(starter: StarterServer):
+    sdk = starter.tcp()
+    system = (
+        "You are a weather assistant. Call a tool when you need data; when a tool result "
+        "is there, answer the user in one sentence."
+    )
+    first = ask(sdk, instructions=system, input="What is the weather in Paris?", tools=[WEATHER])
+    [call] = [item for item in first.output if item.type == "function_call"]
+    assert json.loads(call.arguments) == {"city": "Paris"}
+    second = ask(
+        sdk,
+        instructions=system,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "18 C, sunny"}],
+        tools=[WEATHER],
+    )
+    assert second.status == "completed"
+    assert [item.type for item in second.output] == ["message"]
+    assert "18" in second.output_text
+    # The second turn begins with the first's prompt and reply: the engine held them.
+    assert second.usage is not None and second.usage.input_tokens_details.cached_tokens > 0
+
+
+@pytest.mark.real_model
+def test_starter_json_schema_text_format_gives_valid_json(starter: StarterServer):
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 24},
+            "license": {"enum": ["MIT", "Apache-2.0", "BSD-3-Clause"]},
+        },
+        "required": ["name", "license"],
+        "additionalProperties": False,
+    }
+    response = ask(
+        starter.socket(),
+        input="Describe the requests package.",
+        text={
+            "format": {"type": "json_schema", "name": "package", "schema": schema, "strict": True}
+        },
+        max_output_tokens=80,
+    )
+    assert response.status == "completed"
+    jsonschema.validate(json.loads(response.output_text), schema)
+
+
+def codex_env(home: Path) -> dict[str, str]:
+    """Codex's environment: its own home, the key in the variable env_key names."""
+    return {**os.environ, "CODEX_HOME": str(home), "DRAFTPEN_API_KEY_FOR_CODEX": API_KEY}
+
+
+@pytest.mark.real_model
+@pytest.mark.agent_cli
+def test_codex_cli_answers_through_the_responses_api(starter: StarterServer, tmp_path: Path):
+    codex = shutil.which("codex")
+    if codex is None:
+        pytest.fail("Codex CLI is not installed: npm install -g @openai/codex")
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    provider = "model_providers.draftpen"
+    started = time.monotonic()
+    result = subprocess.run(
+        [
+            codex,
+            "exec",
+            "--skip-git-repo-check",
+            "-c",
+            f'{provider}.name="draftpen"',
+            "-c",
+            f'{provider}.base_url="{starter.base_url}"',
+            "-c",
+            f'{provider}.wire_api="responses"',
+            "-c",
+            f'{provider}.env_key="DRAFTPEN_API_KEY_FOR_CODEX"',
+            # A CPU reads Codex's prompt for minutes before the first token; Codex gives
+            # up on a silent stream after 5 (draftpen launch codex sets this too).
+            "-c",
+            f"{provider}.stream_idle_timeout_ms=1800000",
+            "-c",
+            "model_provider=draftpen",
+            "-c",
+            "model=starter",
+            "What is 2+3? Answer with the number only.",
+        ],
+        cwd=tmp_path,
+        env=codex_env(home),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        stdin=subprocess.DEVNULL,
+    )
+    seconds = time.monotonic() - started
+    report = f"codex exec took {seconds:.0f}s\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, report
+    # codex exec prints the agent's last message on stdout.
+    assert "5" in result.stdout, report
