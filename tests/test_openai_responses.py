@@ -10,6 +10,7 @@ tests/test_openai_responses_real.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import threading
@@ -327,6 +328,24 @@ def test_get_and_delete_a_stored_response_and_store_false_keeps_nothing(tmp_path
     assert error["code"] == "response_not_found" and passing.id in error["message"]
 
 
+def test_truncation_auto_leaves_out_the_oldest_turns_that_do_not_fit(tmp_path: Path):
+    small = functools.partial(HermesScriptedModel, n_ctx=160)
+    history = [
+        {"role": "user" if turn % 2 == 0 else "assistant", "content": f"Turn {turn}: " + "x" * 30}
+        for turn in range(6)
+    ]
+    body = {"model": "scripted", "input": [*history, {"role": "user", "content": "Hi"}]}
+    with scripted_server(tmp_path, [HELLO], small) as (_, raw, engine):  # type: ignore[arg-type]
+        refused = raw.post("/v1/responses", json=body)
+        fitted = raw.post("/v1/responses", json={**body, "truncation": "auto"})
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == "context_length_exceeded"
+        assert fitted.status_code == 200, fitted.text
+        assert fitted.json()["truncation"] == "auto"
+        assert fitted.json()["draftpen"]["left_out_messages"] > 0
+        assert prompt_text(engine, -1).endswith("Hi")
+
+
 # -- a model that thinks aloud --------------------------------------------------------
 
 REASONING = "The user wants the weather.\nI should answer briefly."
@@ -444,12 +463,15 @@ def test_bad_fields_get_a_400_naming_the_field(
     assert len(error["message"]) > 30
 
 
-def test_unknown_model_gets_a_404_naming_the_pairs(tmp_path: Path):
-    with (
-        scripted_server(tmp_path, [HELLO]) as (sdk, _, _),
-        pytest.raises(openai.NotFoundError, match="scripted"),
-    ):
-        sdk.responses.create(model="gpt-5", input="Hi")
+def test_unknown_models_paths_and_methods_get_openai_errors(tmp_path: Path):
+    with scripted_server(tmp_path, [HELLO]) as (sdk, raw, _):
+        with pytest.raises(openai.NotFoundError, match="scripted"):
+            sdk.responses.create(model="gpt-5", input="Hi")
+        missing = raw.get("/v1/response")
+        wrong_method = raw.put("/v1/responses/resp_1")
+    assert missing.status_code == 404
+    assert "POST /v1/responses" in missing.json()["error"]["message"]
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["message"]
 
 
 class FailingModel(HermesScriptedModel):
