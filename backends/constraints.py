@@ -170,7 +170,12 @@ def _call_json(output: ToolCallOutput) -> str:
         if len(output.tools) == 1
         else {"anyOf": [_call_schema(tool, output) for tool in output.tools]}
     )
-    call_schema["x-guidance"] = JSON_STYLE
+    # Tools that are not strict (OpenAI's default; agents' tools use JSON Schema keywords
+    # llguidance does not implement, such as Claude Code's propertyNames) are compiled
+    # leniently: such keywords are left unchecked rather than the request refused. A
+    # strict tool's schema is followed exactly or refused.
+    lenient = not any(tool.strict for tool in output.tools)
+    call_schema["x-guidance"] = {**JSON_STYLE, "lenient": True} if lenient else JSON_STYLE
     return "%json " + json.dumps(call_schema)
 
 

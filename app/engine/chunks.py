@@ -45,6 +45,11 @@ class ResponseFormat:
     id_prefix = ""
     response_object = ""
     chunk_object = ""
+    # Whether a stream sends a comment every second without news (reading a long
+    # prompt, say), for clients whose HTTP stack drops a silent stream: set by dialects
+    # whose agents read long prompts on slow machines. A client that asked for progress
+    # gets them anyway.
+    keep_alive = False
 
     def __init__(
         self,

@@ -95,10 +95,11 @@ class JobResponses:
         """Server-sent events for a job, in OpenAI's chunk format, then ``[DONE]``.
 
         With ``progress``, queue and loading notices are chunks too, and a comment goes
-        out every second without news, so the client knows the engine is alive.
+        out every second without news, so the client knows the engine is alive; a
+        format that asks for them (``keep_alive``) gets the comments too.
         """
         tally = formatter.new_tally()
-        heartbeat = HEARTBEAT_SECONDS if progress else None
+        heartbeat = HEARTBEAT_SECONDS if progress or formatter.keep_alive else None
         opened = False
         try:
             while True:

@@ -125,6 +125,8 @@ class ToolIn(_Lenient):
     name: str = Field(pattern=TOOL_NAME_PATTERN)
     description: str | None = None
     input_schema: dict[str, Any] | None = None
+    # Follow input_schema exactly (its keywords all enforced) rather than as a guide.
+    strict: bool | None = None
     # Absent or "custom": a function of the client's. Anything else ("web_search_20250305",
     # "bash_20250124", ...) is a tool Anthropic defines and runs; a local model has none.
     type: str | None = None
@@ -361,6 +363,8 @@ def _chat_tools(request: CountTokensRequest) -> tuple[list[dict[str, Any]], list
         function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
         if tool.description is not None:
             function["description"] = tool.description
+        if tool.strict is not None:
+            function["strict"] = tool.strict
         tools.append({"type": "function", "function": function})
         origins.append(index)
     return tools, origins
