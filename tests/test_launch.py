@@ -128,6 +128,9 @@ def test_opencode_gets_a_whole_config_for_this_run_in_its_environment():
     assert provider["options"]["baseURL"] == "http://127.0.0.1:8123/v1"
     assert provider["options"]["apiKey"] == "the-key"
     assert provider["models"]["starter"]["limit"]["context"] == 16384
+    # Minutes of silence while a CPU reads the prompt do not make opencode give up.
+    for timeout in ("timeout", "headerTimeout", "chunkTimeout"):
+        assert provider["options"][timeout] >= 30 * 60 * 1000
     assert config["model"] == config["small_model"] == "draftpen/starter"
 
 

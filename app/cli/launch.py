@@ -228,7 +228,11 @@ def opencode_config(endpoint: Endpoint) -> dict[str, object]:
                 "options": {
                     "baseURL": f"{endpoint.url}/v1",
                     "apiKey": endpoint.key,
+                    # Each is 5 minutes by default; the engine sends no chunk while it
+                    # reads the prompt, and on a CPU opencode's 7k tokens can take longer.
                     "timeout": SLOW_FIRST_TOKEN_MS,
+                    "headerTimeout": SLOW_FIRST_TOKEN_MS,
+                    "chunkTimeout": SLOW_FIRST_TOKEN_MS,
                 },
                 "models": {endpoint.pair: model},
             }

@@ -1,0 +1,213 @@
+"""An agent's second turn reads only what is new (a benchmark, not a test).
+
+Agents resend their whole prompt every turn: a long system prompt (opencode's is about
+7k tokens, Claude Code's with its tools about 20k), the conversation so far, and a short
+new message. This runs two such turns against a real ``draftpen serve`` over TCP with
+the official ``openai`` SDK, streamed, as an agent does:
+
+- turn 1: a ~7k-token system prompt (this repository's source, as agents send files)
+  and a question;
+- turn 2: the same system prompt and question, turn 1's answer, and a short new question.
+
+It prints each turn's time to first token (measured by the client: request sent to the
+first content chunk) beside the engine's own figures (``draftpen.time_to_first_token``,
+``prefill_seconds``), and turn 2's ``usage.prompt_tokens_details.cached_tokens``. The
+target is that turn 2 costs what reading its new tokens costs at turn 1's rate:
+
+    read rate = (turn 1's first token - one decode round) / turn 1's prompt tokens
+    projected = read rate x turn 2's new tokens + one decode round
+
+(the read rate counts the target's prefill and the draft model's, as the first token
+waits for both; a decode round is turn 1's mean), and turn 2's first token within 10%
+of that. The strict figure, read rate x new tokens alone, is printed too.
+
+    PYTHONPATH=. python benchmarks/agent_turns.py --pair starter
+    PYTHONPATH=. python benchmarks/agent_turns.py --system-tokens 20000 --context 32768
+
+Needs the pair downloaded (``draftpen models pull starter``). It starts its own engine
+on a private socket and a free port, so a running engine is left alone; ``--home``
+gives it another DRAFTPEN_HOME (the first load in a home measures forward costs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+REPO = Path(__file__).resolve().parent.parent
+# Real text of the kind agents send: source files, then their docs.
+SOURCES = (
+    "backends/speculative.py",
+    "backends/controller.py",
+    "backends/drafters.py",
+    "backends/engine.py",
+    "app/engine/api.py",
+    "app/engine/queue.py",
+)
+PREAMBLE = (
+    "You are a coding agent working in the draftpen repository. You answer in one or two "
+    "short sentences. The files you have read so far follow.\n\n"
+)
+FIRST_QUESTION = "In one sentence: what does backends/speculative.py do?"
+SECOND_QUESTION = "And which file decides how many tokens to draft? Name it only."
+# Code is about 3.3 characters a token for Qwen's tokenizer; the report says the real count.
+CHARACTERS_PER_TOKEN = 3.3
+
+
+def system_prompt(tokens: int) -> str:
+    """About ``tokens`` tokens: the preamble, then source files, cut at a line."""
+    budget = int(tokens * CHARACTERS_PER_TOKEN)
+    text = PREAMBLE
+    for name in SOURCES:
+        text += f"=== {name} ===\n{(REPO / name).read_text(encoding='utf-8')}\n"
+        if len(text) >= budget:
+            break
+    return text[: text.rfind("\n", 0, budget) + 1]
+
+
+def start_engine(args: argparse.Namespace, home: Path) -> tuple[subprocess.Popen[str], str, str]:
+    """``draftpen serve --pair P --tcp 127.0.0.1:0``; its process, URL and API key."""
+    socket_path = Path(tempfile.mkdtemp(prefix="agent-turns-")) / "e.sock"
+    key = "agent-turns-benchmark"
+    command = [sys.executable, "-m", "app.main", "serve", "--pair", args.pair]
+    command += ["--context", str(args.context), "--socket", str(socket_path)]
+    command += ["--tcp", "127.0.0.1:0"]
+    env = {**os.environ, "DRAFTPEN_HOME": str(home), "DRAFTPEN_API_KEY": key}
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=sys.stderr, text=True
+    )
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], 1800)
+    if not ready or "listening on unix:" not in process.stdout.readline():
+        process.kill()
+        raise SystemExit("draftpen serve did not start")
+    transport = httpx.HTTPTransport(uds=str(socket_path))
+    with httpx.Client(transport=transport, base_url="http://draftpen") as client:
+        url = client.get("/health").json()["tcp"]
+    return process, url, key
+
+
+def turn(
+    sdk: openai.OpenAI, args: argparse.Namespace, messages: list[dict[str, str]]
+) -> dict[str, Any]:
+    """One streamed turn: its answer, client-side TTFT, usage and the engine's figures."""
+    started = time.perf_counter()
+    first_token: float | None = None
+    text = ""
+    usage: Any = None
+    figures: dict[str, Any] = {}
+    stream = sdk.chat.completions.create(
+        model=args.pair,
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=args.max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content and first_token is None:
+            first_token = time.perf_counter() - started
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        if chunk.usage is not None:
+            usage = chunk.usage
+        extra = getattr(chunk, "draftpen", None) or (chunk.model_extra or {}).get("draftpen")
+        if extra:
+            figures = extra
+    assert usage is not None and first_token is not None
+    details = usage.prompt_tokens_details
+    return {
+        "answer": text,
+        "time_to_first_token": round(first_token, 4),
+        "prompt_tokens": usage.prompt_tokens,
+        "cached_tokens": details.cached_tokens if details else 0,
+        "engine_time_to_first_token": figures.get("time_to_first_token"),
+        "engine_prefill_seconds": figures.get("prefill_seconds"),
+        "decode_round_seconds": (
+            figures["decode_seconds"] / figures["rounds"] if figures.get("rounds") else 0.0
+        ),
+    }
+
+
+def main() -> None:
+    """Two agent turns; print both TTFTs, the cached tokens and the projection."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", default="starter")
+    parser.add_argument("--context", type=int, default=16384)
+    parser.add_argument("--system-tokens", type=int, default=7000)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--home", type=Path, default=None, help="DRAFTPEN_HOME for the engine")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+
+    home = args.home or Path(tempfile.mkdtemp(prefix="agent-turns-home-"))
+    process, url, key = start_engine(args, home)
+    try:
+        sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=key, timeout=3600, max_retries=0)
+        system = system_prompt(args.system_tokens)
+        first_messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": FIRST_QUESTION},
+        ]
+        first = turn(sdk, args, first_messages)
+        print(f"turn 1: {json.dumps({k: v for k, v in first.items() if k != 'answer'})}")
+        second_messages = [
+            *first_messages,
+            {"role": "assistant", "content": first["answer"]},
+            {"role": "user", "content": SECOND_QUESTION},
+        ]
+        second = turn(sdk, args, second_messages)
+        print(f"turn 2: {json.dumps({k: v for k, v in second.items() if k != 'answer'})}")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+
+    decode_round = first["decode_round_seconds"]
+    per_token = max(0.0, first["time_to_first_token"] - decode_round) / first["prompt_tokens"]
+    new_tokens = second["prompt_tokens"] - second["cached_tokens"]
+    strict = per_token * new_tokens
+    projected = strict + decode_round
+    ratio = second["time_to_first_token"] / projected
+    result = {
+        "pair": args.pair,
+        "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs",
+        "turn_1": first,
+        "turn_2": second,
+        "read_ms_per_token": round(1000 * per_token, 3),
+        "decode_round_seconds": round(decode_round, 4),
+        "new_tokens": new_tokens,
+        "strict_projection": round(strict, 4),
+        "projected_turn_2_ttft": round(projected, 4),
+        "turn_2_over_projection": round(ratio, 3),
+        "turn_2_over_turn_1": round(
+            second["time_to_first_token"] / first["time_to_first_token"], 4
+        ),
+    }
+    print(
+        f"turn 1: {first['prompt_tokens']} prompt tokens, first token after "
+        f"{first['time_to_first_token']:.2f} s ({1000 * per_token:.2f} ms a token read, "
+        f"{decode_round:.3f} s a round); "
+        f"turn 2: {second['prompt_tokens']} prompt tokens, {second['cached_tokens']} cached, "
+        f"{new_tokens} new, first token after {second['time_to_first_token']:.3f} s "
+        f"({ratio:.2f}x the projected {projected:.3f} s, strict {strict:.3f} s; "
+        f"{100 * result['turn_2_over_turn_1']:.1f}% of turn 1)"
+    )
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
