@@ -145,6 +145,37 @@ class Model(Protocol):
         ...
 
 
+def rollback_limit(model: Model) -> int | None:
+    """The most positions ``model`` drops cheaply right after a forward (None: any number).
+
+    A KV cache forgets any suffix. A recurrent state (hybrid models such as Qwen3.5/3.6)
+    can be cut back only as far as its runtime kept snapshots of it, and further only by
+    restoring a copy and evaluating tokens again: such a model says how deep its
+    snapshots reach (an optional ``rollback_limit`` attribute), and no draft is longer.
+    """
+    limit = getattr(model, "rollback_limit", None)
+    return None if limit is None else int(limit)
+
+
+def keep_rollback_point(model: Model) -> None:
+    """Tell ``model`` that a later rollback will come back to its current end.
+
+    A model with a recurrent state copies it (its optional ``keep_rollback_point``);
+    a KV cache needs nothing, since it can drop any suffix.
+    """
+    keep = getattr(model, "keep_rollback_point", None)
+    if keep is not None:
+        keep()
+
+
+def reusable_prefix(model: Model, shared: int) -> int:
+    """How many of the first ``shared`` cached tokens a rollback to ``shared`` keeps
+    without evaluating them again: all of them for a KV cache; for a recurrent state,
+    what its snapshots or checkpoints reach (the model's optional ``reusable_prefix``)."""
+    own = getattr(model, "reusable_prefix", None)
+    return shared if own is None else int(own(shared))
+
+
 @dataclass(frozen=True, eq=False)
 class SequenceState:
     """A copy of a model's KV cache, taken by :meth:`SavesSequenceState.save_state`.

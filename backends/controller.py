@@ -279,6 +279,7 @@ class AdaptiveDraftPolicy:
         acceptance: dict[str, AcceptanceEstimate] | None = None,
         confidence_floor: ConfidenceFloor | None = None,
         exact: bool = False,
+        rollback_limit: int | None = None,
     ) -> None:
         self.drafters = {drafter.name: drafter for drafter in drafters}
         self.costs = costs
@@ -287,6 +288,10 @@ class AdaptiveDraftPolicy:
         self.max_draft_tokens = max_draft_tokens
         if exact and costs.exact_batch_limit is not None:
             self.max_draft_tokens = min(max_draft_tokens, costs.exact_batch_limit - 1)
+        # A target with a recurrent state rolls back for free only as deep as its
+        # snapshots reach (backends/base.py rollback_limit): never draft deeper.
+        if rollback_limit is not None:
+            self.max_draft_tokens = min(self.max_draft_tokens, rollback_limit)
         self.params = params or SamplingParams()
         # Shared across generations when the caller passes its own dict: what was
         # learned about this conversation carries over to the next reply.

@@ -15,6 +15,12 @@ Before a model reads a prompt, :meth:`ConversationCache.prepare`:
 The loop then reuses the common prefix as it always does and reads only the rest.
 States live under one byte budget; the least recently used go first. Only models
 that implement :class:`~backends.base.SavesSequenceState` take part.
+
+A model with a recurrent state (hybrid Qwen3.5/3.6; its ``recurrent`` attribute is
+true) cannot cut a state back to a shorter prefix: a kept state serves only a prompt
+that extends it whole, a longer kept state does not stand in for a shorter one, and
+the live cache spares only what the model's own checkpoints reach
+(``reusable_prefix``).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from backends.base import Model, SavesSequenceState, SequenceState
+from backends.base import Model, SavesSequenceState, SequenceState, reusable_prefix
 from backends.drafters import common_prefix_length
 from backends.errors import DecodeError
 
@@ -113,8 +119,11 @@ class ConversationCache:
         live_shared = common_prefix_length(live, prompt)
         if not isinstance(model, SavesSequenceState):
             return live_shared
-        best_key, best_shared = self._closest(role, prompt)
-        restore = best_key is not None and best_shared >= live_shared + self.min_gain
+        whole = bool(getattr(model, "recurrent", False))
+        best_key, best_shared = self._closest(role, prompt, whole_only=whole)
+        # What the live cache really spares once cut back to the shared prefix.
+        live_kept = reusable_prefix(model, live_shared)
+        restore = best_key is not None and best_shared >= live_kept + self.min_gain
         entry: _Entry | None = None
         if restore and best_key is not None:
             with self._lock:
@@ -127,7 +136,7 @@ class ConversationCache:
         # the live one; else what lies past the shared prefix (the loop rolls it back).
         overwritten = len(live) if restore else len(live) - live_shared
         if overwritten >= self.min_tokens:
-            self._keep(role, model, live)
+            self._keep(role, model, live, cuts=not whole)
         if entry is None or best_key is None:
             return live_shared
         started = time.perf_counter()
@@ -169,8 +178,11 @@ class ConversationCache:
 
     # -- the parts -------------------------------------------------------------
 
-    def _closest(self, role: str, prompt: Sequence[int]) -> tuple[int | None, int]:
-        """The kept state of ``role`` sharing the longest prefix with ``prompt``."""
+    def _closest(
+        self, role: str, prompt: Sequence[int], *, whole_only: bool = False
+    ) -> tuple[int | None, int]:
+        """The kept state of ``role`` sharing the longest prefix with ``prompt``
+        (with ``whole_only``, among those the prompt extends whole)."""
         best_key: int | None = None
         best_shared = 0
         with self._lock:
@@ -179,12 +191,20 @@ class ConversationCache:
             ]
         for key, entry in candidates:
             shared = common_prefix_length(entry.state.tokens, prompt)
+            if whole_only and shared < len(entry.state.tokens):
+                continue
             if shared > best_shared:
                 best_key, best_shared = key, shared
         return best_key, best_shared
 
-    def _keep(self, role: str, model: SavesSequenceState, live: list[int]) -> None:
-        """Save the live state unless a kept one already covers it; then fit the budget."""
+    def _keep(
+        self, role: str, model: SavesSequenceState, live: list[int], *, cuts: bool = True
+    ) -> None:
+        """Save the live state unless a kept one already covers it; then fit the budget.
+
+        ``cuts`` False (a recurrent state): only a kept state of exactly these tokens
+        covers it, and a shorter kept one is not made redundant by it.
+        """
         if self.budget_bytes == 0:
             return
         with self._lock:
@@ -192,7 +212,7 @@ class ConversationCache:
                 kept = entry.state.tokens
                 if (
                     entry.role == role
-                    and len(kept) >= len(live)
+                    and (len(kept) >= len(live) if cuts else len(kept) == len(live))
                     and list(kept[: len(live)]) == live
                 ):
                     # A kept state extends this one: restoring it and rolling back gives
@@ -214,7 +234,11 @@ class ConversationCache:
                 key
                 for key, entry in self._entries.items()
                 if entry.role == role
-                and len(entry.state.tokens) <= len(state.tokens)
+                and (
+                    len(entry.state.tokens) <= len(state.tokens)
+                    if cuts
+                    else entry.state.tokens == state.tokens
+                )
                 and entry.state.tokens == state.tokens[: len(entry.state.tokens)]
             ]
             for key in covered:

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from backends.base import Model
+from backends.base import Model, keep_rollback_point
 from backends.constraints import GrammarState, mask_logits
 from backends.penalties import TokenCounts
 from backends.rows import HostRows, LogitRows, forward_rows
@@ -213,6 +213,12 @@ class ModelDrafter:
             if penalties is not None:
                 penalties.add([token])
                 counted.append(token)
+            if passes == 1:
+                # The chain is partly undone next round, back to here at the earliest: a
+                # model with a recurrent state keeps a copy of it (a KV cache needs none).
+                started = time.perf_counter()
+                keep_rollback_point(model)
+                runtime_seconds += time.perf_counter() - started
             started = time.perf_counter()
             rows = forward_rows(model, [token], last_only=True)
             step_times.append(time.perf_counter() - started)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.base import ChatMessage, Model, ToolSpec
+from backends.base import ChatMessage, Model, ToolSpec, rollback_limit
 from backends.calibration import measure_costs
 from backends.chat_template import model_chat_template
 from backends.constraints import GrammarState, GrammarVocabulary, grammar_for
@@ -203,10 +203,15 @@ class Engine:
         if request.prediction and request.drafter != "none":
             prediction_tokens = self.target.tokenize(request.prediction, add_special=False)
             prediction = PredictionDrafter(prediction_tokens)
+        # A hybrid target's snapshots bound how many drafts a round can undo for free.
+        limit = rollback_limit(self.target)
         if request.drafter != "auto":
+            draft_tokens = (
+                request.draft_tokens if limit is None else min(request.draft_tokens, limit)
+            )
             if prediction is not None:
-                return FixedDraftPolicy(prediction, request.draft_tokens)
-            return FixedDraftPolicy(self.drafter_named(request.drafter), request.draft_tokens)
+                return FixedDraftPolicy(prediction, draft_tokens)
+            return FixedDraftPolicy(self.drafter_named(request.drafter), draft_tokens)
         costs = self.costs if self.costs is not None else self.calibrate()
         drafters: list[Drafter] = [self._ngram_drafter]
         if prediction is not None:
@@ -220,6 +225,7 @@ class Engine:
             acceptance=self._acceptance,
             confidence_floor=self._confidence_floor,
             exact=request.exact,
+            rollback_limit=limit,
         )
 
     def generate(

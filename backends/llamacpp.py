@@ -41,6 +41,14 @@ except ImportError as error:  # pragma: no cover - exercised where llama_cpp is 
         "`pip install llama-cpp-python` in draftpen's environment."
     ) from error
 
+# After the runtime's own import, so that a missing runtime says how to install it.
+from backends.llamacpp_rollback import (
+    DEFAULT_SNAPSHOTS,
+    RecurrentRollback,
+    flush_replay,
+    holds_recurrent_state,
+)
+
 GGUF_MAGIC = b"GGUF"
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 _GGML_LOG_LEVELS_KEPT = (2, 3)  # warnings and errors
@@ -153,6 +161,7 @@ class LlamaCppModel:
         gpu_layers: int | None = None,
         name: str | None = None,
         exact_kernels: bool = False,
+        rollback_snapshots: int | None = None,
     ) -> None:
         self.path = Path(path)
         check_gguf_file(self.path)
@@ -191,6 +200,9 @@ class LlamaCppModel:
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.size_bytes = int(llama_cpp.llama_model_size(self._model))
+        # A recurrent state (hybrid Qwen3.5/3.6, Mamba, ...) cannot be cut back like a KV
+        # cache: see backends/llamacpp_rollback.py.
+        self.recurrent = holds_recurrent_state(self._model)
 
         threads = n_threads or physical_cores()
         context_params = llama_cpp.llama_context_default_params()
@@ -198,6 +210,10 @@ class LlamaCppModel:
         context_params.n_batch = n_batch
         context_params.n_ubatch = n_batch
         context_params.n_seq_max = 1
+        if self.recurrent:
+            context_params.n_rs_seq = (
+                DEFAULT_SNAPSHOTS if rollback_snapshots is None else rollback_snapshots
+            )
         context_params.n_threads = threads
         context_params.n_threads_batch = threads
         context_params.no_perf = True
@@ -230,6 +246,11 @@ class LlamaCppModel:
         )
         self.n_threads = threads
         self._memory = llama_cpp.llama_get_memory(self._context)
+        self._recurrent = (
+            RecurrentRollback(self._context, self._memory, name=self.name)
+            if self.recurrent
+            else None
+        )
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         # numpy views of the batch's arrays, made once: filling a batch is then a few
         # array assignments, not five ctypes stores per token. Every token belongs to
@@ -329,14 +350,46 @@ class LlamaCppModel:
     # -- evaluation ----------------------------------------------------------
 
     def _decode(self, tokens: Sequence[int], logits_from: int) -> None:
-        """One ``llama_decode`` of ``tokens``; logits for positions >= ``logits_from``."""
+        """Append ``tokens`` in one ``llama_decode``; logits for positions >= ``logits_from``.
+
+        With a recurrent state, tokens a rollback left to replay lead the batch.
+        """
+        start = len(self._tokens)
+        recurrent = self._recurrent
+        replayed = 0
+        if recurrent is not None:
+            replay = recurrent.replay(self._tokens)
+            merged = len(replay) + len(tokens)
+            # Replayed tokens ride in front of the batch, unless the batch has no room
+            # or needs a checkpoint before it: that must stand after the replay, or the
+            # next rollback would replay them again.
+            if replay and (
+                merged > self.n_batch or recurrent.needs_checkpoint(merged, logits_from < merged)
+            ):
+                flush_replay(recurrent, self._tokens, self._decode_at, self.n_batch)
+            elif replay:
+                replayed = len(replay)
+                tokens, logits_from, start = (
+                    [*replay, *tokens],
+                    logits_from + replayed,
+                    start - replayed,
+                )
+            recurrent.before_decode(len(tokens), logits_from < len(tokens))
+        self._decode_at(tokens, start, logits_from)
+        if recurrent is None:
+            self._tokens.extend(tokens)
+        else:
+            self._tokens.extend(tokens[replayed:])
+            recurrent.decoded(len(tokens), replayed)
+
+    def _decode_at(self, tokens: Sequence[int], start: int, logits_from: int) -> None:
+        """One ``llama_decode`` of ``tokens`` at positions from ``start`` on."""
         if not self._context:
             # Decoding with a freed context would crash the process, not raise.
             raise DecodeError(f"{self.name} was closed; load the model again to use it")
         count = len(tokens)
         if count > self.n_batch:
             raise ValueError(f"{count} tokens exceed the batch size {self.n_batch}")
-        start = len(self._tokens)
         if start + count > self.n_ctx:
             raise ContextOverflowError(
                 f"The conversation needs {start + count} tokens but the context holds "
@@ -357,7 +410,6 @@ class LlamaCppModel:
                     "the context length."
                 )
             raise DecodeError(f"llama_decode failed with status {status}: {_last_llama_error()}")
-        self._tokens.extend(tokens)
 
     def _logits_view(self, rows: int) -> np.ndarray:
         """The first ``rows`` rows of llama.cpp's logits buffer, as a numpy view.
@@ -378,6 +430,8 @@ class LlamaCppModel:
         for offset in range(0, len(tokens), self.n_batch):
             chunk = tokens[offset : offset + self.n_batch]
             self._decode(chunk, logits_from=len(chunk))
+        if self._recurrent is not None:
+            self._recurrent.prefilled(len(tokens))
 
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
         """Evaluate ``tokens`` and return their logits as a view valid until the next call."""
@@ -395,13 +449,41 @@ class LlamaCppModel:
         return self._logits_view(count)
 
     def rollback(self, n_keep: int) -> None:
-        """Forget cached positions from ``n_keep`` on."""
+        """Forget cached positions from ``n_keep`` on (any depth, for a recurrent state too)."""
         if n_keep >= len(self._tokens):
             return
         n_keep = max(0, n_keep)
-        if not llama_cpp.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
+        if self._recurrent is not None:
+            self._recurrent.rollback(n_keep)
+        elif not llama_cpp.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
             raise DecodeError(f"llama.cpp could not drop cached positions from {n_keep} on")
         del self._tokens[n_keep:]
+
+    @property
+    def rollback_limit(self) -> int | None:
+        """The most positions a rollback right after a forward drops at no cost (llama.cpp's
+        recurrent-state snapshots); the controller drafts no deeper. None: no limit (a KV
+        cache; or a recurrent architecture without snapshots, which keeps a checkpoint
+        before every verify instead)."""
+        if self._recurrent is None or self._recurrent.snapshots == 0:
+            return None
+        return self._recurrent.snapshots
+
+    def keep_rollback_point(self) -> None:
+        """A later rollback will come back to the current end: keep what it needs.
+
+        Nothing for a KV cache; a copy of the recurrent state otherwise (a draft model
+        calls this before drafting a chain it will partly undo next round).
+        """
+        if self._recurrent is not None:
+            flush_replay(self._recurrent, self._tokens, self._decode_at, self.n_batch)
+            self._recurrent.keep_point()
+
+    def reusable_prefix(self, shared: int) -> int:
+        """How many of the first ``shared`` cached tokens a rollback to ``shared`` keeps
+        without evaluating them again (all of them, but for a recurrent state)."""
+        shared = min(shared, len(self._tokens))
+        return shared if self._recurrent is None else self._recurrent.reusable_prefix(shared)
 
     # -- keeping conversations -----------------------------------------------
 
@@ -412,6 +494,8 @@ class LlamaCppModel:
         never reads logits left from before a prefill, it evaluates the pending token.
         """
         context = self._live_context()
+        if self._recurrent is not None:
+            flush_replay(self._recurrent, self._tokens, self._decode_at, self.n_batch)
         size = int(llama_cpp.llama_state_seq_get_size(context, 0))
         # np.empty, not a ctypes array: no zero-filling of a buffer about to be written.
         buffer = np.empty(size, dtype=np.uint8)
@@ -437,11 +521,15 @@ class LlamaCppModel:
             # it, so the cache and ``_tokens`` agree (empty) rather than half-restored.
             llama_cpp.llama_memory_seq_rm(self._memory, 0, 0, -1)
             self._tokens.clear()
+            if self._recurrent is not None:
+                self._recurrent.reset(0)
             raise DecodeError(
                 f"llama.cpp could not restore {self.name}'s cache ({_last_llama_error()}); "
                 "the prompt will be read again"
             )
         self._tokens = list(state.tokens)
+        if self._recurrent is not None:
+            self._recurrent.reset(len(self._tokens))
 
     def _live_context(self) -> Any:
         if not self._context:

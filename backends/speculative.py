@@ -29,7 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from backends.base import IncrementalDetokenizer, Model
+from backends.base import IncrementalDetokenizer, Model, reusable_prefix, rollback_limit
 from backends.constraints import GrammarState, mask_logits
 from backends.drafters import EMPTY_PROPOSAL, Drafter, DraftProposal, common_prefix_length
 from backends.errors import ContextOverflowError
@@ -453,10 +453,12 @@ def speculative_generate(
     # first round's "pending" token, evaluated together with the first drafts.
     cached = list(target.cached_tokens)
     reuse = min(common_prefix_length(cached, prompt_tokens), len(prompt_tokens) - 1)
+    # A recurrent state cut back this far keeps less than the shared prefix; the rest
+    # is read again (counted as read, not as reused).
+    stats.cached_prompt_tokens = reusable_prefix(target, reuse)
     target.rollback(reuse)
     if len(prompt_tokens) - 1 > reuse:
         target.prefill(prompt_tokens[reuse:-1])
-    stats.cached_prompt_tokens = reuse
     stats.prefill_seconds = time.perf_counter() - started
     stats.decode_started = time.perf_counter()
     previous_round_end = stats.decode_started
@@ -471,6 +473,9 @@ def speculative_generate(
     # Tokens join as they are committed, so row i of a verify sees the counts after
     # the accepted drafts before it, as a draft model drafting position i did.
     penalties = TokenCounts.for_penalties(params.presence_penalty, params.frequency_penalty)
+    # A target with a recurrent state undoes at most this many drafts for free (its
+    # snapshots); forced tokens and guesses together stay within it.
+    most_drafts = rollback_limit(target)
 
     while True:
         if cancel is not None and cancel.is_set():
@@ -482,15 +487,18 @@ def speculative_generate(
             yield _final_event(stats, stop_filter, detokenizer, FINISH_LENGTH)
             return
 
+        draft_room = min(remaining - 1, room)
+        if most_drafts is not None:
+            draft_room = min(draft_room, most_drafts)
         forced: list[int] = []
-        if constraint is not None and remaining > 1 and room > 0:
+        if constraint is not None and draft_room > 0:
             # The grammar's only continuation: drafts that cost nothing to propose.
-            forced = constraint.forced()[: min(remaining - 1, room, MAX_FORCED_DRAFTS)]
+            forced = constraint.forced()[: min(draft_room, MAX_FORCED_DRAFTS)]
         plan, drafts, proposal = _round_drafts(
             policy,
             context,
             forced,
-            min(remaining - 1, room),
+            draft_room,
             params,
             rng,
             constraint,
