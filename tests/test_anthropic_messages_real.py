@@ -1,0 +1,199 @@
+"""Anthropic's Messages API on the real starter pair: the ``anthropic`` SDK and Claude Code.
+
+``draftpen serve --pair starter`` runs as a subprocess on TCP with an API key, as an
+agent CLI would reach it. The SDK tests check what generation decides (an answer, a
+call the grammar makes certain, a tool result answered); the shapes are checked fast,
+on scripted models, in tests/test_anthropic_messages.py. The ``agent_cli`` test runs
+Claude Code itself (``npm install -g @anthropic-ai/claude-code``), unchanged, pointed
+at the server with its own environment variables.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import jsonschema
+import pytest
+
+from tests.model_files import DRAFT_KEY, TARGET_KEY, require_model
+from tests.test_anthropic_messages import API_KEY, WEATHER_TOOL, blocks
+from tests.test_server import RunningServer, start_server
+
+# -- the SDK ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def starter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, str]]:
+    """``draftpen serve --pair starter --tcp 127.0.0.1:0`` and its TCP base URL."""
+    require_model(TARGET_KEY)
+    require_model(DRAFT_KEY)
+    home = tmp_path_factory.mktemp("anthropic-starter")
+    running = start_server(
+        home, home / "s.sock", "--tcp", "127.0.0.1:0", "--api-key", API_KEY, pair="starter"
+    )
+    url = running.health()["tcp"].removesuffix("/v1")
+    yield running, url
+    running.stop()
+
+
+def starter_sdk(url: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=url, api_key=API_KEY, max_retries=0, timeout=600)
+
+
+@pytest.mark.real_model
+def test_starter_answers_through_the_sdk_streamed_and_not(starter: tuple[RunningServer, str]):
+    sdk = starter_sdk(starter[1])
+    request: dict[str, Any] = {
+        "model": "starter",
+        "max_tokens": 20,
+        "temperature": 0,
+        "system": "Answer with the number only.",
+        "messages": [{"role": "user", "content": "What is 2+3?"}],
+    }
+    whole = sdk.messages.create(**request)
+    with sdk.messages.stream(**request) as stream:
+        streamed = stream.get_final_message()
+    counted = sdk.messages.count_tokens(
+        model="starter", system=request["system"], messages=request["messages"]
+    )
+    assert whole.stop_reason == "end_turn"
+    [text] = whole.content
+    assert text.type == "text" and "5" in text.text
+    assert blocks(streamed) == blocks(whole)
+    assert whole.usage.input_tokens + whole.usage.cache_read_input_tokens == counted.input_tokens
+
+
+@pytest.mark.real_model
+def test_starter_must_call_the_named_tool_then_answers_its_result(
+    starter: tuple[RunningServer, str],
+):
+    sdk = starter_sdk(starter[1])
+    system = (
+        "You are a weather assistant. Call a tool when you need data; when a tool result "
+        "is there, answer the user in one sentence."
+    )
+    # A question no tool answers: only the grammar makes the call certain.
+    joke = [{"role": "user", "content": "Tell me a short joke about cats."}]
+    forced = sdk.messages.create(
+        model="starter",
+        max_tokens=40,
+        temperature=0,
+        system=system,
+        messages=joke,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+    )
+    assert forced.stop_reason == "tool_use", forced
+    [call] = forced.content
+    assert call.type == "tool_use" and call.name == "get_weather"
+    jsonschema.validate(call.input, WEATHER_TOOL["input_schema"])
+
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = sdk.messages.create(
+        model="starter",
+        max_tokens=40,
+        temperature=0,
+        system=system,
+        messages=question,
+        tools=[WEATHER_TOOL],
+    )
+    [asked] = [block for block in first.content if block.type == "tool_use"]
+    assert first.stop_reason == "tool_use" and asked.input == {"city": "Paris"}
+    conversation = [
+        *question,
+        {"role": "assistant", "content": [block.model_dump() for block in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": asked.id, "content": "18 C, sunny"}],
+        },
+    ]
+    with sdk.messages.stream(
+        model="starter",
+        max_tokens=60,
+        temperature=0,
+        system=system,
+        messages=conversation,
+        tools=[WEATHER_TOOL],
+    ) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "end_turn"
+    assert final.content[0].type == "text" and "18" in final.content[0].text
+
+
+# -- Claude Code ----------------------------------------------------------------------------
+
+# Claude Code's system prompt and tools are ~19k tokens (18,751 by count_tokens with
+# Claude Code 2.1.197 on the starter pair): the pair needs a 32k context for it.
+CLAUDE_CODE_CONTEXT = "32768"
+# Reading that prompt takes minutes on a 2-core CPU: Claude Code may wait that long.
+CLAUDE_CODE_SECONDS = 1800
+
+
+def claude_code_environment(home: Path, base_url: str, model: str) -> dict[str, str]:
+    """What Claude Code needs to talk to draftpen alone: the URL, the key, no other traffic.
+
+    ``HOME`` is a fresh directory, so nothing of the user's own configuration is read or
+    written; the key goes as ``Authorization: Bearer`` (ANTHROPIC_AUTH_TOKEN), which
+    Claude Code uses without asking to approve it; its background model (haiku) is the
+    pair too, since draftpen has no other.
+    """
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_AUTH_TOKEN": API_KEY,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+        "ANTHROPIC_SMALL_FAST_MODEL": model,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "API_TIMEOUT_MS": str(CLAUDE_CODE_SECONDS * 1000),
+    }
+
+
+@pytest.mark.real_model
+@pytest.mark.agent_cli
+def test_claude_code_answers_a_question_through_the_starter_pair(
+    tmp_path_factory: pytest.TempPathFactory,
+):
+    claude = shutil.which("claude")
+    if claude is None:
+        pytest.skip("Claude Code is not installed: npm install -g @anthropic-ai/claude-code")
+    require_model(TARGET_KEY)
+    require_model(DRAFT_KEY)
+    home = tmp_path_factory.mktemp("claude-code")
+    server = start_server(
+        home,
+        home / "s.sock",
+        "--tcp",
+        "127.0.0.1:0",
+        "--api-key",
+        API_KEY,
+        "--context",
+        CLAUDE_CODE_CONTEXT,
+        pair="starter",
+    )
+    try:
+        user_home = home / "user"
+        user_home.mkdir()
+        result = subprocess.run(
+            [claude, "-p", "What is 2+3?", "--model", "starter"],
+            env=claude_code_environment(user_home, server.health()["tcp"], "starter"),
+            cwd=user_home,
+            capture_output=True,
+            text=True,
+            timeout=CLAUDE_CODE_SECONDS,
+        )
+    finally:
+        server.stop()
+    assert result.returncode == 0, (result.stdout, result.stderr, server.log()[-3000:])
+    assert "5" in result.stdout
+    requests = [line for line in server.log().splitlines() if "POST /v1/messages" in line]
+    assert requests and all("200 OK" in line for line in requests), requests
