@@ -1,0 +1,116 @@
+"""Reading one ``[pairs.<key>]`` entry of a catalog file: its runtime variants and drafter rules.
+
+A variant names a target, maybe a draft, and maybe a drafter (``"model"``, ``"mtp"``);
+:func:`check_pair_models`, run once every entry is read, holds each variant to the
+models of its catalog: they exist, suit the runtime, and an MTP variant's model keeps the
+MTP layers it drafts with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.models.catalog import DRAFTER_KINDS, Catalog, PairEntry, PairVariant
+from app.models.toml_tables import TableReader, table_name
+
+SUPPORTED_RUNTIMES = ("llamacpp", "mlx")
+
+
+# The model format each runtime loads.
+RUNTIME_FORMATS = {"llamacpp": "gguf", "mlx": "mlx"}
+
+
+def check_pair_models(reader: TableReader, catalog: Catalog) -> None:
+    """Each variant's target and draft must be models of ``catalog`` in its runtime's format."""
+    formats = {model.key: model.format for model in catalog.models}
+    for pair in catalog.pairs:
+        for variant in pair.variants:
+            where = table_name("pairs", pair.key, variant.runtime)
+            wanted = RUNTIME_FORMATS[variant.runtime]
+            for role, key in (("target", variant.target), ("draft", variant.draft)):
+                if key is None:
+                    continue
+                if key not in formats:
+                    reader.fail(where, f"{role} {key!r} is not a model in [models]")
+                if formats[key] != wanted:
+                    reader.fail(
+                        where,
+                        f"{role} {key!r} is a {formats[key]} model; "
+                        f"{variant.runtime} needs a {wanted} model",
+                    )
+            if variant.uses_mtp:
+                _check_mtp_variant(reader, where, variant, catalog)
+
+
+def _check_mtp_variant(
+    reader: TableReader, where: str, variant: PairVariant, catalog: Catalog
+) -> None:
+    """An MTP variant must name a GGUF that holds the MTP layers it drafts with.
+
+    Without a draft the target itself must keep them (most published GGUFs drop the
+    nextn layer, and such a target has nothing to draft with); with one, the draft is
+    the separate MTP file and must say it holds them.
+    """
+    holder = variant.mtp_head or variant.target
+    if catalog.model(holder).mtp_layers:
+        return
+    if variant.mtp_head is None:
+        reader.fail(
+            where,
+            f'drafter = "mtp" without a draft needs a target that keeps its MTP layers: '
+            f"give target {holder!r} mtp_layers (its GGUF's nextn_predict_layers), or "
+            "name the separate MTP file in draft",
+        )
+    reader.fail(
+        where,
+        f"draft {holder!r} is the separate MTP file of this variant and needs mtp_layers "
+        "(its GGUF's nextn_predict_layers)",
+    )
+
+
+def read_pair_entry(reader: TableReader, key: str, table: dict[str, Any]) -> PairEntry:
+    """One ``[pairs.<key>]`` table as a :class:`PairEntry`: its variants and their drafters."""
+    where = table_name("pairs", key)
+    fields = reader.take(
+        table,
+        where,
+        required={"description": str},
+        optional={runtime: dict for runtime in SUPPORTED_RUNTIMES},
+    )
+    variants = []
+    for runtime in SUPPORTED_RUNTIMES:
+        if runtime not in fields:
+            continue
+        where_variant = table_name("pairs", key, runtime)
+        variant = reader.take(
+            fields[runtime],
+            where_variant,
+            required={"target": str},
+            optional={"draft": str, "drafter": str},
+        )
+        draft = variant.get("draft")
+        drafter = variant.get("drafter")
+        if drafter is None and draft is not None:
+            drafter = "model"  # as PairVariant itself reads it; named here for the checks
+        if drafter is not None and drafter not in DRAFTER_KINDS:
+            reader.fail(
+                where_variant,
+                f"drafter must be one of {', '.join(DRAFTER_KINDS)}, not {drafter!r} "
+                "(leave it out for a draft model, or for n-gram drafts when there is no draft)",
+            )
+        if drafter == "model" and draft is None:
+            reader.fail(where_variant, 'drafter = "model" needs a draft model in draft')
+        if drafter == "mtp" and runtime != "llamacpp":
+            reader.fail(
+                where_variant,
+                f'drafter = "mtp" runs only on llama.cpp; {runtime} cannot run an MTP head '
+                "yet, so give this variant no drafter (it drafts with n-grams)",
+            )
+        variants.append(PairVariant(runtime, variant["target"], draft, drafter))
+    if not variants:
+        reader.fail(
+            where,
+            f"a pair needs at least one runtime variant ({', '.join(SUPPORTED_RUNTIMES)}), "
+            f"e.g. {table_name('pairs', key, 'llamacpp')} with target and draft",
+        )
+    return PairEntry(key=key, description=fields["description"], variants=tuple(variants))
