@@ -348,6 +348,32 @@ def test_the_chat_app_keeps_the_reply_as_interrupted_restarts_once_then_stops_sa
     run(body)
 
 
+@pytest.mark.real_model
+def test_the_chat_app_whose_engine_crashes_loading_retries_once_then_says_why(
+    socket_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, engine_starts: list[int]
+) -> None:
+    monkeypatch.setenv("DRAFTPEN_TEST_CRASH", "load:SIGSEGV")
+    engines = StartedEngines(socket_path)
+    app = DraftpenApp(
+        connect=engines.connect,
+        models_service=FakeModelsService,
+        history=History(tmp_path / "history.sqlite3"),
+        settings=Settings(default_pair=PAIR),
+        pair_name=PAIR,
+    )
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: "Cannot load" in app.engine_status, "the failure", 180)
+            await app.workers.wait_for_complete()
+            status = app.engine_status
+            assert f"while loading pair '{PAIR}'" in status and "(SIGSEGV" in status
+            assert "crashed twice" in status and "draftpen doctor" in status
+            assert len(engine_starts) == 2 and not app.ready
+
+    run(body)
+
+
 # -- the record itself, without an engine -----------------------------------------
 
 
