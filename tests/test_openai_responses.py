@@ -180,6 +180,8 @@ def test_streamed_calls_build_the_same_output_as_the_whole_response(tmp_path: Pa
     with scripted_server(tmp_path, [TWO_CALLS]) as (sdk, _, _):
         whole = sdk.responses.create(**request)
         events = list(sdk.responses.create(**request, stream=True))
+        with sdk.responses.stream(**request) as helper:
+            helped = helper.get_final_response()
     assert [item.type for item in whole.output] == ["message", "function_call", "function_call"]
     assert whole.output_text == "Looking both up."
     assert [item.name for item in whole.output[1:]] == ["get_weather", "get_time"]  # type: ignore[union-attr]
@@ -188,7 +190,7 @@ def test_streamed_calls_build_the_same_output_as_the_whole_response(tmp_path: Pa
         dumped = [item.model_dump(exclude_none=True) for item in items]
         return [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in dumped]
 
-    assert shape(events[-1].response.output) == shape(whole.output)
+    assert shape(events[-1].response.output) == shape(whole.output) == shape(helped.output)
     assert kinds(events)[2:] == [
         *TEXT_EVENTS[2:-1],
         "response.output_item.added",
