@@ -17,32 +17,51 @@ Errors have OpenAI's shape (``ApiError.body``); in a stream, ``response.failed``
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from app.engine.chunks import ChatFormat
 from app.engine.dialects.responses_format import new_item_id, responses_format
+from app.engine.dialects.responses_items import InputItem
 from app.engine.dialects.responses_request import parse_responses_request, read_turn
 from app.engine.dialects.responses_store import ResponsesStore
-from app.engine.schema import ApiError
+from app.engine.schema import ApiError, ChatCompletionRequest
 
-if TYPE_CHECKING:
-    from app.engine.api import AgentApi
+
+class ChatResponder(Protocol):
+    """What this dialect needs of the engine's API (:class:`~app.engine.api.AgentApi`),
+    named here so that the API, which registers these routes, is not imported back."""
+
+    async def read_json(self, request: Request) -> object:
+        """The request's JSON body, its size checked."""
+        ...
+
+    async def respond_chat(
+        self,
+        request: Request,
+        parsed: ChatCompletionRequest,
+        make_format: type[ChatFormat],
+        *,
+        response_id: str | None = None,
+    ) -> Response:
+        """Answer a chat request in ``make_format``'s shape."""
+        ...
 
 
 class ResponsesRoutes:
-    """The Responses API's handlers over one engine's :class:`AgentApi`, and its store."""
+    """The Responses API's handlers over one engine's API, and its store."""
 
-    def __init__(self, api: AgentApi, store: ResponsesStore | None = None) -> None:
+    def __init__(self, api: ChatResponder, store: ResponsesStore | None = None) -> None:
         self.api = api
         self.store = store or ResponsesStore()
 
     async def create(self, request: Request) -> Response:
         """``POST /v1/responses``."""
         parsed = parse_responses_request(await self.api.read_json(request))
-        earlier = ()
+        earlier: tuple[InputItem, ...] = ()
         if parsed.previous_response_id is not None:
             previous = self.store.get(parsed.previous_response_id)
             if previous is None:
@@ -81,7 +100,7 @@ class ResponsesRoutes:
         ]
 
 
-def responses_routes(api: AgentApi) -> list[Route]:
+def responses_routes(api: ChatResponder) -> list[Route]:
     """The Responses API's routes over ``api``, with a store of their own."""
     return ResponsesRoutes(api).routes()
 
