@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +52,7 @@ from app.tui.app import DraftpenApp
 from backends.base import ChatMessage
 from backends.sampling import SamplingParams
 from backends.speculative import GenerationEvent
+from tests.engine_fixtures import wait_until
 from tests.model_files import SMOLLM2_KEY, require_model
 from tests.test_cli_generate import run_draftpen
 from tests.test_engine_clients import pid_alive, sdk, short_socket, stop_engine
@@ -147,7 +149,9 @@ def test_a_runtime_crash_mid_reply_names_the_signal_the_pair_and_doctor_and_keep
     assert f"while generating with pair '{PAIR}'" in message
     assert "Run `draftpen doctor`" in message and not crash.gives_up
     assert "".join(received).strip(), "the reply had begun before the crash"
-    assert not pid_alive(pid)
+    engine_process = crash_report.started_process(socket_path)
+    assert engine_process is not None and engine_process.pid == pid
+    assert engine_process.wait(60) == -signal.SIGSEGV  # it died by the signal, for real
     # The engine's own record: faulthandler's words, under this engine's pid.
     record = fatal_path(socket_path).read_text()
     assert f"draftpen engine pid {pid}" in record
@@ -210,7 +214,9 @@ def test_a_crashing_engine_is_started_once_more_then_not_at_all(
         with pytest.raises(EngineCrashLoopError) as refused:
             start_engine(socket_path)
         assert "crashed twice" in str(refused.value) and "draftpen doctor" in str(refused.value)
-    assert len(engine_starts) == 2 and not any(pid_alive(pid) for pid in engine_starts)
+    assert len(engine_starts) == 2
+    for pid in engine_starts:
+        wait_until(lambda pid=pid: not pid_alive(pid), f"engine {pid} to be gone", 60)
 
 
 # -- the front ends ---------------------------------------------------------------
