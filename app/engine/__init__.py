@@ -8,10 +8,12 @@ stream chunks; ``job_responses`` turns a job's items into a streamed or whole an
 ``tally`` sums a generation's events; ``pairs`` says which pairs can be served;
 ``scheduler`` holds the pair in memory (loads on demand, keep-alive); ``queue`` runs one
 job at a time on one worker thread; ``unix_socket`` owns the socket file; ``runner``
-starts and stops the server (and stops it when idle); ``command`` is ``serve``'s options.
+starts and stops the server (and stops it when idle); ``command`` is ``serve``'s options;
+``crash_record`` keeps, beside the socket, what the engine is doing and the fatal signal
+it died by, for clients to explain a runtime crash.
 
 May import: ``app.client`` (the wire's shapes both ends share; ``find_engine``, to say
-who holds the socket), ``app.models``,
+who holds the socket; the crash record's format), ``app.models``,
 ``app.chats``, ``app.settings``, ``app.errors``, ``app.loading``, ``backends``. Only
 ``app.main`` imports it: front ends reach the engine over the socket, through
 ``app.client``.
