@@ -63,8 +63,8 @@ PREAMBLE = (
 )
 FIRST_QUESTION = "In one sentence: what does backends/speculative.py do?"
 SECOND_QUESTION = "And which file decides how many tokens to draft? Name it only."
-# Code is about 3.3 characters a token for Qwen's tokenizer; the report says the real count.
-CHARACTERS_PER_TOKEN = 3.3
+# Code is about 4.2 characters a token for Qwen's tokenizer; the report says the real count.
+CHARACTERS_PER_TOKEN = 4.2
 
 
 def system_prompt(tokens: int) -> str:

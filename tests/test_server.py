@@ -450,9 +450,14 @@ def test_max_tokens_far_above_the_room_is_a_ceiling_at_the_context_end(server_ho
     small = start_server(server_home, server_home / "ceiling.sock", "--context", "256")
     try:
         context = small.health()["loaded"][0]["context_length"]
-        with small.client() as client:
+        # A whole context of tokens: minutes when others share this machine's cores.
+        with small.client(timeout=600) as client:
             counted = client.post("/v1/completions", json={**COUNTING, "max_tokens": 100_000})
-        sdk = small.openai().chat.completions.create(**chat("Count to 3.", max_tokens=32_000))
+        sdk = (
+            small.openai()
+            .with_options(timeout=600)
+            .chat.completions.create(**chat("Count to 3.", max_tokens=32_000))
+        )
     finally:
         assert small.stop() == 0
     assert counted.status_code == 200, counted.text
@@ -461,6 +466,41 @@ def test_max_tokens_far_above_the_room_is_a_ceiling_at_the_context_end(server_ho
     assert body["usage"]["total_tokens"] == context
     assert sdk.usage is not None and sdk.usage.total_tokens <= context
     assert sdk.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.real_model
+def test_an_agents_second_turn_reports_its_resent_prefix_as_cached(server: RunningServer):
+    # Agents resend their whole prompt every turn: a long system prompt, the turns so
+    # far, one short new message. The engine reads only what is new, and says so.
+    system = "You are a careful coding agent. Project notes follow.\n" + "".join(
+        f"Note {index}: the function step_{index} returns {index * 7} for valid input.\n"
+        for index in range(120)
+    )
+    first_turn: list[dict[str, str]] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "What does step_3 return?"},
+    ]
+    sdk = server.openai()
+    first = sdk.chat.completions.create(**chat("", messages=first_turn, max_tokens=24))
+    second_turn = [
+        *first_turn,
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "And step_4?"},
+    ]
+    chunks = list(
+        sdk.chat.completions.create(
+            **chat("", messages=second_turn, max_tokens=8),
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert first.usage is not None and first.usage.prompt_tokens > 1500
+    usage = chunks[-1].usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    cached = usage.prompt_tokens_details.cached_tokens or 0
+    # All that turn 1 read is reused; only its reply and the new question are read.
+    assert first.usage.prompt_tokens - 4 <= cached < usage.prompt_tokens
+    assert usage.prompt_tokens - cached < 60
 
 
 @pytest.mark.real_model
