@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -39,13 +39,11 @@ from app.engine.dialects.anthropic_schema import (
     chat_request,
     parse_messages_request,
 )
+from app.engine.dialects.responder import ChatResponder
 from app.engine.schema import ApiError
 from app.engine.tally import GenerationTally
 from backends.speculative import FINISH_LENGTH, GenerationEvent
 from backends.tool_calls import ArgumentsPiece, ContentPiece, ParsedPiece, ToolCallStart
-
-if TYPE_CHECKING:
-    from app.engine.api import AgentApi
 
 # Anthropic's error type for each status draftpen answers with.
 _ERROR_TYPES = {
@@ -269,9 +267,9 @@ def _input(arguments: str) -> dict[str, Any]:
 
 
 class MessagesRoutes:
-    """The Messages routes of one engine's :class:`AgentApi`."""
+    """The Messages routes over one engine's API."""
 
-    def __init__(self, api: AgentApi) -> None:
+    def __init__(self, api: ChatResponder) -> None:
         self.api = api
 
     async def create(self, request: Request) -> Response:
@@ -311,7 +309,7 @@ def _overloaded(error: ApiError) -> ApiError:
     )
 
 
-def anthropic_routes(api: AgentApi) -> list[Route]:
+def anthropic_routes(api: ChatResponder) -> list[Route]:
     """``/v1/messages`` and ``/v1/messages/count_tokens``, answered by ``api``."""
     routes = MessagesRoutes(api)
     return [

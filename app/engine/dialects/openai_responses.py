@@ -17,38 +17,17 @@ Errors have OpenAI's shape (``ApiError.body``); in a stream, ``response.failed``
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.engine.chunks import ChatFormat
+from app.engine.dialects.responder import ChatResponder
 from app.engine.dialects.responses_format import new_item_id, responses_format
 from app.engine.dialects.responses_items import InputItem
 from app.engine.dialects.responses_request import parse_responses_request, read_turn
 from app.engine.dialects.responses_store import ResponsesStore
-from app.engine.schema import ApiError, ChatCompletionRequest
-
-
-class ChatResponder(Protocol):
-    """What this dialect needs of the engine's API (:class:`~app.engine.api.AgentApi`),
-    named here so that the API, which registers these routes, is not imported back."""
-
-    async def read_json(self, request: Request) -> object:
-        """The request's JSON body, its size checked."""
-        ...
-
-    async def respond_chat(
-        self,
-        request: Request,
-        parsed: ChatCompletionRequest,
-        make_format: type[ChatFormat],
-        *,
-        response_id: str | None = None,
-    ) -> Response:
-        """Answer a chat request in ``make_format``'s shape."""
-        ...
+from app.engine.schema import ApiError
 
 
 class ResponsesRoutes:
