@@ -56,13 +56,15 @@ from app.client.wire import (
     QueueReport,
 )
 from app.engine.choices import answer_choices
-from app.engine.chunks import (
-    ChatFormat,
-    CompletionFormat,
-    ResponseFormat,
-    new_response_id,
-)
+from app.engine.chunks import ResponseFormat, new_response_id
 from app.engine.dialects.anthropic_messages import anthropic_routes
+from app.engine.dialects.openai_chat_format import ChatFormat
+from app.engine.dialects.openai_chat_schema import (
+    ChatCompletionRequest,
+    NamedToolChoice,
+    ResponseFormatField,
+)
+from app.engine.dialects.openai_completions import CompletionFormat, CompletionRequest
 from app.engine.dialects.openai_responses import responses_routes
 from app.engine.http_errors import (
     api_error_response,
@@ -83,15 +85,7 @@ from app.engine.queue import (
     ShuttingDownError,
 )
 from app.engine.scheduler import LoadOptions, PairScheduler
-from app.engine.schema import (
-    ApiError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerationFields,
-    NamedToolChoice,
-    ResponseFormatField,
-    parse_request,
-)
+from app.engine.schema import ApiError, GenerationFields, parse_request
 from app.settings import Settings
 from backends.base import ToolSpec
 from backends.call_syntax import tool_call_syntax

@@ -21,9 +21,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from app.engine.chunks import ChatFormat, new_response_id, sse_event
+from app.engine.chunks import new_response_id, sse_event
+from app.engine.dialects.openai_chat_format import ChatFormat
+from app.engine.dialects.openai_chat_schema import ChatCompletionRequest
 from app.engine.job_responses import JobStreamResponse
-from app.engine.schema import ApiError, ChatCompletionRequest
+from app.engine.schema import ApiError
 from app.engine.tally import GenerationTally
 
 # Answers one choice's request in the given format: AgentApi.respond_chat.

@@ -1,18 +1,17 @@
-"""OpenAI's response shapes: the whole response, stream chunks and server-sent events.
+"""A response's shape, whatever the dialect: the whole response, stream chunks, SSE.
 
-Chat completions and text completions differ only in how a choice looks; both carry
-the running speculative statistics in a ``draftpen`` field. A chat reply to a request
-with tools runs through a :class:`~backends.tool_calls.ToolCallParser`, streaming or
-not: its calls become ``tool_calls`` (``delta.tool_calls`` in a stream, as OpenAI sends
-them: index, id, type and name first, then ``arguments`` fragments), and
-``finish_reason`` is ``"tool_calls"``.
+:class:`ResponseFormat` writes one request's answer from a tally of its events: the
+whole response, or a stream's chunks, each carrying the running speculative statistics
+in a ``draftpen`` field (and, for a draftpen client, the events' provenance segments).
+Its ``sse_*`` hooks frame the stream as server-sent events; each dialect's format
+subclasses it and says only how a choice looks (``dialects/openai_chat_format``,
+``dialects/openai_completions``) or overrides the hooks to name its own events
+(Messages, Responses).
 
 When a request asks for logprobs, each choice carries the target's log-probabilities
-of its tokens in OpenAI's shape for the endpoint (chat: ``logprobs.content``, one entry
-per token with its text, bytes and ``top_logprobs``; completions: parallel lists
-``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``). A stream sends
-each token's entry in the first chunk that goes out after the token was generated, so
-the chunks' logprobs concatenate to the whole response's, tool calls or not.
+of its tokens in the endpoint's shape. A stream sends each token's entry in the first
+chunk that goes out after the token was generated, so the chunks' logprobs
+concatenate to the whole response's, tool calls or not.
 """
 
 from __future__ import annotations
@@ -29,14 +28,6 @@ from app.engine.schema import ApiError
 from app.engine.tally import GenerationTally
 from backends.reasoning import ReasoningFormat
 from backends.speculative import GenerationEvent, TokenLogprob
-from backends.tool_calls import (
-    ArgumentsPiece,
-    ContentPiece,
-    ParsedPiece,
-    ParsedReply,
-    ToolCallParser,
-    ToolCallStart,
-)
 
 
 class ResponseFormat:
@@ -199,257 +190,6 @@ class ResponseFormat:
 
     def _whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         raise NotImplementedError
-
-
-class ChatFormat(ResponseFormat):
-    """Chat completions; with a ``tool_parser``, tool calls are read out of the reply."""
-
-    id_prefix = "chatcmpl"
-    response_object = "chat.completion"
-    chunk_object = "chat.completion.chunk"
-
-    def __init__(
-        self,
-        model_id: str,
-        *,
-        include_usage: bool,
-        tool_parser: ToolCallParser | None = None,
-        token_bytes: Callable[[int], bytes] | None = None,
-        reasoning: ReasoningFormat | None = None,
-        provenance: bool = False,
-        response_id: str | None = None,
-        left_out_messages: int = 0,
-    ) -> None:
-        super().__init__(
-            model_id,
-            include_usage=include_usage,
-            token_bytes=token_bytes,
-            provenance=provenance,
-            response_id=response_id,
-            left_out_messages=left_out_messages,
-        )
-        self.tool_parser = tool_parser
-        # Set for a model that reasons aloud: its reasoning goes to reasoning_content.
-        self.reasoning = reasoning
-
-    @property
-    def reasoning_marks(self) -> ReasoningFormat | None:
-        """How this reply marks a thinking model's reasoning, if it does."""
-        return self.reasoning
-
-    def new_tally(self) -> GenerationTally:
-        """A tally that splits the reply's reasoning from its answer, where there is any."""
-        return GenerationTally(self.reasoning, left_out_messages=self.left_out_messages)
-
-    def stream_chunks(self, event: GenerationEvent, tally: GenerationTally) -> list[dict[str, Any]]:
-        """Plain text chunks; with tools, content and call deltas; reasoning apart."""
-        parser = self.tool_parser
-        if parser is None and self.reasoning is None:
-            return super().stream_chunks(event, tally)
-        self._pending_logprobs.extend(event.token_logprobs)
-        split = tally.latest
-        deltas: list[dict[str, Any]] = []
-        if split.reasoning_text:
-            deltas.append({"reasoning_content": split.reasoning_text})
-        if parser is not None:
-            # The parser sees the answer only: a call written while reasoning is not made.
-            pieces = parser.feed(split.answer_text)
-            if event.finish_reason is not None:
-                pieces += parser.finish()
-            deltas += _deltas(pieces)
-        elif split.answer_text:
-            deltas.append({"content": split.answer_text})
-        chunks = []
-        for delta in deltas:
-            if self._first_chunk:
-                delta = {"role": "assistant", "content": None, **delta}
-                self._first_chunk = False
-            chunks.append(self._chunk(_delta_choice(delta), tally))
-        if self._first_chunk:
-            # The first chunk goes out at once (clients see the reply has begun), even
-            # while a possible call is still being read.
-            chunks.append(self._chunk(_delta_choice({"role": "assistant", "content": None}), tally))
-            self._first_chunk = False
-        if event.finish_reason is not None:
-            finish_reason = self._finish_reason(event.finish_reason)
-            chunks.append(self._chunk(self._finish_choice(finish_reason), tally))
-        return chunks
-
-    def response(self, tally: GenerationTally) -> dict[str, Any]:
-        """The whole response; the reply runs through the same parser as a stream's."""
-        if self.tool_parser is None and self.reasoning is None:
-            return super().response(tally)
-        reply = self.parsed_reply(tally)
-        calls = reply.tool_calls
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": reply.content if reply.content or not calls else None,
-            "refusal": None,
-        }
-        if tally.reasoning_text:
-            # Where llama.cpp's server and vLLM put it; never inside content.
-            message["reasoning_content"] = tally.reasoning_text
-        if calls:
-            message["tool_calls"] = [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                }
-                for call in calls
-            ]
-        return {
-            **self._envelope(self.response_object),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    # Every generated token, the call syntax's included.
-                    "logprobs": self._whole_logprobs(tally),
-                    "finish_reason": self._finish_reason(tally.finish_reason),
-                }
-            ],
-            "usage": tally.usage(),
-            "draftpen": tally.draftpen(),
-        }
-
-    def parsed_reply(self, tally: GenerationTally) -> ParsedReply:
-        """The whole answer read as a stream's is: its content and its tool calls."""
-        reply = ParsedReply()
-        parser = self.tool_parser
-        if parser is not None:
-            for piece in tally.pieces:
-                reply.add(parser.feed(piece))
-            reply.add(parser.finish())
-        else:
-            reply.add([ContentPiece(tally.text)])
-        return reply
-
-    def _finish_reason(self, finish_reason: str | None) -> str | None:
-        # A reply that ended by itself after calling tools finished "to call tools";
-        # one cut off by max_tokens or cancelled says so instead.
-        if finish_reason == "stop" and self.tool_parser is not None and self.tool_parser.made_calls:
-            return "tool_calls"
-        return finish_reason
-
-    def _logprobs(self, items: Sequence[TokenLogprob]) -> dict[str, Any]:
-        """OpenAI's chat ``logprobs``: one entry per token, with its alternatives."""
-        return {
-            "content": [
-                {
-                    **self._token_entry(item.token, item.logprob),
-                    "top_logprobs": [self._token_entry(t, lp) for t, lp in item.top],
-                }
-                for item in items
-            ],
-            "refusal": None,
-        }
-
-    def _token_entry(self, token: int, logprob: float) -> dict[str, Any]:
-        text, data = self._token_text(token)
-        return {"token": text, "logprob": wire_logprob(logprob), "bytes": list(data)}
-
-    def _text_choice(self, text: str, first: bool) -> dict[str, Any]:
-        delta = {"role": "assistant", "content": text} if first else {"content": text}
-        return _delta_choice(delta)
-
-    def _finish_choice(self, finish_reason: str) -> dict[str, Any]:
-        return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
-
-    def _whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        message = {"role": "assistant", "content": text, "refusal": None}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
-
-
-def _delta_choice(delta: dict[str, Any]) -> dict[str, Any]:
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
-
-
-def _deltas(pieces: list[ParsedPiece]) -> list[dict[str, Any]]:
-    """Stream deltas for parsed pieces: content, a call's start, its argument fragments.
-
-    Neighbouring pieces of one kind are merged, so a round's text is one delta.
-    """
-    deltas: list[dict[str, Any]] = []
-    for piece in pieces:
-        last = deltas[-1] if deltas else None
-        if isinstance(piece, ContentPiece):
-            if last is not None and "content" in last and "tool_calls" not in last:
-                last["content"] += piece.text
-            else:
-                deltas.append({"content": piece.text})
-        elif isinstance(piece, ToolCallStart):
-            call = {
-                "index": piece.index,
-                "id": piece.id,
-                "type": "function",
-                "function": {"name": piece.name, "arguments": ""},
-            }
-            deltas.append({"tool_calls": [call]})
-        elif isinstance(piece, ArgumentsPiece):
-            calls = last.get("tool_calls") if last is not None else None
-            # A call's first delta keeps arguments "" (as OpenAI's); fragments follow it.
-            if calls and calls[-1]["index"] == piece.index and "id" not in calls[-1]:
-                calls[-1]["function"]["arguments"] += piece.text
-            else:
-                fragment = {"index": piece.index, "function": {"arguments": piece.text}}
-                deltas.append({"tool_calls": [fragment]})
-    return deltas
-
-
-class CompletionFormat(ResponseFormat):
-    """Text completions; logprobs in the legacy shape of parallel lists."""
-
-    id_prefix = "cmpl"
-    response_object = "text_completion"
-    chunk_object = "text_completion"
-
-    def __init__(
-        self,
-        model_id: str,
-        *,
-        include_usage: bool,
-        token_bytes: Callable[[int], bytes] | None = None,
-        provenance: bool = False,
-        response_id: str | None = None,
-    ) -> None:
-        super().__init__(
-            model_id,
-            include_usage=include_usage,
-            token_bytes=token_bytes,
-            provenance=provenance,
-            response_id=response_id,
-        )
-        # Where the next token's text starts in the completion (a stream's chunks go on
-        # counting from where the previous one stopped).
-        self._text_offset = 0
-
-    def _logprobs(self, items: Sequence[TokenLogprob]) -> dict[str, Any]:
-        """``tokens``, ``token_logprobs``, ``top_logprobs`` ({text: logprob}), ``text_offset``."""
-        tokens: list[str] = []
-        offsets: list[int] = []
-        for item in items:
-            text = self._token_text(item.token)[0]
-            tokens.append(text)
-            offsets.append(self._text_offset)
-            self._text_offset += len(text)
-        return {
-            "tokens": tokens,
-            "token_logprobs": [wire_logprob(item.logprob) for item in items],
-            "top_logprobs": [
-                {self._token_text(t)[0]: wire_logprob(lp) for t, lp in item.top} for item in items
-            ],
-            "text_offset": offsets,
-        }
-
-    def _text_choice(self, text: str, first: bool) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
-
-    def _finish_choice(self, finish_reason: str) -> dict[str, Any]:
-        return {"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason}
-
-    def _whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
 
 # What OpenAI reports for a token that has no probability at all (JSON has no -inf).

@@ -32,13 +32,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.engine.chunks import ChatFormat, sse_event
+from app.engine.chunks import sse_event
 from app.engine.dialects.anthropic_schema import (
     CountTokensRequest,
     MessagesRequest,
     chat_request,
     parse_messages_request,
 )
+from app.engine.dialects.openai_chat_format import ChatFormat
 from app.engine.dialects.responder import ChatResponder
 from app.engine.schema import ApiError
 from app.engine.tally import GenerationTally

@@ -4,7 +4,7 @@ A ``POST /v1/messages`` body is validated here, strictly in the types of the fie
 draftpen knows and leniently about fields it does not (Anthropic adds fields often and
 Claude Code sends many: ``metadata``, ``context_management``, ``service_tier``...; they
 are ignored), then rewritten as the engine's one internal request, a validated
-:class:`~app.engine.schema.ChatCompletionRequest`:
+:class:`~app.engine.dialects.openai_chat_schema.ChatCompletionRequest`:
 
 - ``system`` (a string or text blocks) becomes the first, system, message;
 - ``text`` blocks become message content; an assistant's ``tool_use`` blocks become its
@@ -34,7 +34,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from app.engine.schema import MAX_STOP_STRINGS, ApiError, ChatCompletionRequest, parse_request
+from app.engine.dialects.openai_chat_schema import ChatCompletionRequest
+from app.engine.schema import MAX_STOP_STRINGS, ApiError, parse_request
 
 # Anthropic's rule for tool names.
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"

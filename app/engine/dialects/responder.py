@@ -11,8 +11,8 @@ from typing import Protocol
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.engine.chunks import ChatFormat
-from app.engine.schema import ChatCompletionRequest
+from app.engine.dialects.openai_chat_format import ChatFormat
+from app.engine.dialects.openai_chat_schema import ChatCompletionRequest
 
 
 class ChatResponder(Protocol):

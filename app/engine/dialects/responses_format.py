@@ -24,7 +24,8 @@ import copy
 import uuid
 from typing import Any, ClassVar
 
-from app.engine.chunks import ChatFormat, sse_event
+from app.engine.chunks import sse_event
+from app.engine.dialects.openai_chat_format import ChatFormat
 from app.engine.dialects.responses_items import parse_items
 from app.engine.dialects.responses_request import ResponsesTurn
 from app.engine.dialects.responses_store import ResponsesStore, StoredResponse

@@ -5,8 +5,10 @@
 function ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``text.format``,
 ``max_output_tokens``, ``reasoning.effort``, ``temperature``, ``top_p``, ``stream``,
 ``store``, ``previous_response_id``, ``truncation`` and ``metadata``. :func:`read_turn`
-turns one into a :class:`~app.engine.schema.ChatCompletionRequest` (the same prompt,
-grammar and loop as chat completions) plus what the response object echoes back.
+turns one into a
+:class:`~app.engine.dialects.openai_chat_schema.ChatCompletionRequest` (the same
+prompt, grammar and loop as chat completions) plus what the response object echoes
+back.
 
 Unknown top-level fields are ignored, as agents send many that change nothing for a
 local model (Codex: ``include``, ``prompt_cache_key``, ``client_metadata``,
@@ -23,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError
 
+from app.engine.dialects.openai_chat_schema import ChatCompletionRequest
 from app.engine.dialects.responses_items import (
     InputItem,
     Lenient,
@@ -33,7 +36,6 @@ from app.engine.dialects.responses_items import (
 )
 from app.engine.schema import (
     ApiError,
-    ChatCompletionRequest,
     FunctionDefinition,
     JsonSchemaFormat,
     Speculative,
