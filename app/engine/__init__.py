@@ -2,9 +2,15 @@
 app, the plain REPL, agents) over the Unix socket with an OpenAI-compatible API
 (``draftpen serve``).
 
-``api`` holds the routes; ``schema`` validates requests; ``chunks`` shapes responses and
-stream chunks; ``job_responses`` turns a job's items into a streamed or whole answer
-(``choices``: a chat request's ``n`` > 1 choices, one after another);
+``api`` holds the routes and the one chat path every dialect takes (``request_body``
+reads a body); ``dialects/`` holds one module per dialect, each its request models and
+its answer's format (``openai_chat_schema`` is the one internal request every chat
+dialect becomes; ``openai_chat_format``, ``openai_completions``, ``anthropic_*``,
+``openai_responses``); ``schema`` holds ``ApiError``, the fields every generation
+shares and ``parse_request``; ``job_requests`` turns a request into its prompt and
+``GenerationRequest``; ``chunks`` is the shape every answer shares and its SSE framing;
+``job_responses`` turns a job's items into a streamed or whole answer (``choices``: a
+chat request's ``n`` > 1 choices, one after another);
 ``tally`` sums a generation's events; ``pairs`` says which pairs can be served;
 ``scheduler`` holds the pair in memory (loads on demand, keep-alive); ``queue`` runs one
 job at a time on one worker thread; ``unix_socket`` owns the socket file; ``runner``

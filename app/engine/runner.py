@@ -15,13 +15,14 @@ from typing import Any
 import uvicorn
 import uvicorn.config
 
-from app.engine.api import MAX_BODY_BYTES, AgentApi
+from app.engine.api import AgentApi
 from app.engine.api_key_check import ApiKeyCheck
 from app.engine.pairs import FixedPairs, PairDirectory
 from app.engine.queue import (
     DEFAULT_QUEUE_LIMIT,
     GenerationQueue,
 )
+from app.engine.request_body import MAX_BODY_BYTES
 from app.engine.scheduler import LoadOptions, PairScheduler
 from app.engine.unix_socket import (
     bind_tcp_socket,
