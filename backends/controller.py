@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from backends.draft_policy import RoundOutcome, RoundPlan
 from backends.drafters import Drafter, ModelDrafter, NgramDrafter, common_prefix_length
+from backends.mtp_drafter import MtpDrafter
 from backends.sampling import SamplingParams
-from backends.speculative import RoundOutcome, RoundPlan
 
 DEFAULT_MAX_DRAFT = 16
 SMOOTHING = 0.15  # weight of the newest measured cost in the running estimate
@@ -46,6 +47,8 @@ PRIOR_WEIGHT = 1.0  # the prior counts as this many rounds of evidence
 # tokens on average), so that one earns long drafts without dragging the others up.
 PRIOR_ACCEPTANCE = {
     "model": 0.7,
+    # Published for Qwen3.6's own head: ~70% of drafted tokens accepted.
+    "mtp": 0.7,
     "prediction": 0.8,
     "ngram:2": 0.3,
     "ngram:3": 0.5,
@@ -58,6 +61,9 @@ MIN_PAYING_SPEEDUP = 1.02  # choose speculation only when it is expected to pay 
 MODEL_PROBE_INTERVAL = 64  # rounds without the draft model before trying it again
 MODEL_PROBE_LENGTH = 2
 MODEL_PROBE_MAX_CATCH_UP = 8  # a probe may cost at most this many plain steps of catch-up
+# An MTP step before one is measured, as a share of a target step: one decoder block
+# and the LM head (~6% of a 27B model's step, half of a tiny model's).
+MTP_STEP_PRIOR = 0.2
 # A draft model that sat out (or a new prompt) must first read what it has not seen.
 # That is paid once and then serves every later round, so the choice spreads it over
 # about this many tokens of the reply still to come.
@@ -77,6 +83,8 @@ class CostModel:
     target_seconds: dict[int, float]
     draft_step_seconds: float | None = None
     exact_batch_limit: int | None = None
+    # One step of the target's own MTP head (measured while it drafts; not calibrated).
+    mtp_step_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if 1 not in self.target_seconds:
@@ -125,6 +133,14 @@ class CostModel:
         """Refine the per-step cost of the draft model."""
         previous = self.draft_step_seconds
         self.draft_step_seconds = (
+            seconds if previous is None else previous + SMOOTHING * (seconds - previous)
+        )
+        self.version += 1
+
+    def observe_mtp_step(self, seconds: float) -> None:
+        """Refine the per-step cost of the target's MTP head."""
+        previous = self.mtp_step_seconds
+        self.mtp_step_seconds = (
             seconds if previous is None else previous + SMOOTHING * (seconds - previous)
         )
         self.version += 1
@@ -280,6 +296,7 @@ class AdaptiveDraftPolicy:
         confidence_floor: ConfidenceFloor | None = None,
         exact: bool = False,
         rollback_limit: int | None = None,
+        mtp_confidence_floor: ConfidenceFloor | None = None,
     ) -> None:
         self.drafters = {drafter.name: drafter for drafter in drafters}
         self.costs = costs
@@ -304,6 +321,13 @@ class AdaptiveDraftPolicy:
         # Shared across generations like ``acceptance``, when the caller passes its own.
         self.confidence_floor = (
             confidence_floor if confidence_floor is not None else ConfidenceFloor()
+        )
+        # The MTP head likewise, with a floor of its own (its confidence means otherwise).
+        mtp = self.drafters.get("mtp")
+        mtp_view = getattr(mtp, "with_confidence_floor", None)
+        self._floored_mtp: MtpDrafter | None = mtp_view() if mtp_view is not None else None
+        self.mtp_confidence_floor = (
+            mtp_confidence_floor if mtp_confidence_floor is not None else ConfidenceFloor()
         )
         self.decision = Decision("none", 0, 1.0, "not started")
         self._model_can_pay_at = -1  # the costs' version _model_could_pay was worked out at
@@ -385,10 +409,14 @@ class AdaptiveDraftPolicy:
             return RoundPlan(None, 0, 1.0, best.reason)
         drafter = self.drafters[best.drafter]
         reason = best.reason
-        if best.drafter == "model" and self._floored_model is not None:
-            floor = self.confidence_floor.floor(self._break_even_acceptance(best.draft_tokens))
-            self._floored_model.min_confidence = floor
-            drafter = self._floored_model
+        floored = {"model": self._floored_model, "mtp": self._floored_mtp}.get(best.drafter)
+        if floored is not None:
+            floors = {"model": self.confidence_floor, "mtp": self.mtp_confidence_floor}
+            floor = floors[best.drafter].floor(
+                self._break_even_acceptance(best.draft_tokens, best.drafter)
+            )
+            floored.min_confidence = floor
+            drafter = floored
             if floor > 0:
                 reason += f", stops below p {floor:.1f}"
         return RoundPlan(drafter, best.draft_tokens, best.estimated_speedup, reason)
@@ -404,6 +432,10 @@ class AdaptiveDraftPolicy:
                 self.costs.observe_draft_step(outcome.draft_step_seconds)
             if outcome.drafter == "model" and outcome.draft_confidences:
                 self.confidence_floor.observe(outcome.draft_confidences, outcome.accepted)
+            if outcome.drafter == "mtp" and outcome.draft_step_seconds is not None:
+                self.costs.observe_mtp_step(outcome.draft_step_seconds)
+            if outcome.drafter == "mtp" and outcome.draft_confidences:
+                self.mtp_confidence_floor.observe(outcome.draft_confidences, outcome.accepted)
 
     # -- internals -------------------------------------------------------------
 
@@ -412,6 +444,9 @@ class AdaptiveDraftPolicy:
         if isinstance(self.drafters[name], ModelDrafter):
             step = self.costs.draft_step_seconds
             return step if step is not None else self.costs.verify(1)
+        if isinstance(self.drafters[name], MtpDrafter):
+            step = self.costs.mtp_step_seconds
+            return step if step is not None else MTP_STEP_PRIOR * self.costs.verify(1)
         return 0.0  # n-gram lookups and predictions cost microseconds
 
     def _estimate(self, key: str) -> AcceptanceEstimate:
@@ -455,15 +490,15 @@ class AdaptiveDraftPolicy:
                 best_k, best_rate = draft_tokens, rate
         return best_k, best_rate
 
-    def _break_even_acceptance(self, draft_tokens: int) -> float:
-        """Acceptance at which one more draft-model token pays for itself.
+    def _break_even_acceptance(self, draft_tokens: int, name: str = "model") -> float:
+        """Acceptance at which one more token of drafter ``name`` pays for itself.
 
         It costs a draft step plus its share of the verify batch, and brings a token
         that would otherwise cost a plain step.
         """
         plain = self.costs.verify(1)
         marginal_verify = (self.costs.verify(draft_tokens + 1) - plain) / max(1, draft_tokens)
-        step = self.costs.draft_step_seconds or plain
+        step = self._draft_step_cost(name) or plain
         return min(0.95, max(0.05, (step + marginal_verify) / plain))
 
     def _catch_up_seconds(self, missing: int) -> float:

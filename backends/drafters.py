@@ -17,7 +17,7 @@ tokens, each with the distribution ``q`` it was drawn from. Three kinds:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -182,13 +182,83 @@ class ModelDrafter:
         # A catch-up over many tokens (a reply's first model round feeds the whole
         # prompt) is not a draft step: timing it as one would make the draft look slow.
         step_times = [finished - started] if len(missing) == 1 else []
-        passes = 1
-        tokens: list[int] = []
-        distributions: list[SparseDistribution] = []
-        top_probs: list[float] = []
-        drafted_under_grammar = 0
-        counted: list[int] = []  # drafts added to ``penalties`` for the rows after them
-        wanted = self.min_confidence > 0 or self.record_confidence
+        chain = draft_chain(
+            rows,
+            lambda token: forward_rows(model, [token], last_only=True),
+            max_tokens=max_tokens,
+            params=params,
+            rng=rng,
+            constraint=constraint,
+            penalties=penalties,
+            min_confidence=self.min_confidence,
+            record_confidence=self.record_confidence,
+            is_end=model.is_end_of_generation,
+            # The chain is partly undone next round, back to here at the earliest: a
+            # model with a recurrent state keeps a copy of it (a KV cache needs none).
+            before_steps=lambda: keep_rollback_point(model),
+        )
+        step_times = step_times + chain.step_seconds
+        return chain.proposal(params, step_times, runtime_seconds, passes=1)
+
+
+@dataclass
+class DraftChain:
+    """What a chain of one-token draft steps produced (see :func:`draft_chain`)."""
+
+    tokens: list[int] = field(default_factory=list)
+    distributions: list[SparseDistribution] = field(default_factory=list)
+    top_probs: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+    runtime_seconds: float = 0.0  # the steps and ``before_steps``
+
+    def proposal(
+        self,
+        params: SamplingParams,
+        step_times: list[float],
+        runtime_seconds: float,
+        *,
+        passes: int,
+    ) -> DraftProposal:
+        """The proposal, with the time and passes spent before the chain added."""
+        return DraftProposal(
+            tokens=self.tokens,
+            distributions=None if params.greedy else self.distributions,
+            top_probs=self.top_probs,
+            passes=passes + len(self.step_seconds),
+            step_seconds=sum(step_times) / len(step_times) if step_times else None,
+            runtime_seconds=runtime_seconds + self.runtime_seconds,
+        )
+
+
+def draft_chain(
+    rows: LogitRows,
+    step: Callable[[int], LogitRows],
+    *,
+    max_tokens: int,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    constraint: GrammarState | None,
+    penalties: TokenCounts | None,
+    min_confidence: float,
+    record_confidence: bool,
+    is_end: Callable[[int], bool],
+    before_steps: Callable[[], None] | None = None,
+) -> DraftChain:
+    """Draft token by token from ``rows`` (the row for the first draft), calling
+    ``step(token)`` for the row after each drafted token.
+
+    Each row is shaped by the grammar and the penalties after the drafts before it (as
+    the target's row for that position will be), then the token is the argmax
+    (greedy) or a sample of the filtered ``q``; the chain stops at ``max_tokens``, an
+    end-of-generation token, or a token whose confidence falls below
+    ``min_confidence`` (not drafted). The grammar state and the penalty counts are
+    left as they were found. ``before_steps`` runs once, before the first step.
+    """
+    chain = DraftChain()
+    drafted_under_grammar = 0
+    counted: list[int] = []  # drafts added to ``penalties`` for the rows after them
+    wanted = min_confidence > 0 or record_confidence
+    try:
         while True:
             rows = _shaped(rows, params, constraint, penalties)
             if params.greedy:
@@ -197,15 +267,15 @@ class ModelDrafter:
             else:
                 q = rows.distribution(0, params)
                 token = q.sample(rng)
-                distributions.append(q)
+                chain.distributions.append(q)
                 confidence = q.top_prob
-            if tokens and confidence < self.min_confidence:
-                if distributions:
-                    distributions.pop()
+            if chain.tokens and confidence < min_confidence:
+                if chain.distributions:
+                    chain.distributions.pop()
                 break
-            tokens.append(token)
-            top_probs.append(confidence)
-            if len(tokens) >= max_tokens or model.is_end_of_generation(token):
+            chain.tokens.append(token)
+            chain.top_probs.append(confidence)
+            if len(chain.tokens) >= max_tokens or is_end(token):
                 break
             if constraint is not None:
                 constraint.consume([token])
@@ -213,29 +283,20 @@ class ModelDrafter:
             if penalties is not None:
                 penalties.add([token])
                 counted.append(token)
-            if passes == 1:
-                # The chain is partly undone next round, back to here at the earliest: a
-                # model with a recurrent state keeps a copy of it (a KV cache needs none).
+            if before_steps is not None and not chain.step_seconds:
                 started = time.perf_counter()
-                keep_rollback_point(model)
-                runtime_seconds += time.perf_counter() - started
+                before_steps()
+                chain.runtime_seconds += time.perf_counter() - started
             started = time.perf_counter()
-            rows = forward_rows(model, [token], last_only=True)
-            step_times.append(time.perf_counter() - started)
-            runtime_seconds += step_times[-1]
-            passes += 1
+            rows = step(token)
+            chain.step_seconds.append(time.perf_counter() - started)
+            chain.runtime_seconds += chain.step_seconds[-1]
+    finally:
         if constraint is not None:
             constraint.rollback(drafted_under_grammar)
         if penalties is not None:
             penalties.remove(counted)
-        return DraftProposal(
-            tokens=tokens,
-            distributions=None if params.greedy else distributions,
-            top_probs=top_probs,
-            passes=passes,
-            step_seconds=sum(step_times) / len(step_times) if step_times else None,
-            runtime_seconds=runtime_seconds,
-        )
+    return chain
 
 
 class NgramIndex:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from backends.base import ChatMessage, Model, ToolSpec, rollback_limit
@@ -23,21 +24,18 @@ from backends.controller import (
     CostModel,
 )
 from backends.conversation_cache import ConversationCache
+from backends.draft_policy import DraftPolicy, FixedDraftPolicy
 from backends.drafters import Drafter, ModelDrafter, NgramDrafter, PredictionDrafter
 from backends.errors import BackendError
+from backends.generation_events import MAX_TOP_LOGPROBS, GenerationEvent
+from backends.mtp_drafter import MtpDrafter
 from backends.output_constraints import ConstraintSpec
 from backends.pair_check import check_pair
 from backends.reasoning import ReasoningFormat, reasoning_format, thinking_variables
 from backends.sampling import SamplingParams
-from backends.speculative import (
-    MAX_TOP_LOGPROBS,
-    DraftPolicy,
-    FixedDraftPolicy,
-    GenerationEvent,
-    speculative_generate,
-)
+from backends.speculative import speculative_generate
 
-DRAFTER_CHOICES = ("auto", "model", "ngram", "none")
+DRAFTER_CHOICES = ("auto", "model", "mtp", "ngram", "none")
 
 
 @dataclass(frozen=True)
@@ -96,9 +94,14 @@ class Engine:
         self.costs = costs
         self.conversations = conversations
         self._model_drafter = ModelDrafter(draft) if draft is not None else None
+        # The target's own multi-token-prediction head, where its file and runtime have one.
+        own_head = getattr(target, "mtp_head", None)
+        head = own_head() if own_head is not None else None
+        self._mtp_drafter = MtpDrafter(target, head) if head is not None else None
         self._ngram_drafter = NgramDrafter()
         self._acceptance: dict[str, AcceptanceEstimate] = {}
         self._confidence_floor = ConfidenceFloor()
+        self._mtp_confidence_floor = ConfidenceFloor()
         self._grammar_vocabulary: GrammarVocabulary | None = None
 
     def grammar_state(self, constraint: ConstraintSpec | None) -> GrammarState | None:
@@ -129,6 +132,7 @@ class Engine:
         self._confidence_floor = (
             confidence_floor if confidence_floor is not None else ConfidenceFloor()
         )
+        self._mtp_confidence_floor = ConfidenceFloor()
 
     def calibrate(self) -> CostModel:
         """Measure forward costs and exactness on this machine (seconds); used by "auto"."""
@@ -183,6 +187,10 @@ class Engine:
             return None
         if name == "ngram":
             return self._ngram_drafter
+        if name == "mtp":
+            if self._mtp_drafter is None:
+                raise BackendError(self._no_mtp_reason())
+            return self._mtp_drafter
         if name == "model":
             if self._model_drafter is None:
                 raise BackendError(
@@ -218,6 +226,8 @@ class Engine:
             drafters.insert(0, prediction)
         if self._model_drafter is not None:
             drafters.append(self._model_drafter)
+        if self._mtp_drafter is not None:
+            drafters.append(self._mtp_drafter)
         return AdaptiveDraftPolicy(
             drafters,
             costs,
@@ -226,6 +236,25 @@ class Engine:
             confidence_floor=self._confidence_floor,
             exact=request.exact,
             rollback_limit=limit,
+            mtp_confidence_floor=self._mtp_confidence_floor,
+        )
+
+    def attach_mtp_head(self, path: str | Path) -> None:
+        """Draft with an MTP head from a separate file (some publishers ship it apart)."""
+        attach = getattr(self.target, "attach_mtp_file", None)
+        if attach is None:
+            raise BackendError(self._no_mtp_reason())
+        self._mtp_drafter = MtpDrafter(self.target, attach(path))
+
+    def _no_mtp_reason(self) -> str:
+        if not hasattr(self.target, "mtp_head"):
+            return (
+                f"{self.target.name}: this runtime cannot draft with a model's MTP head "
+                "(llama.cpp can; MLX cannot yet). Use --drafter ngram, model or none."
+            )
+        return (
+            f"{self.target.name} has no MTP head (no nextn layers in its file). Use a GGUF "
+            "that keeps them, or --drafter ngram, model or none."
         )
 
     def generate(

@@ -42,6 +42,7 @@ except ImportError as error:  # pragma: no cover - exercised where llama_cpp is 
     ) from error
 
 # After the runtime's own import, so that a missing runtime says how to install it.
+from backends.llamacpp_mtp import LlamaCppMtpHead
 from backends.llamacpp_rollback import (
     DEFAULT_SNAPSHOTS,
     RecurrentRollback,
@@ -162,6 +163,7 @@ class LlamaCppModel:
         name: str | None = None,
         exact_kernels: bool = False,
         rollback_snapshots: int | None = None,
+        load_mtp: bool = True,
     ) -> None:
         self.path = Path(path)
         check_gguf_file(self.path)
@@ -170,12 +172,16 @@ class LlamaCppModel:
         self._model = None
         self._context = None
         self._batch = None
+        self._mtp: LlamaCppMtpHead | None = None
 
         model_params = llama_cpp.llama_model_default_params()
         self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
         if gpu_layers is None:
             gpu_layers = 999 if self.gpu_offload else 0
         model_params.n_gpu_layers = gpu_layers
+        # The multi-token-prediction layers, where the file has them (one block): the
+        # "mtp" drafter runs them (backends/llamacpp_mtp.py).
+        model_params.load_mtp = load_mtp
         # With exact kernels, verify batches of up to 7 tokens compute logits bit for bit
         # like one-token decoding (measured on our 2-core AVX-512 machine with the starter
         # target, Q4_K_M); with llama.cpp's defaults no batch does past 512 tokens of
@@ -203,6 +209,7 @@ class LlamaCppModel:
         # A recurrent state (hybrid Qwen3.5/3.6, Mamba, ...) cannot be cut back like a KV
         # cache: see backends/llamacpp_rollback.py.
         self.recurrent = holds_recurrent_state(self._model)
+        self.mtp_layers = int(llama_cpp.llama_model_n_layer_nextn(self._model)) if load_mtp else 0
 
         threads = n_threads or physical_cores()
         context_params = llama_cpp.llama_context_default_params()
@@ -410,6 +417,8 @@ class LlamaCppModel:
                     "the context length."
                 )
             raise DecodeError(f"llama_decode failed with status {status}: {_last_llama_error()}")
+        if self._mtp is not None:
+            self._mtp.target_decoded(start, tokens)
 
     def _logits_view(self, rows: int) -> np.ndarray:
         """The first ``rows`` rows of llama.cpp's logits buffer, as a numpy view.
@@ -458,6 +467,8 @@ class LlamaCppModel:
         elif not llama_cpp.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
             raise DecodeError(f"llama.cpp could not drop cached positions from {n_keep} on")
         del self._tokens[n_keep:]
+        if self._mtp is not None:
+            self._mtp.target_rolled_back(n_keep)
 
     @property
     def rollback_limit(self) -> int | None:
@@ -514,6 +525,8 @@ class LlamaCppModel:
         context = self._live_context()
         buffer = state.payload
         _recent_errors.clear()
+        if self._mtp is not None:
+            self._mtp.target_rolled_back(0)  # it has no hidden states for a restored cache
         read = llama_cpp.llama_state_seq_set_data(context, _uint8_pointer(buffer), buffer.size, 0)
         restored_end = int(llama_cpp.llama_memory_seq_pos_max(self._memory, 0)) + 1
         if read != buffer.size or restored_end != len(state.tokens):
@@ -536,8 +549,47 @@ class LlamaCppModel:
             raise DecodeError(f"{self.name} was closed; load the model again to use it")
         return self._context
 
+    def mtp_head(self) -> LlamaCppMtpHead | None:
+        """The model's own multi-token-prediction head (None: the file has none)."""
+        if self._mtp is None and self.mtp_layers > 0:
+            self._mtp = self._new_mtp_head(self._model)
+        return self._mtp
+
+    def attach_mtp_file(self, path: str | Path) -> LlamaCppMtpHead:
+        """Draft with the MTP head in a separate GGUF (as some publishers ship it)."""
+        check_gguf_file(Path(path))
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = 999 if self.gpu_offload else 0
+        params.load_mtp = True
+        weights = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
+        if not weights:
+            raise ModelLoadError(f"llama.cpp could not load the MTP head {path}")
+        if llama_cpp.llama_model_n_layer_nextn(weights) <= 0 or llama_cpp.llama_model_n_embd(
+            weights
+        ) != llama_cpp.llama_model_n_embd(self._model):
+            llama_cpp.llama_model_free(weights)
+            raise ModelLoadError(f"{path} holds no MTP head for {self.name}")
+        if self._mtp is not None:
+            self._mtp.close()
+        self._mtp = self._new_mtp_head(weights, owns_weights=True)
+        return self._mtp
+
+    def _new_mtp_head(self, weights: Any, *, owns_weights: bool = False) -> LlamaCppMtpHead:
+        return LlamaCppMtpHead(
+            self._live_context(),
+            weights,
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            threads=self.n_threads,
+            n_vocab=self.n_vocab,
+            owns_weights=owns_weights,
+        )
+
     def close(self) -> None:
-        """Free the batch, the context and the weights."""
+        """Free the MTP head, the batch, the context and the weights."""
+        if self._mtp is not None:
+            self._mtp.close()
+            self._mtp = None
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None

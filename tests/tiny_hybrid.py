@@ -130,7 +130,16 @@ def tiny_qwen35_tensors(
         prefix = f"blk.{layer}"
         tensors.update(_block_common(rng, prefix))
         tensors.update(_attention_block(rng, prefix))
-        tensors[f"{prefix}.nextn.eh_proj.weight"] = _normal(rng, (N_EMBD, 2 * N_EMBD), 0.05)
+        # A head that mostly passes the token's embedding through (that half of
+        # eh_proj near identity, the block's own outputs small). The random target's
+        # next-token distribution leans on its last token too, so the head's q
+        # overlaps the target's p (fully random weights give disjoint supports, where
+        # every draft is rejected and the accept step is never put to the test).
+        projection = _normal(rng, (N_EMBD, 2 * N_EMBD), 0.05)
+        projection[:, :N_EMBD] += np.eye(N_EMBD, dtype=np.float32)
+        tensors[f"{prefix}.nextn.eh_proj.weight"] = projection
+        tensors[f"{prefix}.attn_output.weight"] *= 0.2
+        tensors[f"{prefix}.ffn_down.weight"] *= 0.2
         tensors[f"{prefix}.nextn.enorm.weight"] = np.ones(N_EMBD, dtype=np.float32)
         tensors[f"{prefix}.nextn.hnorm.weight"] = np.ones(N_EMBD, dtype=np.float32)
     return tensors
@@ -147,6 +156,12 @@ def perturbed(tensors: dict[str, np.ndarray], *, seed: int, scale: float) -> dic
     return changed
 
 
+def mtp_only(tensors: dict[str, np.ndarray], layers: int = 2) -> dict[str, np.ndarray]:
+    """Only what a separate MTP file holds: the nextn block(s), embeddings and head."""
+    trunk = tuple(f"blk.{layer}." for layer in range(layers))
+    return {name: values for name, values in tensors.items() if not name.startswith(trunk)}
+
+
 def write_tiny_qwen35(
     path: Path,
     tokenizer_source: Path,
@@ -156,7 +171,11 @@ def write_tiny_qwen35(
     nextn_layers: int = 0,
     tensors: dict[str, np.ndarray] | None = None,
 ) -> Path:
-    """Write a tiny qwen35 GGUF with ``tokenizer_source``'s tokenizer; return its path."""
+    """Write a tiny qwen35 GGUF with ``tokenizer_source``'s tokenizer; return its path.
+
+    ``tensors`` (default: :func:`tiny_qwen35_tensors` of ``seed``) may leave the trunk
+    out (:func:`mtp_only`): llama.cpp then loads the file as an MTP head alone.
+    """
     import gguf
 
     reader = gguf.GGUFReader(tokenizer_source)
@@ -195,7 +214,9 @@ def write_tiny_qwen35(
         field = reader.fields[key]
         writer.add_key_value(key, field.contents(), field.types[0], field.types[1])
     for name, values in tensors.items():
-        writer.add_tensor(name, values)
+        # The two vocabulary-sized matrices in half precision: half the file to write.
+        wide = name in ("token_embd.weight", "output.weight")
+        writer.add_tensor(name, values.astype(np.float16) if wide else values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

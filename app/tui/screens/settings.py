@@ -36,6 +36,7 @@ THINKING_CHOICES = (
 DRAFTER_LABELS = {
     "auto": "auto (measures and picks per round)",
     "model": "draft model",
+    "mtp": "the model's own MTP head",
     "ngram": "n-gram (prompt lookup)",
     "none": "off (plain decoding)",
 }
