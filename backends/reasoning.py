@@ -28,7 +28,7 @@ import jinja2
 import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from backends.speculative import TextSegment
+from backends.generation_events import TextSegment
 
 # (start, end) tag pairs that templates use for reasoning, in the order they are tried.
 REASONING_TAGS: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)

@@ -16,6 +16,10 @@ position: speculation changes which forward computed a row, never its values.
 K = 0 is plain autoregressive decoding through the same code. A :class:`DraftPolicy`
 chooses the drafter and K before each round; the fixed policy here is the baseline,
 an adaptive one can measure costs and acceptance and choose per round.
+
+Its parts live beside it: the policy's interface in ``draft_policy.py``, one round's
+verification in ``verification.py``, events and stats in ``generation_events.py``,
+stop strings in ``stop_strings.py``.
 """
 
 from __future__ import annotations
@@ -24,379 +28,30 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from backends.base import IncrementalDetokenizer, Model, reusable_prefix, rollback_limit
-from backends.constraints import GrammarState, mask_logits
-from backends.drafters import EMPTY_PROPOSAL, Drafter, DraftProposal, common_prefix_length
+from backends.constraints import GrammarState
+from backends.draft_policy import DraftPolicy, RoundOutcome, RoundPlan
+from backends.drafters import EMPTY_PROPOSAL, DraftProposal, common_prefix_length
 from backends.errors import ContextOverflowError
+from backends.generation_events import (
+    FINISH_CANCELLED,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    MAX_TOP_LOGPROBS,
+    GenerationEvent,
+    StatsAccumulator,
+    TextSegment,
+    merge_segments,
+)
 from backends.penalties import TokenCounts
-from backends.rejection import verify_draft_token
-from backends.row_scans import log_normaliser, top_ids
-from backends.rows import LogitRows, forward_rows
-from backends.sampling import SamplingParams, distribution, greedy_token
+from backends.rows import forward_rows
+from backends.sampling import SamplingParams
 from backends.sparse_distribution import SparseDistribution
-
-# Finish reasons, as OpenAI names them where it has a name.
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
-FINISH_CANCELLED = "cancelled"
-
-
-def speedup_over_plain_rounds(
-    generated_tokens: int, decode_seconds: float, plain_rounds: int, plain_round_seconds: float
-) -> float | None:
-    """Tokens at the pace of the draft-free rounds, over the time they actually took.
-
-    None when there is no draft-free round (or no time) to compare with.
-    """
-    if not plain_rounds or not decode_seconds:
-        return None
-    return generated_tokens * (plain_round_seconds / plain_rounds) / decode_seconds
-
-
-@dataclass(frozen=True)
-class SpeculativeStats:
-    """Running totals of one generation. Frozen: each event carries a snapshot."""
-
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    generated_tokens: int = 0
-    rounds: int = 0
-    speculative_rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    accepted_length_histogram: tuple[int, ...] = ()
-    target_passes: int = 0
-    draft_passes: int = 0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    time_to_first_token: float = 0.0
-    # Rounds that drafted nothing (one-token forwards), and their wall time from the
-    # end of the round before: plain decoding timed inside this very generation.
-    plain_rounds: int = 0
-    plain_round_seconds: float = 0.0
-    # Decode time spent outside the runtimes' forward and rollback calls (target and
-    # draft): the loop's own cost (sampling, drafter bookkeeping, the policy, text),
-    # plus whatever a consumer running in the same thread does between events.
-    # Tokens the grammar forced (its only continuation), verified as free drafts;
-    # counted apart from drafted/accepted, which are the drafters' guesses.
-    grammar_forced: int = 0
-    host_seconds: float = 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted draft tokens over drafted ones (0 when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Draft tokens accepted per round that drafted anything."""
-        return self.accepted / self.speculative_rounds if self.speculative_rounds else 0.0
-
-    @property
-    def tokens_per_target_pass(self) -> float:
-        """Generated tokens per target forward pass (1.0 for plain decoding)."""
-        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
-
-    @property
-    def decode_tokens_per_second(self) -> float:
-        """Generated tokens over decode time (prefill excluded)."""
-        return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-    @property
-    def host_ms_per_token(self) -> float:
-        """Milliseconds of host time (see ``host_seconds``) per generated token."""
-        return 1e3 * self.host_seconds / self.generated_tokens if self.generated_tokens else 0.0
-
-    def as_dict(self) -> dict[str, object]:
-        """Plain data for JSON output, including the derived rates."""
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "cached_prompt_tokens": self.cached_prompt_tokens,
-            "generated_tokens": self.generated_tokens,
-            "rounds": self.rounds,
-            "speculative_rounds": self.speculative_rounds,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance_rate": round(self.acceptance_rate, 4),
-            "mean_accepted_length": round(self.mean_accepted_length, 4),
-            "accepted_length_histogram": list(self.accepted_length_histogram),
-            "target_passes": self.target_passes,
-            "draft_passes": self.draft_passes,
-            "tokens_per_target_pass": round(self.tokens_per_target_pass, 4),
-            "prefill_seconds": round(self.prefill_seconds, 4),
-            "decode_seconds": round(self.decode_seconds, 4),
-            "decode_tokens_per_second": round(self.decode_tokens_per_second, 3),
-            "time_to_first_token": round(self.time_to_first_token, 4),
-            "plain_rounds": self.plain_rounds,
-            "plain_round_seconds": round(self.plain_round_seconds, 4),
-            "grammar_forced": self.grammar_forced,
-            "host_seconds": round(self.host_seconds, 6),
-            "host_ms_per_token": round(self.host_ms_per_token, 4),
-        }
-
-
-@dataclass(frozen=True)
-class TextSegment:
-    """A run of output text and whether its tokens were accepted from the draft."""
-
-    text: str
-    from_draft: bool
-
-
-# At most this many alternatives per token (OpenAI's limit for top_logprobs).
-MAX_TOP_LOGPROBS = 20
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """The target's log-probability of an emitted token, and of its likeliest alternatives.
-
-    At temperature > 0 the distribution is the one the loop samples from (after
-    temperature, top-k, top-p and min-p, and the grammar's mask); at temperature 0 it
-    is the softmax of the (masked) raw row, as OpenAI and llama.cpp report. Presence
-    and frequency penalties are part of both. ``top`` holds exactly N (token, logprob)
-    pairs, most likely first; where the filters or the grammar left fewer than N
-    possible tokens, the likeliest of the others follow at -inf.
-    """
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class GenerationEvent:
-    """What one round produced: new tokens and text, with provenance and stats.
-
-    ``segments`` concatenate to ``text``; text that might be the start of a stop
-    string is held back until it is known not to be one. The last event of a
-    generation has a ``finish_reason``.
-    """
-
-    text: str
-    segments: tuple[TextSegment, ...]
-    tokens: tuple[int, ...]
-    from_draft: tuple[bool, ...]
-    drafter: str
-    draft_length: int
-    stats: SpeculativeStats
-    finish_reason: str | None = None
-    estimated_speedup: float = 1.0
-    decision: str = ""
-    # One per token in ``tokens`` when the generation asked for logprobs; else empty.
-    token_logprobs: tuple[TokenLogprob, ...] = ()
-    # The stop string that ended the generation (finish_reason "stop"); None when an
-    # end-of-generation token, a limit or a cancel ended it, or it goes on.
-    stop_sequence: str | None = None
-
-
-@dataclass(frozen=True)
-class RoundPlan:
-    """What a policy chose for the next round."""
-
-    drafter: Drafter | None
-    draft_length: int
-    estimated_speedup: float = 1.0
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class RoundOutcome:
-    """What happened in a round, for a policy to learn from."""
-
-    drafter: str
-    drafted: int
-    accepted: int
-    verify_seconds: float
-    emitted: int
-    # The drafter's own confidence in each drafted token, where it reports one.
-    draft_confidences: tuple[float, ...] = ()
-    # Mean time of a one-token draft-model step this round (None: none was timed).
-    draft_step_seconds: float | None = None
-    # Tokens verified in the batch besides the pending one and ``drafted``: the
-    # grammar's forced tokens (and guesses that were not judged). The batch held
-    # ``1 + drafted + other_verified`` tokens.
-    other_verified: int = 0
-
-
-class DraftPolicy(Protocol):
-    """Chooses the drafter and draft length for each round.
-
-    A policy whose class sets ``LEARNS = False`` is not told about finished rounds
-    (``observe`` is not called): describing one costs host time every round.
-    """
-
-    def begin(self, prompt_tokens: Sequence[int]) -> None:
-        """A new generation starts."""
-        ...
-
-    def plan(self, context: Sequence[int]) -> RoundPlan:
-        """The drafter and K for the next round (K = 0: plain decoding)."""
-        ...
-
-    def observe(self, outcome: RoundOutcome) -> None:
-        """Learn from a finished round."""
-        ...
-
-
-class FixedDraftPolicy:
-    """Always the same drafter and K (K = 0 or no drafter: plain decoding)."""
-
-    # It learns nothing from a round, so the loop need not describe one to it.
-    LEARNS = False
-
-    def __init__(self, drafter: Drafter | None, draft_length: int) -> None:
-        self.drafter = drafter if draft_length > 0 else None
-        self.draft_length = draft_length if drafter is not None else 0
-        self._plan = RoundPlan(self.drafter, self.draft_length)
-
-    def begin(self, prompt_tokens: Sequence[int]) -> None:
-        """Tell the drafter a new generation starts."""
-        if self.drafter is not None:
-            self.drafter.begin(prompt_tokens)
-
-    def plan(self, context: Sequence[int]) -> RoundPlan:
-        """The fixed choice (one plan, made once)."""
-        return self._plan
-
-    def observe(self, outcome: RoundOutcome) -> None:
-        """A fixed policy learns nothing."""
-
-
-@dataclass
-class _StatsAccumulator:
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    generated_tokens: int = 0
-    rounds: int = 0
-    speculative_rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    histogram: list[int] = field(default_factory=list)
-    target_passes: int = 0
-    draft_passes: int = 0
-    prefill_seconds: float = 0.0
-    decode_started: float = 0.0
-    decode_seconds: float = 0.0
-    time_to_first_token: float = 0.0
-    plain_rounds: int = 0
-    plain_round_seconds: float = 0.0
-    runtime_seconds: float = 0.0  # inside target and draft forward/rollback, during decode
-    grammar_forced: int = 0
-
-    def record_accepted_length(self, accepted: int) -> None:
-        while len(self.histogram) <= accepted:
-            self.histogram.append(0)
-        self.histogram[accepted] += 1
-
-    def snapshot(self) -> SpeculativeStats:
-        return SpeculativeStats(
-            prompt_tokens=self.prompt_tokens,
-            cached_prompt_tokens=self.cached_prompt_tokens,
-            generated_tokens=self.generated_tokens,
-            rounds=self.rounds,
-            speculative_rounds=self.speculative_rounds,
-            drafted=self.drafted,
-            accepted=self.accepted,
-            accepted_length_histogram=tuple(self.histogram),
-            target_passes=self.target_passes,
-            draft_passes=self.draft_passes,
-            prefill_seconds=self.prefill_seconds,
-            decode_seconds=self.decode_seconds,
-            time_to_first_token=self.time_to_first_token,
-            plain_rounds=self.plain_rounds,
-            plain_round_seconds=self.plain_round_seconds,
-            grammar_forced=self.grammar_forced,
-            host_seconds=max(0.0, self.decode_seconds - self.runtime_seconds),
-        )
-
-
-class StopStringFilter:
-    """Holds back text that may be the start of a stop string; cuts at a full match."""
-
-    def __init__(self, stop: Sequence[str]) -> None:
-        self.stop = [s for s in stop if s]
-        # The stop string found, once one was (the earliest in the text).
-        self.matched: str | None = None
-        self._held: list[TextSegment] = []
-        self._longest = max((len(s) for s in self.stop), default=0)
-
-    def push(self, segments: Sequence[TextSegment]) -> tuple[list[TextSegment], bool]:
-        """Add text; return what is safe to show and whether a stop string matched."""
-        if not self.stop:
-            return list(segments), False
-        self._held.extend(s for s in segments if s.text)
-        held_text = "".join(s.text for s in self._held)
-        cut = _earliest_match(held_text, self.stop)
-        if cut is not None:
-            self.matched = next(s for s in self.stop if held_text.find(s) == cut)
-            shown = _take_chars(self._held, cut)
-            self._held = []
-            return shown, True
-        safe = len(held_text) - _longest_stop_prefix_suffix(held_text, self.stop)
-        shown = _take_chars(self._held, safe)
-        self._held = _drop_chars(self._held, safe)
-        return shown, False
-
-    def flush(self) -> list[TextSegment]:
-        """Release held text at the end of generation (no stop string followed)."""
-        held, self._held = self._held, []
-        return held
-
-
-def _earliest_match(text: str, stops: Sequence[str]) -> int | None:
-    positions = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(positions) if positions else None
-
-
-def _longest_stop_prefix_suffix(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-    best = 0
-    for stop in stops:
-        for length in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:length]):
-                best = length
-                break
-    return best
-
-
-def _take_chars(segments: Sequence[TextSegment], count: int) -> list[TextSegment]:
-    taken: list[TextSegment] = []
-    for segment in segments:
-        if count <= 0:
-            break
-        part = segment.text[:count]
-        taken.append(TextSegment(part, segment.from_draft))
-        count -= len(part)
-    return taken
-
-
-def _drop_chars(segments: Sequence[TextSegment], count: int) -> list[TextSegment]:
-    kept: list[TextSegment] = []
-    for segment in segments:
-        if count >= len(segment.text):
-            count -= len(segment.text)
-            continue
-        kept.append(TextSegment(segment.text[count:], segment.from_draft))
-        count = 0
-    return kept
-
-
-def _merge_segments(segments: Sequence[TextSegment]) -> tuple[TextSegment, ...]:
-    merged: list[TextSegment] = []
-    for segment in segments:
-        if not segment.text:
-            continue
-        if merged and merged[-1].from_draft == segment.from_draft:
-            merged[-1] = TextSegment(merged[-1].text + segment.text, segment.from_draft)
-        else:
-            merged.append(segment)
-    return tuple(merged)
+from backends.stop_strings import StopStringFilter
+from backends.verification import verify_round
 
 
 def speculative_generate(
@@ -444,7 +99,7 @@ def speculative_generate(
             f"{target.n_ctx}. Shorten the prompt or start with a larger --context."
         )
     rng = np.random.default_rng(params.seed)
-    stats = _StatsAccumulator(prompt_tokens=len(prompt_tokens))
+    stats = StatsAccumulator(prompt_tokens=len(prompt_tokens))
     started = time.perf_counter()
     if prepare_cache is not None:
         prepare_cache(prompt_tokens)
@@ -513,71 +168,18 @@ def speculative_generate(
         stats.target_passes += 1
         stats.draft_passes += proposal.passes
 
-        emitted: list[int] = []
-        from_draft: list[bool] = []
-        # Aligned with ``emitted`` when logprobs are asked for. Each is read before
-        # ``_advance``: the grammar's mask is the one in force before the token.
-        emitted_logprobs: list[TokenLogprob] = []
-        accepted = 0
-        hit_end = False
-        if greedy:
-            # Only the argmax of each row, and only of rows up to the first mismatch.
-            for position, draft_token in enumerate(drafts):
-                if _greedy_under(rows, position, constraint, penalties) != draft_token:
-                    break
-                accepted += 1
-                emitted.append(draft_token)
-                from_draft.append(True)
-                if logprobs is not None:
-                    row = rows.row(position)
-                    emitted_logprobs.append(
-                        _raw_logprob(row, constraint, penalties, draft_token, logprobs)
-                    )
-                _advance(constraint, penalties, draft_token, target)
-                if target.is_end_of_generation(draft_token):
-                    hit_end = True
-                    break
-            if not hit_end:
-                emitted.append(_greedy_under(rows, accepted, constraint, penalties))
-                from_draft.append(False)
-                if logprobs is not None:
-                    row = rows.row(accepted)
-                    emitted_logprobs.append(
-                        _raw_logprob(row, constraint, penalties, emitted[-1], logprobs)
-                    )
-                _advance(constraint, penalties, emitted[-1], target)
-        else:
-            replacement: int | None = None
-            p: SparseDistribution | None = None
-            for position, draft_token in enumerate(drafts):
-                p = _target_distribution(rows, position, params, constraint, penalties)
-                q = _draft_distribution(proposal, position, draft_token)
-                replacement = verify_draft_token(p, q, draft_token, rng)
-                if replacement is not None:
-                    break
-                accepted += 1
-                emitted.append(draft_token)
-                from_draft.append(True)
-                if logprobs is not None:
-                    row = _penalised(rows.row(position), penalties)
-                    emitted_logprobs.append(_sampled_logprob(p, row, draft_token, logprobs))
-                _advance(constraint, penalties, draft_token, target)
-                if target.is_end_of_generation(draft_token):
-                    hit_end = True
-                    break
-            if not hit_end:
-                if replacement is None:
-                    p = _target_distribution(rows, accepted, params, constraint, penalties)
-                    replacement = p.sample(rng)
-                # Else p is still this position's distribution (the rejected draft's):
-                # the token emitted here is distributed as p, whichever path chose it.
-                emitted.append(replacement)
-                from_draft.append(False)
-                if logprobs is not None:
-                    assert p is not None
-                    row = _penalised(rows.row(accepted), penalties)
-                    emitted_logprobs.append(_sampled_logprob(p, row, replacement, logprobs))
-                _advance(constraint, penalties, replacement, target)
+        emitted, from_draft, emitted_logprobs, accepted = verify_round(
+            target,
+            rows,
+            drafts,
+            proposal,
+            params,
+            rng,
+            constraint,
+            penalties,
+            logprobs,
+            greedy=greedy,
+        )
 
         # Keep the pending token and the accepted drafts; the new pending token (the
         # correction or bonus) is evaluated at the head of the next round.
@@ -647,7 +249,7 @@ def speculative_generate(
             finish = FINISH_STOP
         elif finish is not None:
             shown.extend(stop_filter.flush())
-        merged = _merge_segments(shown)
+        merged = merge_segments(shown)
         yield GenerationEvent(
             text="".join(s.text for s in merged),
             segments=merged,
@@ -668,7 +270,7 @@ def speculative_generate(
 
 
 def _final_event(
-    stats: _StatsAccumulator,
+    stats: StatsAccumulator,
     stop_filter: StopStringFilter,
     detokenizer: IncrementalDetokenizer,
     finish_reason: str,
@@ -676,7 +278,7 @@ def _final_event(
     tail, stopped = stop_filter.push([TextSegment(detokenizer.flush(), False)])
     if not stopped:
         tail.extend(stop_filter.flush())
-    merged = _merge_segments(tail)
+    merged = merge_segments(tail)
     return GenerationEvent(
         text="".join(s.text for s in merged),
         segments=merged,
@@ -755,133 +357,6 @@ def _round_drafter_name(forced: bool, guesser: str) -> str:
     return "grammar" if guesser == "none" else f"grammar+{guesser}"
 
 
-def _draft_distribution(proposal: DraftProposal, position: int, token: int) -> SparseDistribution:
-    if proposal.distributions is not None and position < len(proposal.distributions):
-        return proposal.distributions[position]
-    return SparseDistribution.point(token)
-
-
 # At most this many grammar-forced tokens are verified in one round (a long forced
 # stretch, such as a schema's keys, continues in the next round).
 MAX_FORCED_DRAFTS = 16
-
-
-def _penalised(row: np.ndarray, penalties: TokenCounts | None) -> np.ndarray:
-    """``row`` with the reply's presence/frequency penalties applied (as it is without)."""
-    return row if penalties is None else penalties.apply(row)
-
-
-def _masked(row: np.ndarray, constraint: GrammarState | None) -> np.ndarray:
-    """``row`` with the tokens the grammar refuses here at -inf (as it is without one)."""
-    if constraint is None:
-        return row
-    return mask_logits(row, constraint.allowed())
-
-
-def _greedy_under(
-    rows: LogitRows, index: int, constraint: GrammarState | None, penalties: TokenCounts | None
-) -> int:
-    """The argmax of the penalised row ``index`` among the tokens the grammar allows here.
-
-    Without penalties the runtime answers the argmax itself (on its device, if it
-    has one); the whole row is read only where the reply's penalties change it or the
-    grammar refuses that argmax.
-    """
-    if penalties is None:
-        token = rows.greedy(index)
-        if constraint is None or constraint.allows(token):
-            return token  # the unmasked argmax is allowed, so it is the masked one too
-        return greedy_token(_masked(rows.row(index), constraint))
-    row = _penalised(rows.row(index), penalties)
-    token = greedy_token(row)
-    if constraint is None or constraint.allows(token):
-        return token
-    return greedy_token(_masked(row, constraint))
-
-
-def _target_distribution(
-    rows: LogitRows,
-    index: int,
-    params: SamplingParams,
-    constraint: GrammarState | None,
-    penalties: TokenCounts | None,
-) -> SparseDistribution:
-    """p at row ``index``: the target's row, penalised and masked, then filtered.
-
-    Without penalties or a grammar the runtime filters the row itself; plain and
-    speculative decoding both come here, so they sample the same p.
-    """
-    if penalties is None and constraint is None:
-        return rows.distribution(index, params)
-    return distribution(_masked(_penalised(rows.row(index), penalties), constraint), params)
-
-
-def _advance(
-    constraint: GrammarState | None, penalties: TokenCounts | None, token: int, target: Model
-) -> None:
-    """Move the grammar and the penalty counts past an emitted token; an
-    end-of-generation token ends the output instead (the grammar allowed it only where
-    the output is complete)."""
-    if target.is_end_of_generation(token):
-        return
-    if constraint is not None:
-        constraint.consume([token])
-    if penalties is not None:
-        penalties.add([token])
-
-
-def _raw_logprob(
-    row: np.ndarray,
-    constraint: GrammarState | None,
-    penalties: TokenCounts | None,
-    token: int,
-    top_n: int,
-) -> TokenLogprob:
-    """``token``'s log-softmax in the (penalised, masked) raw row at temperature 1
-    (greedy decoding), with exactly ``top_n`` alternatives."""
-    penalised = _penalised(row, penalties)
-    values = _masked(penalised, constraint)
-    log_total = log_normaliser(values)
-    logprob = float(values[token]) - log_total
-    alternatives = [
-        (int(index), float(values[index]) - log_total)
-        for index in top_ids(values, top_n)
-        if np.isfinite(values[index])  # a token the grammar refuses comes last, below
-    ]
-    return TokenLogprob(token, logprob, _filled(alternatives, penalised, top_n))
-
-
-def _sampled_logprob(
-    p: SparseDistribution, row: np.ndarray, token: int, top_n: int
-) -> TokenLogprob:
-    """``token``'s log-probability under ``p``, the distribution the loop sampled from,
-    with exactly ``top_n`` alternatives (``row``: p's penalised, unmasked logits)."""
-    probability = p.prob_of(token)
-    logprob = float(np.log(probability)) if probability > 0.0 else -np.inf
-    alternatives = [
-        (int(p.ids[index]), float(np.log(p.probs[index])))
-        for index in top_ids(p.probs, top_n)
-        if p.probs[index] > 0.0
-    ]
-    return TokenLogprob(token, logprob, _filled(alternatives, row, top_n))
-
-
-def _filled(
-    alternatives: list[tuple[int, float]], row: np.ndarray, top_n: int
-) -> tuple[tuple[int, float], ...]:
-    """``alternatives`` padded to ``top_n`` entries, as OpenAI always lists N.
-
-    Where the filters or the grammar left fewer possible tokens, the next likeliest
-    tokens of ``row`` (the logits before those filters) follow at -inf: they could not
-    be chosen here, and the API writes them as -9999.
-    """
-    wanted = min(top_n, row.shape[0])
-    if len(alternatives) >= wanted:
-        return tuple(alternatives)
-    listed = {token for token, _ in alternatives}
-    for index in top_ids(row, wanted + len(listed)):
-        if len(alternatives) == wanted:
-            break
-        if int(index) not in listed:
-            alternatives.append((int(index), -np.inf))
-    return tuple(alternatives)

@@ -1,15 +1,14 @@
 """Reading a tool call's JSON from text that arrives in pieces.
 
 What :class:`~backends.tool_calls.ToolCallParser` builds on: the head of a call
-(``{"name": "...", "arguments":``, or not yet known, or not a call), where one JSON
-value ends while it is still being written, and how much of the text's end may be
-the start of a marker that must be held back.
+(``{"name": "...", "arguments":``, or not yet known, or not a call), and where one JSON
+value ends while it is still being written.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 
 class Head:
@@ -138,14 +137,3 @@ class JsonValueScanner:
             elif self._depth == 0 and char != self.first_char and char in "," + WHITESPACE:
                 return position  # a bare number or literal ended
         return None
-
-
-def partial_suffix(text: str, markers: Collection[str]) -> int:
-    """The length of the longest end of ``text`` that begins some marker."""
-    longest = 0
-    for marker in markers:
-        for size in range(min(len(marker) - 1, len(text)), longest, -1):
-            if text.endswith(marker[:size]):
-                longest = size
-                break
-    return longest

@@ -21,11 +21,11 @@ from enum import Enum, auto
 
 from backends.base import ToolCall
 from backends.call_syntax import CallWrapper, ToolCallSyntax
+from backends.stop_strings import partial_suffix
 from backends.streamed_json import (
     WHITESPACE,
     Head,
     JsonValueScanner,
-    partial_suffix,
     read_head,
 )
 

@@ -37,8 +37,8 @@ from app.loading import load_engine
 from app.settings import conversation_cache_bytes
 from backends.base import ChatMessage
 from backends.engine import Engine, GenerationRequest
+from backends.generation_events import SpeculativeStats
 from backends.sampling import SamplingParams
-from backends.speculative import SpeculativeStats
 
 REPO = Path(__file__).resolve().parent.parent
 # Source code the agent "read" with a tool: real text of the kind agents send.

@@ -14,8 +14,8 @@ import argparse
 import statistics
 import time
 
+from backends.generation_events import TextSegment
 from backends.reasoning import ReasoningFormat, ReasoningSplit, ReasoningSplitter
-from backends.speculative import TextSegment
 
 REASONING_WORDS = "Let me think about whether the list is sorted before I answer. " * 120
 ANSWER_WORDS = "Use `sorted(items)`; it returns a new list and leaves the old one alone. " * 30

@@ -47,10 +47,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.base import ChatMessage, VocabInfo
+from backends.draft_policy import DraftPolicy, FixedDraftPolicy
 from backends.drafters import ModelDrafter
 from backends.engine import Engine, GenerationRequest
 from backends.sampling import SamplingParams
-from backends.speculative import DraftPolicy, FixedDraftPolicy, speculative_generate
+from backends.speculative import speculative_generate
 
 N_VOCAB = 151_936
 BOS, EOS = 1, 2  # EOS is never favoured: every run writes exactly --tokens tokens

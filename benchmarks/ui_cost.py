@@ -272,7 +272,7 @@ def _engine_process(args: argparse.Namespace, tree: Path) -> Iterator[Runner]:
     from app.client import ChatTurn, EngineClient, find_engine
     from app.tui.app import DraftpenApp
     from backends.base import ChatMessage
-    from backends.speculative import GenerationEvent
+    from backends.generation_events import GenerationEvent
 
     # A tree from before CancelFlag (2026-11-23) takes a plain Event.
     new_cancel_flag = getattr(app.client, "CancelFlag", threading.Event)

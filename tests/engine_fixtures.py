@@ -26,7 +26,7 @@ from app.engine.runner import AgentServer
 from app.engine.scheduler import LoadOptions, PairScheduler
 from app.settings import Settings
 from backends.engine import Engine, GenerationRequest
-from backends.speculative import GenerationEvent
+from backends.generation_events import GenerationEvent
 from tests.byte_model import ScriptedByteModel
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from backends.base import Model
 from backends.engine import Engine, GenerationRequest
-from backends.speculative import GenerationEvent
+from backends.generation_events import GenerationEvent
 from tests.model_files import require_mlx_model, require_model
 
 CONTEXT = 2048

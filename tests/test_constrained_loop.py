@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 
 from backends.constraints import GrammarSpec, GrammarVocabulary
+from backends.draft_policy import FixedDraftPolicy
 from backends.drafters import ModelDrafter, NgramDrafter, PredictionDrafter
 from backends.engine import Engine, GenerationRequest
 from backends.output_constraints import ConstraintSpec, JsonOutput
 from backends.sampling import SamplingParams, distribution
-from backends.speculative import FixedDraftPolicy, speculative_generate
+from backends.speculative import speculative_generate
 from tests.fakes import HashModel, draft_model_for
 from tests.model_files import DRAFT_KEY, TARGET_KEY
 

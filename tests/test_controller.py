@@ -12,10 +12,10 @@ from backends.controller import (
     ConfidenceFloor,
     CostModel,
 )
+from backends.draft_policy import RoundOutcome
 from backends.drafters import DraftProposal, ModelDrafter, NgramDrafter
 from backends.engine import Engine, GenerationRequest
 from backends.sampling import SamplingParams
-from backends.speculative import RoundOutcome
 from tests.fakes import HashModel, draft_model_for
 
 # Measured on a 2-core CPU with the starter pair: verify is nearly linear in n and the

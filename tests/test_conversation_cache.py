@@ -22,8 +22,8 @@ from app.settings import (
 from backends.base import SavesSequenceState
 from backends.conversation_cache import MIN_KEPT_TOKENS, MIN_RESTORE_GAIN, ConversationCache
 from backends.engine import Engine, GenerationRequest
+from backends.generation_events import SpeculativeStats
 from backends.sampling import SamplingParams
-from backends.speculative import SpeculativeStats
 from tests.fakes import EOS, HashModel, StatefulHashModel, draft_model_for
 from tests.test_cli_generate import assert_clean_error, run_draftpen
 

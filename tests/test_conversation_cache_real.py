@@ -21,8 +21,8 @@ import pytest
 from backends.base import ChatMessage, Model, SavesSequenceState
 from backends.conversation_cache import ConversationCache
 from backends.engine import Engine, GenerationRequest
+from backends.generation_events import SpeculativeStats
 from backends.sampling import SamplingParams
-from backends.speculative import SpeculativeStats
 from tests.model_files import DRAFT_KEY, SMOLLM2_KEY, TARGET_KEY
 from tests.real_runtimes import load_model
 

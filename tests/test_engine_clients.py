@@ -43,8 +43,8 @@ from app.client import (
 from app.client.wire import API_VERSION
 from app.settings import Settings
 from backends.base import ChatMessage
+from backends.generation_events import GenerationEvent
 from backends.sampling import SamplingParams
-from backends.speculative import GenerationEvent
 from tests.engine_fixtures import scripted_engine_server, wait_until
 from tests.model_files import SMOLLM2_KEY, require_model
 from tests.test_cli_generate import assert_clean_error, run_draftpen

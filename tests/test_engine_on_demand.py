@@ -23,9 +23,9 @@ from app.client.engine_client import chat_item
 from app.engine.command import parse_duration
 from app.errors import DraftpenError
 from backends.base import ChatMessage
+from backends.generation_events import GenerationEvent
 from backends.reasoning import ReasoningFormat
 from backends.sampling import SamplingParams
-from backends.speculative import GenerationEvent
 from tests.engine_fixtures import reply_of, scripted_engine_server, wait_until
 from tests.test_cli_generate import assert_clean_error, run_draftpen
 from tests.thinking_model import ThinkingByteModel, thinking_reply

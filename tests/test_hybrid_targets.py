@@ -25,7 +25,7 @@ from backends.controller import CostModel
 from backends.conversation_cache import ConversationCache
 from backends.engine import Engine, GenerationRequest
 from backends.errors import DecodeError
-from backends.speculative import GenerationEvent, SpeculativeStats
+from backends.generation_events import GenerationEvent, SpeculativeStats
 from tests.model_files import SMOLLM2_KEY, require_model
 from tests.tiny_hybrid import perturbed, tiny_qwen35_tensors, write_tiny_qwen35
 

@@ -33,6 +33,8 @@ for name in ("llama_cpp", "mlx", "mlx_lm"):
 import backends.speculative, backends.sampling, backends.drafters, backends.base
 import backends.sparse_distribution, backends.row_scans, backends.nucleus
 import backends.rejection, backends.top_logits
+import backends.draft_policy, backends.verification, backends.generation_events
+import backends.stop_strings
 import backends.conversation_cache, backends.engine
 import backends.errors, backends.penalties
 print(json.dumps(sorted(sys.modules)))
@@ -64,6 +66,7 @@ print(json.dumps({"modules": sorted(sys.modules), "failed": failed}))
     assert app_modules == []
     core = {"base", "sampling", "penalties", "drafters", "speculative", "errors"}
     core |= {"sparse_distribution", "row_scans", "nucleus", "rejection", "top_logits"}
+    core |= {"draft_policy", "verification", "generation_events", "stop_strings"}
     assert not core & set(report["failed"]), report["failed"]
 
 

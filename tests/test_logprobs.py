@@ -20,16 +20,13 @@ import numpy as np
 import pytest
 
 from backends.constraints import GrammarSpec, GrammarState, GrammarVocabulary
+from backends.draft_policy import FixedDraftPolicy
 from backends.drafters import ModelDrafter
 from backends.engine import Engine, GenerationRequest
+from backends.generation_events import GenerationEvent, TokenLogprob
 from backends.row_scans import log_normaliser, top_ids
 from backends.sampling import SamplingParams, distribution
-from backends.speculative import (
-    FixedDraftPolicy,
-    GenerationEvent,
-    TokenLogprob,
-    speculative_generate,
-)
+from backends.speculative import speculative_generate
 from tests.fakes import HashModel, chat_prompt, draft_model_for
 from tests.model_files import DRAFT_KEY, TARGET_KEY, require_model
 from tests.test_server_tools import PARIS_CALL, WEATHER_TOOL, scripted_server

@@ -145,8 +145,9 @@ def test_device_rows_answer_as_the_host_filters_the_same_rows(smollm2_on_device)
 def test_greedy_speculation_with_device_sampling_equals_plain_decoding(
     smollm2_pair_on_device,
 ) -> None:
+    from backends.draft_policy import FixedDraftPolicy
     from backends.drafters import ModelDrafter
-    from backends.speculative import FixedDraftPolicy, speculative_generate
+    from backends.speculative import speculative_generate
 
     model, draft = smollm2_pair_on_device
     prompt = model.tokenize("def fibonacci(n):\n")
@@ -167,8 +168,9 @@ def test_greedy_speculation_with_device_sampling_equals_plain_decoding(
 def test_sampling_with_device_rows_is_reproducible_and_drafts_are_judged(
     smollm2_pair_on_device,
 ) -> None:
+    from backends.draft_policy import FixedDraftPolicy
     from backends.drafters import ModelDrafter
-    from backends.speculative import FixedDraftPolicy, speculative_generate
+    from backends.speculative import speculative_generate
 
     model, draft = smollm2_pair_on_device
     prompt = model.tokenize("Once upon a time")

@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 
 from backends.base import ChatMessage
+from backends.draft_policy import FixedDraftPolicy
 from backends.drafters import ModelDrafter
 from backends.engine import Engine, GenerationRequest
 from backends.penalties import TokenCounts
 from backends.sampling import SamplingParams, distribution
-from backends.speculative import FixedDraftPolicy, speculative_generate
+from backends.speculative import speculative_generate
 from tests.fakes import HashModel, draft_model_for
 from tests.model_files import DRAFT_KEY, TARGET_KEY
 

@@ -9,6 +9,7 @@ import pytest
 from backends.base import ChatMessage
 from backends.chat_template import CHATML_TEMPLATE
 from backends.engine import GenerationRequest
+from backends.generation_events import TextSegment
 from backends.reasoning import (
     ReasoningFormat,
     ReasoningSplit,
@@ -19,7 +20,6 @@ from backends.reasoning import (
     thinking_variables,
 )
 from backends.sampling import SamplingParams
-from backends.speculative import TextSegment
 from tests.thinking_model import EMPTY_THINK, QWEN3_TEMPLATE, thinking_engine, thinking_reply
 
 REPLY = (

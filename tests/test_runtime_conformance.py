@@ -21,9 +21,9 @@ from backends.base import ChatMessage, IncrementalDetokenizer, Model
 from backends.controller import CostModel
 from backends.engine import Engine, GenerationRequest
 from backends.errors import IncompatiblePairError
+from backends.generation_events import FINISH_STOP, GenerationEvent
 from backends.pair_check import check_pair
 from backends.reasoning import ReasoningSplit, ReasoningSplitter
-from backends.speculative import FINISH_STOP, GenerationEvent
 from tests.model_files import DRAFT_KEY, SMOLLM2_KEY, TARGET_KEY
 from tests.real_runtimes import generate, load_model, plain_logits_at
 from tests.thinking_model import QWEN3_TEMPLATE

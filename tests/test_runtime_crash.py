@@ -50,8 +50,8 @@ from app.options import chat_settings
 from app.settings import Settings
 from app.tui.app import DraftpenApp
 from backends.base import ChatMessage
+from backends.generation_events import GenerationEvent
 from backends.sampling import SamplingParams
-from backends.speculative import GenerationEvent
 from tests.engine_fixtures import wait_until
 from tests.model_files import SMOLLM2_KEY, require_model
 from tests.test_cli_generate import run_draftpen

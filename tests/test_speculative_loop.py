@@ -19,19 +19,19 @@ import numpy as np
 import pytest
 
 from backends.base import Model
+from backends.draft_policy import FixedDraftPolicy
 from backends.drafters import Drafter, ModelDrafter, NgramDrafter, PredictionDrafter
 from backends.errors import ContextOverflowError, DecodeError
-from backends.sampling import SamplingParams, distribution
-from backends.speculative import (
+from backends.generation_events import (
     FINISH_CANCELLED,
     FINISH_LENGTH,
     FINISH_STOP,
-    FixedDraftPolicy,
     GenerationEvent,
     SpeculativeStats,
-    speculative_generate,
     speedup_over_plain_rounds,
 )
+from backends.sampling import SamplingParams, distribution
+from backends.speculative import speculative_generate
 from tests.fakes import (
     BOS,
     E_ACUTE_HEAD,

@@ -30,7 +30,7 @@ from app.tui.app import DraftpenApp
 from app.tui.models_service import PairListing
 from app.tui.widgets.message_view import MessageView
 from backends.engine import Engine, GenerationRequest
-from backends.speculative import GenerationEvent
+from backends.generation_events import GenerationEvent
 from tests.byte_model import ScriptedByteModel
 from tests.engine_fixtures import ScriptedPairs
 

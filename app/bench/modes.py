@@ -17,9 +17,9 @@ from app.bench.suite import BenchPrompt
 from app.errors import DraftpenError
 from backends.controller import AcceptanceEstimate, ConfidenceFloor
 from backends.engine import Engine, GenerationRequest
+from backends.generation_events import speedup_over_plain_rounds
 from backends.output_constraints import ConstraintSpec
 from backends.sampling import SamplingParams
-from backends.speculative import speedup_over_plain_rounds
 
 # llama-cpp-python's LlamaPromptLookupDecoding proposes 10 tokens; match it.
 NGRAM_DRAFT_TOKENS = 10

@@ -19,8 +19,8 @@ from app.bench.suite import BenchPrompt
 from app.client import ChatTurn, EngineClient, Loading, Waiting
 from app.errors import DraftpenError
 from backends.base import ChatMessage
+from backends.generation_events import GenerationEvent
 from backends.sampling import SamplingParams
-from backends.speculative import GenerationEvent
 
 
 class EngineDecoder:

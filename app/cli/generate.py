@@ -21,9 +21,9 @@ from app.options import add_model_options, add_sampling_options, sampling_params
 from app.settings import Settings
 from backends.base import ChatMessage
 from backends.engine import GenerationRequest
+from backends.generation_events import FINISH_CANCELLED, GenerationEvent
 from backends.reasoning import ReasoningFormat
 from backends.sampling import SamplingParams
-from backends.speculative import FINISH_CANCELLED, GenerationEvent
 
 EXIT_INTERRUPTED = 130
 

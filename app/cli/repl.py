@@ -34,7 +34,7 @@ from app.client import (
 from app.errors import DraftpenError
 from app.settings import Settings
 from backends.base import ChatMessage
-from backends.speculative import SpeculativeStats
+from backends.generation_events import SpeculativeStats
 
 HELP = "Type a message and press Enter. /new starts over, /exit (or Ctrl+D) leaves."
 INTERRUPTED_NOTE = "[interrupted: the engine stopped]"

@@ -11,8 +11,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from backends.generation_events import GenerationEvent
 from backends.reasoning import ReasoningFormat, ReasoningSplit, ReasoningSplitter
-from backends.speculative import GenerationEvent
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backends.speculative import SpeculativeStats
+from backends.generation_events import SpeculativeStats
 
 
 def format_stats(stats: SpeculativeStats) -> str:

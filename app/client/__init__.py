@@ -2,7 +2,7 @@
 
 ``ensure_engine`` finds the engine on the socket or starts one; :class:`EngineClient`
 asks it for its health, its pairs, a load, and streams a chat reply as
-:class:`Waiting`, :class:`Loading` and :class:`~backends.speculative.GenerationEvent`
+:class:`Waiting`, :class:`Loading` and :class:`~backends.generation_events.GenerationEvent`
 items. ``wire`` holds the request and response shapes the engine uses too;
 ``engine_log`` the log of an engine a front end started (``engine.log``, rotated);
 ``crash_report`` reads the record an engine whose runtime crashed left beside its

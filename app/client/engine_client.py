@@ -36,9 +36,9 @@ from app.client.wire import (
     stats_from_wire,
 )
 from backends.base import ChatMessage
+from backends.generation_events import GenerationEvent, TextSegment
 from backends.reasoning import ReasoningFormat
 from backends.sampling import SamplingParams
-from backends.speculative import GenerationEvent, TextSegment
 
 # No line for this long on a stream the engine keeps alive (it sends a comment every
 # second while a request waits) means the engine is stuck or gone.

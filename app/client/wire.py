@@ -19,7 +19,7 @@ Stream chunk additions (all inside ``chunk["draftpen"]``):
 - ``loading``: a line of text while the engine loads the pair (``progress``);
 - ``left_out_messages``: how many of the oldest messages ``fit_context`` left out of
   the prompt so that it fits the context (on every chunk of the reply; absent when none);
-- everything :meth:`~backends.speculative.SpeculativeStats.as_dict` holds, and
+- everything :meth:`~backends.generation_events.SpeculativeStats.as_dict` holds, and
   ``drafter``, ``draft_length``, ``estimated_speedup``, ``decision``.
 """
 
@@ -33,8 +33,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.settings import runtime_dir
+from backends.generation_events import SpeculativeStats, TextSegment
 from backends.reasoning import ReasoningFormat
-from backends.speculative import SpeculativeStats, TextSegment
 
 # Bumped whenever a change on one end breaks the other; a client refuses an engine
 # that speaks another version (and says how to replace it).

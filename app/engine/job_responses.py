@@ -30,7 +30,7 @@ from app.engine.queue import (
     Prepared,
 )
 from app.engine.scheduler import PairScheduler
-from backends.speculative import GenerationEvent
+from backends.generation_events import GenerationEvent
 
 # A stream that asked for progress gets a comment after this long without news.
 HEARTBEAT_SECONDS = 1.0

@@ -12,7 +12,7 @@ has been empty for ``keep_alive`` seconds.
 
 The HTTP handlers live on the asyncio event loop: a job hands its items (queue and
 loading notices, the prepared request's extras, each
-:class:`~backends.speculative.GenerationEvent`, then an end marker or an exception) to
+:class:`~backends.generation_events.GenerationEvent`, then an end marker or an exception) to
 its handler through an ``asyncio.Queue`` fed with ``loop.call_soon_threadsafe``. A
 handler whose client went away sets the job's ``threading.Event``, which the loop checks
 before every round. Waiting jobs are told their place whenever it changes.
@@ -37,7 +37,7 @@ from app.client.wire import QueueNotice, waiting_label
 from app.engine.crash_record import generating
 from app.engine.scheduler import LoadedPair, LoadOptions, PairScheduler
 from backends.engine import Engine, GenerationRequest
-from backends.speculative import FINISH_CANCELLED, GenerationEvent, SpeculativeStats
+from backends.generation_events import FINISH_CANCELLED, GenerationEvent, SpeculativeStats
 
 logger = logging.getLogger("draftpen.server")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from backends.generation_events import GenerationEvent, TokenLogprob
 from backends.reasoning import ReasoningFormat, ReasoningSplit, ReasoningSplitter
-from backends.speculative import GenerationEvent, TokenLogprob
 
 
 class GenerationTally:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from backends.speculative import GenerationEvent, TextSegment
+from backends.generation_events import GenerationEvent, TextSegment
 
 
 @dataclass(frozen=True)

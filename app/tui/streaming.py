@@ -28,8 +28,8 @@ from app.client import (
 from app.errors import DraftpenError
 from app.tui.reply import merge_segments
 from app.tui.widgets.message_view import MessageView
+from backends.generation_events import GenerationEvent
 from backends.reasoning import ReasoningSplit, ReasoningSplitter
-from backends.speculative import GenerationEvent
 
 
 @dataclass

@@ -42,7 +42,7 @@ from app.tui.streaming import (
 )
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.stats_bar import StatsBar
-from backends.speculative import FINISH_CANCELLED, GenerationEvent
+from backends.generation_events import FINISH_CANCELLED, GenerationEvent
 
 
 class ChatHost(Protocol):

@@ -1,0 +1,228 @@
+"""What a generation yields: one event per round, with its text, provenance and stats.
+
+The loop (``backends/speculative.py``) builds these; the TUI, the engine, the client
+and bench read them. Also the running totals behind :class:`SpeculativeStats`, whose
+decode time less the runtimes' own is the loop's host cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# Finish reasons, as OpenAI names them where it has a name.
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_CANCELLED = "cancelled"
+
+
+def speedup_over_plain_rounds(
+    generated_tokens: int, decode_seconds: float, plain_rounds: int, plain_round_seconds: float
+) -> float | None:
+    """Tokens at the pace of the draft-free rounds, over the time they actually took.
+
+    None when there is no draft-free round (or no time) to compare with.
+    """
+    if not plain_rounds or not decode_seconds:
+        return None
+    return generated_tokens * (plain_round_seconds / plain_rounds) / decode_seconds
+
+
+@dataclass(frozen=True)
+class SpeculativeStats:
+    """Running totals of one generation. Frozen: each event carries a snapshot."""
+
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    rounds: int = 0
+    speculative_rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_length_histogram: tuple[int, ...] = ()
+    target_passes: int = 0
+    draft_passes: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    time_to_first_token: float = 0.0
+    # Rounds that drafted nothing (one-token forwards), and their wall time from the
+    # end of the round before: plain decoding timed inside this very generation.
+    plain_rounds: int = 0
+    plain_round_seconds: float = 0.0
+    # Decode time spent outside the runtimes' forward and rollback calls (target and
+    # draft): the loop's own cost (sampling, drafter bookkeeping, the policy, text),
+    # plus whatever a consumer running in the same thread does between events.
+    # Tokens the grammar forced (its only continuation), verified as free drafts;
+    # counted apart from drafted/accepted, which are the drafters' guesses.
+    grammar_forced: int = 0
+    host_seconds: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens over drafted ones (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Draft tokens accepted per round that drafted anything."""
+        return self.accepted / self.speculative_rounds if self.speculative_rounds else 0.0
+
+    @property
+    def tokens_per_target_pass(self) -> float:
+        """Generated tokens per target forward pass (1.0 for plain decoding)."""
+        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Generated tokens over decode time (prefill excluded)."""
+        return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def host_ms_per_token(self) -> float:
+        """Milliseconds of host time (see ``host_seconds``) per generated token."""
+        return 1e3 * self.host_seconds / self.generated_tokens if self.generated_tokens else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain data for JSON output, including the derived rates."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "rounds": self.rounds,
+            "speculative_rounds": self.speculative_rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "accepted_length_histogram": list(self.accepted_length_histogram),
+            "target_passes": self.target_passes,
+            "draft_passes": self.draft_passes,
+            "tokens_per_target_pass": round(self.tokens_per_target_pass, 4),
+            "prefill_seconds": round(self.prefill_seconds, 4),
+            "decode_seconds": round(self.decode_seconds, 4),
+            "decode_tokens_per_second": round(self.decode_tokens_per_second, 3),
+            "time_to_first_token": round(self.time_to_first_token, 4),
+            "plain_rounds": self.plain_rounds,
+            "plain_round_seconds": round(self.plain_round_seconds, 4),
+            "grammar_forced": self.grammar_forced,
+            "host_seconds": round(self.host_seconds, 6),
+            "host_ms_per_token": round(self.host_ms_per_token, 4),
+        }
+
+
+@dataclass(frozen=True)
+class TextSegment:
+    """A run of output text and whether its tokens were accepted from the draft."""
+
+    text: str
+    from_draft: bool
+
+
+# At most this many alternatives per token (OpenAI's limit for top_logprobs).
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of an emitted token, and of its likeliest alternatives.
+
+    At temperature > 0 the distribution is the one the loop samples from (after
+    temperature, top-k, top-p and min-p, and the grammar's mask); at temperature 0 it
+    is the softmax of the (masked) raw row, as OpenAI and llama.cpp report. Presence
+    and frequency penalties are part of both. ``top`` holds exactly N (token, logprob)
+    pairs, most likely first; where the filters or the grammar left fewer than N
+    possible tokens, the likeliest of the others follow at -inf.
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerationEvent:
+    """What one round produced: new tokens and text, with provenance and stats.
+
+    ``segments`` concatenate to ``text``; text that might be the start of a stop
+    string is held back until it is known not to be one. The last event of a
+    generation has a ``finish_reason``.
+    """
+
+    text: str
+    segments: tuple[TextSegment, ...]
+    tokens: tuple[int, ...]
+    from_draft: tuple[bool, ...]
+    drafter: str
+    draft_length: int
+    stats: SpeculativeStats
+    finish_reason: str | None = None
+    estimated_speedup: float = 1.0
+    decision: str = ""
+    # One per token in ``tokens`` when the generation asked for logprobs; else empty.
+    token_logprobs: tuple[TokenLogprob, ...] = ()
+    # The stop string that ended the generation (finish_reason "stop"); None when an
+    # end-of-generation token, a limit or a cancel ended it, or it goes on.
+    stop_sequence: str | None = None
+
+
+@dataclass
+class StatsAccumulator:
+    """The loop's running totals, mutable; :meth:`snapshot` freezes them for an event."""
+
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    rounds: int = 0
+    speculative_rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    histogram: list[int] = field(default_factory=list)
+    target_passes: int = 0
+    draft_passes: int = 0
+    prefill_seconds: float = 0.0
+    decode_started: float = 0.0
+    decode_seconds: float = 0.0
+    time_to_first_token: float = 0.0
+    plain_rounds: int = 0
+    plain_round_seconds: float = 0.0
+    runtime_seconds: float = 0.0  # inside target and draft forward/rollback, during decode
+    grammar_forced: int = 0
+
+    def record_accepted_length(self, accepted: int) -> None:
+        while len(self.histogram) <= accepted:
+            self.histogram.append(0)
+        self.histogram[accepted] += 1
+
+    def snapshot(self) -> SpeculativeStats:
+        return SpeculativeStats(
+            prompt_tokens=self.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens,
+            generated_tokens=self.generated_tokens,
+            rounds=self.rounds,
+            speculative_rounds=self.speculative_rounds,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            accepted_length_histogram=tuple(self.histogram),
+            target_passes=self.target_passes,
+            draft_passes=self.draft_passes,
+            prefill_seconds=self.prefill_seconds,
+            decode_seconds=self.decode_seconds,
+            time_to_first_token=self.time_to_first_token,
+            plain_rounds=self.plain_rounds,
+            plain_round_seconds=self.plain_round_seconds,
+            grammar_forced=self.grammar_forced,
+            host_seconds=max(0.0, self.decode_seconds - self.runtime_seconds),
+        )
+
+
+def merge_segments(segments: Sequence[TextSegment]) -> tuple[TextSegment, ...]:
+    """``segments`` without empty ones, neighbours of the same provenance joined."""
+    merged: list[TextSegment] = []
+    for segment in segments:
+        if not segment.text:
+            continue
+        if merged and merged[-1].from_draft == segment.from_draft:
+            merged[-1] = TextSegment(merged[-1].text + segment.text, segment.from_draft)
+        else:
+            merged.append(segment)
+    return tuple(merged)
