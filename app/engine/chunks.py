@@ -26,8 +26,8 @@ from typing import Any
 from app.client.wire import encode_reasoning, encode_segments
 from app.engine.schema import ApiError
 from app.engine.tally import GenerationTally
+from backends.generation_events import GenerationEvent, TokenLogprob
 from backends.reasoning import ReasoningFormat
-from backends.speculative import GenerationEvent, TokenLogprob
 
 
 class ResponseFormat:

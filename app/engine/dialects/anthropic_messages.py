@@ -43,7 +43,7 @@ from app.engine.dialects.openai_chat_format import ChatFormat
 from app.engine.dialects.responder import ChatResponder
 from app.engine.schema import ApiError
 from app.engine.tally import GenerationTally
-from backends.speculative import FINISH_LENGTH, GenerationEvent
+from backends.generation_events import FINISH_LENGTH, GenerationEvent
 from backends.tool_calls import ArgumentsPiece, ContentPiece, ParsedPiece, ToolCallStart
 
 # Anthropic's error type for each status draftpen answers with.

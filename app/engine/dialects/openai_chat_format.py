@@ -17,8 +17,8 @@ from typing import Any
 
 from app.engine.chunks import ResponseFormat, wire_logprob
 from app.engine.tally import GenerationTally
+from backends.generation_events import GenerationEvent, TokenLogprob
 from backends.reasoning import ReasoningFormat
-from backends.speculative import GenerationEvent, TokenLogprob
 from backends.tool_calls import (
     ArgumentsPiece,
     ContentPiece,

@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 
 from app.engine.chunks import ResponseFormat, wire_logprob
 from app.engine.schema import GenerationFields
-from backends.speculative import TokenLogprob
+from backends.generation_events import TokenLogprob
 
 
 class CompletionRequest(GenerationFields):

@@ -31,7 +31,7 @@ from app.engine.dialects.responses_request import ResponsesTurn
 from app.engine.dialects.responses_store import ResponsesStore, StoredResponse
 from app.engine.schema import ApiError
 from app.engine.tally import GenerationTally
-from backends.speculative import FINISH_LENGTH, FINISH_STOP, GenerationEvent
+from backends.generation_events import FINISH_LENGTH, FINISH_STOP, GenerationEvent
 from backends.tool_calls import ArgumentsPiece, ContentPiece, ParsedPiece, ToolCallStart
 
 
