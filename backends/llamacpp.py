@@ -7,123 +7,44 @@ breaks when n_ctx > n_batch. Here each context owns one ``llama_batch``;
 logits rows as a zero-copy numpy view of llama.cpp's own buffer, asking for logits
 only where the caller needs them (never for a prefilled prompt).
 
-This is the only module that imports ``llama_cpp``.
+This module holds ``LlamaCppModel`` (loading, evaluation, rollback, saved states); the
+``llamacpp_*.py`` modules beside it hold its parts, and they alone import ``llama_cpp``:
+the library and its log (llamacpp_library), load settings (llamacpp_params), the
+tokenizer (llamacpp_vocab), recurrent rollback (llamacpp_rollback), the MTP head
+(llamacpp_mtp) and bench's yardstick (llamacpp_reference).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
-import threading
-import time
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from backends.base import ChatMessage, SequenceState, ToolSpec, VocabInfo
-from backends.chat_template import render_with_model_tokens
-from backends.errors import (
-    ContextOverflowError,
-    DecodeError,
-    ModelLoadError,
-    RuntimeUnavailableError,
+from backends.base import SequenceState
+from backends.errors import ContextOverflowError, DecodeError, ModelLoadError
+
+# First: the runtime's own import, so that a missing runtime says how to install it.
+from backends.llamacpp_library import (
+    check_gguf_file,
+    ensure_backend,
+    last_llama_error,
+    llama_cpp,
+    physical_cores,
+    recent_errors,
 )
-
-try:
-    import llama_cpp
-except ImportError as error:  # pragma: no cover - exercised where llama_cpp is absent
-    raise RuntimeUnavailableError(
-        "llama-cpp-python is not installed. Run packaging/install.sh, or "
-        "`pip install llama-cpp-python` in draftpen's environment."
-    ) from error
-
-# After the runtime's own import, so that a missing runtime says how to install it.
 from backends.llamacpp_mtp import LlamaCppMtpHead
+from backends.llamacpp_params import context_params, model_params
 from backends.llamacpp_rollback import (
     DEFAULT_SNAPSHOTS,
     RecurrentRollback,
     flush_replay,
     holds_recurrent_state,
 )
-
-GGUF_MAGIC = b"GGUF"
-VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
-_GGML_LOG_LEVELS_KEPT = (2, 3)  # warnings and errors
-_GGML_LOG_LEVEL_CONT = 5  # continues the previous message
-GGML_TYPE_BF16 = 30  # ggml.h; llama_cpp does not export this one
-
-_backend_lock = threading.Lock()
-_backend_ready = False
-_recent_errors: deque[str] = deque(maxlen=20)
-_last_level = 0
-
-
-@llama_cpp.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp is chatty on stderr; keep warnings and errors so a failed load can
-    # say why, and print nothing (the TUI owns the terminal).
-    global _last_level
-    if level != _GGML_LOG_LEVEL_CONT:
-        _last_level = level
-    if _last_level in _GGML_LOG_LEVELS_KEPT:
-        _recent_errors.append(text.decode("utf-8", errors="replace").strip())
-
-
-def _ensure_backend() -> None:
-    global _backend_ready
-    with _backend_lock:
-        if not _backend_ready:
-            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-            llama_cpp.llama_backend_init()
-            _backend_ready = True
-
-
-def _last_llama_error() -> str:
-    messages = [m for m in _recent_errors if m]
-    return messages[-1] if messages else "no details from llama.cpp"
-
-
-def physical_cores() -> int:
-    """Physical CPU cores (llama.cpp's own default is half the logical ones)."""
-    try:
-        import psutil
-
-        cores = psutil.cpu_count(logical=False)
-    except ImportError:  # pragma: no cover - psutil is a dependency
-        cores = None
-    return max(1, cores or os.cpu_count() or 1)
-
-
-def supports_gpu_offload() -> bool:
-    """Whether this llama.cpp build can put layers on a GPU (CUDA, Metal, ...)."""
-    _ensure_backend()
-    return bool(llama_cpp.llama_supports_gpu_offload())
-
-
-def system_info() -> str:
-    """llama.cpp's own list of what this build uses: ``CPU : AVX2 = 1 | AMX_INT8 = 1 | ...``.
-
-    ggml lists the instruction sets it was compiled for, so this is the build's side of
-    "does this CPU have it / does the runtime use it" (``draftpen doctor``)."""
-    _ensure_backend()
-    return bytes(llama_cpp.llama_print_system_info()).decode("utf-8", errors="replace").strip()
-
-
-def check_gguf_file(path: Path) -> None:
-    """Fail early, with a useful message, on a missing or non-GGUF file."""
-    if not path.is_file():
-        raise ModelLoadError(f"Model file not found: {path}")
-    with path.open("rb") as handle:
-        magic = handle.read(4)
-    if magic != GGUF_MAGIC:
-        raise ModelLoadError(
-            f"{path} is not a GGUF model file (it starts with {magic!r}). "
-            "Delete it and download the model again."
-        )
+from backends.llamacpp_vocab import LlamaCppTokens
 
 
 def _uint8_pointer(buffer: np.ndarray) -> Any:
@@ -131,25 +52,7 @@ def _uint8_pointer(buffer: np.ndarray) -> Any:
     return buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
-def _vocab_token_text(vocab: Any, token: int) -> str:
-    """A vocabulary's stored text for a token (shared by the model and the vocab-only load)."""
-    raw = llama_cpp.llama_vocab_get_text(vocab, token)
-    return raw.decode("utf-8", errors="replace") if raw else ""
-
-
-def _vocab_facts(vocab: Any, n_vocab: int) -> VocabInfo:
-    """The tokenizer facts the pair check compares."""
-    return VocabInfo(
-        vocab_type=VOCAB_TYPES.get(int(llama_cpp.llama_vocab_type(vocab)), "unknown"),
-        n_vocab=n_vocab,
-        bos_id=int(llama_cpp.llama_vocab_bos(vocab)),
-        eos_id=int(llama_cpp.llama_vocab_eos(vocab)),
-        add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
-        add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
-    )
-
-
-class LlamaCppModel:
+class LlamaCppModel(LlamaCppTokens):
     """A GGUF model with one context, one sequence and one reusable batch."""
 
     def __init__(
@@ -167,40 +70,23 @@ class LlamaCppModel:
     ) -> None:
         self.path = Path(path)
         check_gguf_file(self.path)
-        _ensure_backend()
+        ensure_backend()
         self.name = name or self.path.stem
         self._model = None
         self._context = None
         self._batch = None
         self._mtp: LlamaCppMtpHead | None = None
 
-        model_params = llama_cpp.llama_model_default_params()
         self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
         if gpu_layers is None:
             gpu_layers = 999 if self.gpu_offload else 0
-        model_params.n_gpu_layers = gpu_layers
-        # The multi-token-prediction layers, where the file has them (one block): the
-        # "mtp" drafter runs them (backends/llamacpp_mtp.py).
-        model_params.load_mtp = load_mtp
-        # With exact kernels, verify batches of up to 7 tokens compute logits bit for bit
-        # like one-token decoding (measured on our 2-core AVX-512 machine with the starter
-        # target, Q4_K_M); with llama.cpp's defaults no batch does past 512 tokens of
-        # context. Part one: no weight repacking. Repacked CPU weights have batched
-        # kernels of their own: from 4 tokens on they differed by up to 0.5 in a logit.
-        # Reading the weights into memory (no mmap) kept plain decoding within 2% of the
-        # repacked speed; memory-mapped it was 6% slower. (From 8 tokens on, llama.cpp's
-        # tiled K-quant matmul rounds differently; it cannot be turned off per model.)
         self.exact_kernels = exact_kernels
-        if exact_kernels:
-            model_params.use_extra_bufts = False
-            model_params.use_mmap = False
-        _recent_errors.clear()
-        self._model = llama_cpp.llama_model_load_from_file(
-            str(self.path).encode("utf-8"), model_params
-        )
+        params = model_params(gpu_layers=gpu_layers, load_mtp=load_mtp, exact_kernels=exact_kernels)
+        recent_errors.clear()
+        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
         if not self._model:
             raise ModelLoadError(
-                f"llama.cpp could not load {self.path} ({_last_llama_error()}). The file may "
+                f"llama.cpp could not load {self.path} ({last_llama_error()}). The file may "
                 "be truncated or corrupt: delete it and download it again."
             )
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
@@ -212,38 +98,23 @@ class LlamaCppModel:
         self.mtp_layers = int(llama_cpp.llama_model_n_layer_nextn(self._model)) if load_mtp else 0
 
         threads = n_threads or physical_cores()
-        context_params = llama_cpp.llama_context_default_params()
-        context_params.n_ctx = n_ctx
-        context_params.n_batch = n_batch
-        context_params.n_ubatch = n_batch
-        context_params.n_seq_max = 1
-        if self.recurrent:
-            context_params.n_rs_seq = (
-                DEFAULT_SNAPSHOTS if rollback_snapshots is None else rollback_snapshots
-            )
-        context_params.n_threads = threads
-        context_params.n_threads_batch = threads
-        context_params.no_perf = True
-        if exact_kernels and gpu_layers == 0:
-            # Part two: a BF16 V cache, so one-token decoding and verify batches take the
-            # same attention kernel at every context length. With F16 K and V, a
-            # one-token decode splits the cache across threads once its view reaches 512
-            # cells and merges partial softmaxes, while a batch takes the one-pass kernel:
-            # from 300 tokens of context even a batch of 2 differed by 0.45 in a logit.
-            # The split needs K and V of the same 16-bit type. The price, measured here:
-            # decoding 0.92-1.07x the F16 time per token at 200-2400 tokens of context,
-            # but reading a prompt is slower (no tiled attention either): 512 tokens
-            # 8.8 s against 6.8 s, 2048 tokens 68.5 s against 29.0 s.
-            context_params.type_v = GGML_TYPE_BF16
+        snapshots = DEFAULT_SNAPSHOTS if rollback_snapshots is None else rollback_snapshots
+        settings = context_params(
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            threads=threads,
+            recurrent_snapshots=snapshots if self.recurrent else None,
+            bf16_v_cache=exact_kernels and gpu_layers == 0,
+        )
         # Flash attention stays at llama.cpp's default (auto, on for the CPU): without it
         # the first row of a verify batch differs from a single-token decode (measured:
         # 0.89 in the logits on SmolLM2), which makes greedy speculation flip tokens.
-        self._context = llama_cpp.llama_init_from_model(self._model, context_params)
+        self._context = llama_cpp.llama_init_from_model(self._model, settings)
         if not self._context:
             self.close()
             raise ModelLoadError(
                 f"llama.cpp could not create a {n_ctx}-token context for {self.path} "
-                f"({_last_llama_error()}). Try a smaller context length."
+                f"({last_llama_error()}). Try a smaller context length."
             )
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._context))
         # llama.cpp may round the context up and clamp the batch to it; use its values.
@@ -278,81 +149,10 @@ class LlamaCppModel:
         self._eog_cache: dict[int, bool] = {}
         self.chat_template = self._metadata("tokenizer.chat_template")
 
-    # -- metadata and tokens -------------------------------------------------
-
-    def _metadata(self, key: str) -> str | None:
-        size = 1 << 16
-        while True:
-            buffer = ctypes.create_string_buffer(size)
-            length = llama_cpp.llama_model_meta_val_str(
-                self._model, key.encode("utf-8"), buffer, size
-            )
-            if length < 0:
-                return None
-            if length < size:
-                return buffer.value.decode("utf-8", errors="replace")
-            size = length + 1
-
     @property
     def cached_tokens(self) -> Sequence[int]:
         """The tokens whose positions the KV cache holds."""
         return self._tokens
-
-    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
-        """Text to tokens; special-token text is parsed as special tokens."""
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        while True:
-            buffer = (llama_cpp.llama_token * capacity)()
-            count = llama_cpp.llama_tokenize(
-                self._vocab, data, len(data), buffer, capacity, add_special, True
-            )
-            if count >= 0:
-                return list(buffer[:count])
-            capacity = -count
-
-    def token_bytes(self, token: int) -> bytes:
-        """The bytes of one token; control tokens render as nothing."""
-        piece = self._piece_cache.get(token)
-        if piece is None:
-            buffer = ctypes.create_string_buffer(64)
-            length = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 64, 0, False)
-            if length < 0:
-                buffer = ctypes.create_string_buffer(-length)
-                length = llama_cpp.llama_token_to_piece(
-                    self._vocab, token, buffer, -length, 0, False
-                )
-            piece = buffer.raw[:length]
-            self._piece_cache[token] = piece
-        return piece
-
-    def token_text(self, token: int) -> str:
-        """The vocabulary's stored text for a token."""
-        return _vocab_token_text(self._vocab, token)
-
-    def is_end_of_generation(self, token: int) -> bool:
-        """EOS, EOT or any other token llama.cpp marks as ending generation."""
-        known = self._eog_cache.get(token)
-        if known is None:
-            known = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
-            self._eog_cache[token] = known
-        return known
-
-    def vocab_info(self) -> VocabInfo:
-        """Tokenizer facts for the pair check."""
-        return _vocab_facts(self._vocab, self.n_vocab)
-
-    def apply_chat_template(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        tools: Sequence[ToolSpec] = (),
-        template_variables: Mapping[str, Any] | None = None,
-    ) -> str:
-        """Render the conversation with the template stored in the GGUF file."""
-        return render_with_model_tokens(
-            self, self.chat_template, messages, tools=tools, template_variables=template_variables
-        )
 
     # -- evaluation ----------------------------------------------------------
 
@@ -416,7 +216,7 @@ class LlamaCppModel:
                     "llama.cpp found no room in the KV cache. Start a new chat or raise "
                     "the context length."
                 )
-            raise DecodeError(f"llama_decode failed with status {status}: {_last_llama_error()}")
+            raise DecodeError(f"llama_decode failed with status {status}: {last_llama_error()}")
         if self._mtp is not None:
             self._mtp.target_decoded(start, tokens)
 
@@ -514,7 +314,7 @@ class LlamaCppModel:
         if written != size:
             raise DecodeError(
                 f"llama.cpp copied {written} of {size} bytes of {self.name}'s cache "
-                f"({_last_llama_error()})"
+                f"({last_llama_error()})"
             )
         return SequenceState(tuple(self._tokens), buffer.nbytes, buffer, owner=self)
 
@@ -524,7 +324,7 @@ class LlamaCppModel:
             raise ValueError(f"this state was saved by another model, not {self.name}")
         context = self._live_context()
         buffer = state.payload
-        _recent_errors.clear()
+        recent_errors.clear()
         if self._mtp is not None:
             self._mtp.target_rolled_back(0)  # it has no hidden states for a restored cache
         read = llama_cpp.llama_state_seq_set_data(context, _uint8_pointer(buffer), buffer.size, 0)
@@ -537,7 +337,7 @@ class LlamaCppModel:
             if self._recurrent is not None:
                 self._recurrent.reset(0)
             raise DecodeError(
-                f"llama.cpp could not restore {self.name}'s cache ({_last_llama_error()}); "
+                f"llama.cpp could not restore {self.name}'s cache ({last_llama_error()}); "
                 "the prompt will be read again"
             )
         self._tokens = list(state.tokens)
@@ -604,97 +404,3 @@ class LlamaCppModel:
         # At interpreter shutdown llama_cpp may already be torn down.
         with contextlib.suppress(Exception):
             self.close()
-
-
-class LlamaCppVocabulary:
-    """A GGUF file's tokenizer alone: llama.cpp's vocab-only load, no weights, no context.
-
-    Enough for the pair check right after a download, in a fraction of a second even for
-    a large model.
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        check_gguf_file(self.path)
-        _ensure_backend()
-        params = llama_cpp.llama_model_default_params()
-        params.vocab_only = True
-        _recent_errors.clear()
-        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
-        if not self._model:
-            raise ModelLoadError(
-                f"llama.cpp could not read the tokenizer of {self.path} ({_last_llama_error()}). "
-                "The file may be truncated or corrupt: delete it and download it again."
-            )
-        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
-        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-
-    def token_text(self, token: int) -> str:
-        """The vocabulary's stored text for a token."""
-        return _vocab_token_text(self._vocab, token)
-
-    def vocab_info(self) -> VocabInfo:
-        """Tokenizer facts for the pair check."""
-        return _vocab_facts(self._vocab, self.n_vocab)
-
-    def close(self) -> None:
-        """Free the vocabulary."""
-        if self._model:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
-
-
-class LlamaCppReference:
-    """llama-cpp-python's own high-level decoding, as an outside yardstick for bench.
-
-    ``prompt_lookup`` turns on its ``LlamaPromptLookupDecoding`` (n-gram drafting);
-    without it this is its plain streaming completion. Greedy, same threads as ours.
-    Its draft path keeps logits for the whole context, so n_batch = n_ctx here.
-    """
-
-    def __init__(self, path: str | Path, *, n_ctx: int = 2048, prompt_lookup: bool = False):
-        _ensure_backend()
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        threads = physical_cores()
-        self.name = "llama-cpp-python prompt lookup" if prompt_lookup else "llama-cpp-python"
-        self._llama = llama_cpp.Llama(
-            model_path=str(path),
-            n_ctx=n_ctx,
-            n_batch=n_ctx if prompt_lookup else 512,
-            n_threads=threads,
-            n_threads_batch=threads,
-            n_gpu_layers=-1 if supports_gpu_offload() else 0,
-            draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10) if prompt_lookup else None,
-            verbose=False,
-        )
-        # Llama() installs its own log callback; keep llama.cpp quiet for the TUI.
-        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-
-    def decode_speed(self, prompt_tokens: Sequence[int], max_tokens: int) -> tuple[int, float]:
-        """Stream a greedy completion; return (tokens, seconds from first to last token).
-
-        The first token's time includes prefill, so speed is measured over the rest.
-        """
-        self._llama.reset()
-        first = last = None
-        count = 0
-        for _chunk in self._llama.create_completion(
-            list(prompt_tokens), max_tokens=max_tokens, temperature=0.0, stream=True
-        ):
-            now = time.perf_counter()
-            count += 1
-            if first is None:
-                first = now
-            last = now
-        if first is None or last is None or count < 2:
-            return count, 0.0
-        return count - 1, last - first
-
-    def close(self) -> None:
-        """Free the model."""
-        self._llama.close()

@@ -98,7 +98,7 @@ def load_vocabulary(path: Path, *, runtime: str) -> Vocabulary | None:
     The caller closes it (``close()``) when done.
     """
     if runtime == "llamacpp":
-        from backends.llamacpp import LlamaCppVocabulary
+        from backends.llamacpp_vocab import LlamaCppVocabulary
 
         return LlamaCppVocabulary(path)
     return None

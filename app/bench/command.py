@@ -265,7 +265,7 @@ def _load_yardsticks(engine: Engine, n_ctx: int) -> list[Yardstick]:
     if path is None or path.suffix != ".gguf":
         return []  # the yardsticks are llama.cpp's, and read GGUF files only
     try:
-        from backends.llamacpp import LlamaCppReference
+        from backends.llamacpp_reference import LlamaCppReference
     except ImportError:
         return []
     print("loading llama-cpp-python's own decoders as yardsticks ...", file=sys.stderr)

@@ -83,13 +83,13 @@ def _finite_rows(logits: np.ndarray) -> int:
 def run(model_path: Path) -> None:
     """Load ``model_path`` and decode; each stage is printed as it completes."""
     started = time.perf_counter()
-    from backends import llamacpp
+    from backends import llamacpp, llamacpp_library
 
     _emit(
         "imported",
-        llama_cpp_version=llamacpp.llama_cpp.__version__,
-        system_info=llamacpp.system_info(),
-        gpu_offload=llamacpp.supports_gpu_offload(),
+        llama_cpp_version=llamacpp_library.llama_cpp.__version__,
+        system_info=llamacpp_library.system_info(),
+        gpu_offload=llamacpp_library.supports_gpu_offload(),
     )
     model = llamacpp.LlamaCppModel(
         model_path, n_ctx=CONTEXT, n_batch=BATCH, gpu_layers=0, name=model_path.stem
