@@ -17,7 +17,7 @@ from pathlib import Path
 
 from app.machine import cpu_model
 from app.settings import cache_dir
-from backends.controller import CostModel
+from backends.cost_model import CostModel
 from backends.engine import Engine
 
 # 2: every batch size to 8, and the exact batch limit; 3: measured past 512 tokens

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from backends.base import Model
-from backends.controller import CostModel
+from backends.cost_model import CostModel
 from backends.errors import ContextOverflowError
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16)

@@ -6,10 +6,11 @@ single steps, so short drafts cannot win and a draft model that costs 2/3 of a
 target step loses outright; on a GPU a verify of a few tokens costs about one step
 and the same draft model wins. So the controller measures instead of assuming:
 
-- a :class:`CostModel`: the time of a target forward of n tokens (measured at load
-  for a few n, interpolated, refined by every round) and of one draft-model step;
+- a :class:`CostModel` (backends/cost_model.py): the time of a target forward of n
+  tokens (measured at load for a few n, interpolated, refined by every round) and of
+  one draft-model step;
 - acceptance per drafter and per draft position (exponentially smoothed, so recent
-  text weighs more);
+  text weighs more; backends/acceptance.py);
 
 and before each round picks the drafter and K that maximise expected tokens per
 second, ``E[tokens | K] / (verify(K + 1) + draft(K))``, with K = 0 (plain decoding)
@@ -26,21 +27,19 @@ token falls below a floor learned from what the target accepted (:class:`Confide
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from backends.acceptance import AcceptanceEstimate, ConfidenceFloor
+from backends.cost_model import CostModel
 from backends.draft_policy import RoundOutcome, RoundPlan
 from backends.drafters import Drafter, ModelDrafter, NgramDrafter, common_prefix_length
 from backends.mtp_drafter import MtpDrafter
 from backends.sampling import SamplingParams
 
 DEFAULT_MAX_DRAFT = 16
-SMOOTHING = 0.15  # weight of the newest measured cost in the running estimate
-DECAY = 0.9  # per round, old acceptance evidence fades (recent text weighs more)
-PRIOR_WEIGHT = 1.0  # the prior counts as this many rounds of evidence
 # Priors, overruled by a few rounds of evidence. N-gram matches are tracked per match
 # length: a 2-token match is often chance, a 4-token one often a real repeat, and an
 # 8-token one usually a stretch being copied (in a code edit, it ran on for ~10
@@ -68,208 +67,6 @@ MTP_STEP_PRIOR = 0.2
 # That is paid once and then serves every later round, so the choice spreads it over
 # about this many tokens of the reply still to come.
 CATCH_UP_HORIZON_TOKENS = 128
-
-
-@dataclass
-class CostModel:
-    """Seconds for a target forward of n tokens, and for one draft-model step.
-
-    ``target_seconds`` maps batch sizes to measured times; other sizes are linearly
-    interpolated (and extrapolated from the last two points). ``exact_batch_limit``
-    is the largest forward whose logits were measured bit-identical to one-token
-    decoding (None: not measured).
-    """
-
-    target_seconds: dict[int, float]
-    draft_step_seconds: float | None = None
-    exact_batch_limit: int | None = None
-    # One step of the target's own MTP head (measured while it drafts; not calibrated).
-    mtp_step_seconds: float | None = None
-
-    def __post_init__(self) -> None:
-        if 1 not in self.target_seconds:
-            raise ValueError("the cost model needs the time of a 1-token forward")
-        self._sizes = sorted(self.target_seconds)
-        self._table: list[float] = []
-        # Bumped by every observation, so what was derived from the costs is redone.
-        self.version = 0
-
-    def verify(self, batch: int) -> float:
-        """Estimated seconds for a target forward of ``batch`` tokens."""
-        sizes, times = self._sizes, self.target_seconds
-        if batch in times:
-            return times[batch]
-        index = bisect.bisect_left(sizes, batch)
-        if index == 0:
-            return times[sizes[0]]
-        if index >= len(sizes):
-            low, high = (sizes[-2], sizes[-1]) if len(sizes) > 1 else (sizes[-1], sizes[-1])
-        else:
-            low, high = sizes[index - 1], sizes[index]
-        if high == low:
-            return times[low] * batch / low
-        slope = (times[high] - times[low]) / (high - low)
-        return max(times[low] + slope * (batch - low), times[1])
-
-    def verify_table(self, largest: int) -> list[float]:
-        """``verify(batch)`` at index ``batch`` for every batch up to ``largest`` (index 0
-        unused), kept until the next observation: the controller reads it every round."""
-        if len(self._table) <= largest:
-            self._table = [0.0] + [self.verify(batch) for batch in range(1, largest + 1)]
-        return self._table
-
-    def observe_verify(self, batch: int, seconds: float) -> None:
-        """Refine the estimate for ``batch`` with a measured forward."""
-        previous = self.target_seconds.get(batch)
-        self.target_seconds[batch] = (
-            seconds if previous is None else previous + SMOOTHING * (seconds - previous)
-        )
-        if previous is None:
-            self._sizes = sorted(self.target_seconds)
-        self._table = []
-        self.version += 1
-
-    def observe_draft_step(self, seconds: float) -> None:
-        """Refine the per-step cost of the draft model."""
-        previous = self.draft_step_seconds
-        self.draft_step_seconds = (
-            seconds if previous is None else previous + SMOOTHING * (seconds - previous)
-        )
-        self.version += 1
-
-    def observe_mtp_step(self, seconds: float) -> None:
-        """Refine the per-step cost of the target's MTP head."""
-        previous = self.mtp_step_seconds
-        self.mtp_step_seconds = (
-            seconds if previous is None else previous + SMOOTHING * (seconds - previous)
-        )
-        self.version += 1
-
-    def ceiling(self, draft_tokens: int) -> float:
-        """Speedup of a free drafter that is always right, at this K."""
-        return (draft_tokens + 1) * self.verify(1) / self.verify(draft_tokens + 1)
-
-
-@dataclass
-class AcceptanceEstimate:
-    """Probability that draft position i is accepted, given positions before it were.
-
-    Kept as decayed counts per position: every observation first multiplies the old
-    counts by ``DECAY``, so recent text weighs more, and the estimate is
-    ``(accepted + w * prior) / (trials + w)``: a prior that a few rounds of evidence
-    overrule. Positions never reached borrow the estimate of the last one reached.
-    """
-
-    prior: float
-    accepted: list[float] = field(default_factory=list)
-    trials: list[float] = field(default_factory=list)
-
-    def at(self, position: int) -> float:
-        """Estimated acceptance at ``position`` (0-based)."""
-        if not self.trials:
-            return self.prior
-        index = min(position, len(self.trials) - 1)
-        return (self.accepted[index] + PRIOR_WEIGHT * self.prior) / (
-            self.trials[index] + PRIOR_WEIGHT
-        )
-
-    def observe(self, drafted: int, accepted: int) -> None:
-        """Positions 0..accepted-1 were accepted, position ``accepted`` (if drafted) not."""
-        reached = min(drafted, accepted + 1)
-        if reached == 0:
-            return
-        for index in range(len(self.trials)):
-            self.accepted[index] *= DECAY
-            self.trials[index] *= DECAY
-        while len(self.trials) < reached:
-            self.accepted.append(0.0)
-            self.trials.append(0.0)
-        for position in range(reached):
-            self.trials[position] += 1.0
-            if position < accepted:
-                self.accepted[position] += 1.0
-
-    def expected_tokens(self, draft_tokens: int) -> float:
-        """Expected tokens per round with ``draft_tokens`` drafts (bonus included)."""
-        expected, survive = 1.0, 1.0
-        for position in range(draft_tokens):
-            survive *= self.at(position)
-            expected += survive
-        return expected
-
-
-CONFIDENCE_BINS = 10
-
-
-@dataclass
-class ConfidenceFloor:
-    """Learns below which draft confidence a drafted token is not worth verifying.
-
-    Like llama.cpp's ``p_min``, but learned: decayed counts of accepted and rejected
-    draft-model tokens per confidence bin (the draft's probability of its own token,
-    tenths of [0, 1]), with a prior that the draft is calibrated (bin midpoint), fitted
-    to rise with confidence. The floor is the lower edge of the lowest bin whose
-    acceptance reaches the break-even the costs imply.
-    """
-
-    accepted: list[float] = field(default_factory=lambda: [0.0] * CONFIDENCE_BINS)
-    trials: list[float] = field(default_factory=lambda: [0.0] * CONFIDENCE_BINS)
-    # The fitted curve, kept until the next observation (asked for every round).
-    _fitted: list[float] | None = field(default=None, repr=False, compare=False)
-
-    @staticmethod
-    def _bin(confidence: float) -> int:
-        return min(CONFIDENCE_BINS - 1, max(0, int(confidence * CONFIDENCE_BINS)))
-
-    def acceptance(self, index: int) -> float:
-        """Estimated acceptance of tokens drafted with confidence in bin ``index``."""
-        return self._monotone_acceptance()[index]
-
-    def observe(self, confidences: Sequence[float], accepted: int) -> None:
-        """Tokens before ``accepted`` were accepted, the one at ``accepted`` was not."""
-        self._fitted = None
-        for index in range(CONFIDENCE_BINS):
-            self.accepted[index] *= DECAY
-            self.trials[index] *= DECAY
-        for position, confidence in enumerate(confidences[: accepted + 1]):
-            index = self._bin(confidence)
-            self.trials[index] += 1.0
-            if position < accepted:
-                self.accepted[index] += 1.0
-
-    def floor(self, break_even: float) -> float:
-        """Stop drafting below this confidence (0.0: never stop early)."""
-        monotone = self._monotone_acceptance()
-        lowest = next(
-            (index for index, value in enumerate(monotone) if value >= break_even),
-            CONFIDENCE_BINS,
-        )
-        return lowest / CONFIDENCE_BINS
-
-    def _monotone_acceptance(self) -> list[float]:
-        """Per-bin acceptance, fitted to never fall as confidence rises.
-
-        A more confident draft token is not less likely to be accepted, so bins that
-        say otherwise (usually a bin with little evidence next to one with much) are
-        pooled with their neighbours, weighted by evidence (pool-adjacent-violators).
-        """
-        if self._fitted is None:
-            self._fitted = self._fit()
-        return self._fitted
-
-    def _fit(self) -> list[float]:
-        blocks: list[list[float]] = []  # [accepted, trials, bins] per pooled block
-        for index in range(CONFIDENCE_BINS):
-            prior = (index + 0.5) / CONFIDENCE_BINS
-            blocks.append(
-                [self.accepted[index] + PRIOR_WEIGHT * prior, self.trials[index] + PRIOR_WEIGHT, 1]
-            )
-            while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-                accepted, trials, bins = blocks.pop()
-                blocks[-1][0] += accepted
-                blocks[-1][1] += trials
-                blocks[-1][2] += bins
-        return [accepted / trials for accepted, trials, bins in blocks for _ in range(int(bins))]
 
 
 @dataclass(frozen=True)

@@ -13,17 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from backends.acceptance import AcceptanceEstimate, ConfidenceFloor
 from backends.base import ChatMessage, Model, ToolSpec, rollback_limit
 from backends.calibration import measure_costs
 from backends.chat_template import model_chat_template
 from backends.constraints import GrammarState, GrammarVocabulary, grammar_for
-from backends.controller import (
-    AcceptanceEstimate,
-    AdaptiveDraftPolicy,
-    ConfidenceFloor,
-    CostModel,
-)
+from backends.controller import AdaptiveDraftPolicy
 from backends.conversation_cache import ConversationCache
+from backends.cost_model import CostModel
 from backends.draft_policy import DraftPolicy, FixedDraftPolicy
 from backends.drafters import Drafter, ModelDrafter, NgramDrafter, PredictionDrafter
 from backends.errors import BackendError

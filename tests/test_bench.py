@@ -18,7 +18,7 @@ from app.bench.modes import (
 from app.bench.report import projected_speedup
 from app.bench.suite import BenchPrompt, load_prompt_suite
 from app.errors import DraftpenError
-from backends.controller import CostModel
+from backends.cost_model import CostModel
 from backends.engine import Engine
 from tests.fakes import HashModel, draft_model_for
 from tests.model_files import SMOLLM2_KEY, require_model

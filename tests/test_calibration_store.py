@@ -9,7 +9,7 @@ from app.calibration_store import (
     load_costs,
     save_costs,
 )
-from backends.controller import CostModel
+from backends.cost_model import CostModel
 from backends.engine import Engine
 from tests.fakes import HashModel, draft_model_for
 

@@ -5,13 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.controller import (
-    MODEL_PROBE_INTERVAL,
-    AcceptanceEstimate,
-    AdaptiveDraftPolicy,
-    ConfidenceFloor,
-    CostModel,
-)
+from backends.acceptance import AcceptanceEstimate, ConfidenceFloor
+from backends.controller import MODEL_PROBE_INTERVAL, AdaptiveDraftPolicy
+from backends.cost_model import CostModel
 from backends.draft_policy import RoundOutcome
 from backends.drafters import DraftProposal, ModelDrafter, NgramDrafter
 from backends.engine import Engine, GenerationRequest

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from backends.base import ChatMessage
-from backends.controller import CostModel
+from backends.cost_model import CostModel
 from backends.engine import Engine, GenerationRequest
 from backends.errors import BackendError
 from backends.generation_events import GenerationEvent

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from backends.base import ChatMessage, IncrementalDetokenizer, Model
-from backends.controller import CostModel
+from backends.cost_model import CostModel
 from backends.engine import Engine, GenerationRequest
 from backends.errors import IncompatiblePairError
 from backends.generation_events import FINISH_STOP, GenerationEvent

@@ -42,7 +42,7 @@ from app.machine import machine_description
 from app.options import add_model_options
 from app.settings import Settings
 from backends.calibration import measure_costs
-from backends.controller import CostModel
+from backends.cost_model import CostModel
 from backends.engine import Engine
 
 FORWARD_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16)

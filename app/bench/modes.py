@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from app.bench.suite import BenchPrompt
 from app.errors import DraftpenError
-from backends.controller import AcceptanceEstimate, ConfidenceFloor
+from backends.acceptance import AcceptanceEstimate, ConfidenceFloor
 from backends.engine import Engine, GenerationRequest
 from backends.generation_events import speedup_over_plain_rounds
 from backends.output_constraints import ConstraintSpec

@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from app.bench.modes import MIN_OWN_PLAIN_ROUNDS, ModeTotals, paired_ratios
-from backends.controller import CostModel
+from backends.cost_model import CostModel
 
 COST_REPEATS = 3
 
