@@ -376,3 +376,31 @@ verify_llama_runtime() {
     say "The portable build runs: draftpen uses it. (To skip the crashing build on the next" \
         "install, set DRAFTPEN_LLAMA_FLAVOUR=portable.)"
 }
+
+# The agent CLIs the agent_cli tests run, pinned to the versions they were tested with.
+AGENT_CLI_PACKAGES="@anthropic-ai/claude-code@2.1.197 @openai/codex@0.169.0 opencode-ai@1.18.33"
+
+# install_agent_clis: npm-install the agent CLIs into a per-machine prefix (reused when
+# its packages are these versions) and put its bin directory first on PATH.
+install_agent_clis() {
+    local prefix stamp
+    prefix="$(draftpen_cache_dir)/agent-clis"
+    stamp="$prefix/.packages"
+    if ! command -v npm >/dev/null 2>&1; then
+        warn "npm is not installed: the agent_cli tests will fail (install Node.js 20+)."
+        return 0
+    fi
+    if [[ -f $stamp && "$(cat "$stamp")" == "$AGENT_CLI_PACKAGES" ]]; then
+        say "Reusing $prefix ($AGENT_CLI_PACKAGES)"
+    else
+        say "Installing $AGENT_CLI_PACKAGES into $prefix"
+        mkdir -p "$prefix"
+        # shellcheck disable=SC2086 # the package list is words on purpose
+        if npm install --silent --no-audit --no-fund --prefix "$prefix" $AGENT_CLI_PACKAGES; then
+            printf '%s' "$AGENT_CLI_PACKAGES" >"$stamp"
+        else
+            warn "npm could not install the agent CLIs: the agent_cli tests will fail."
+        fi
+    fi
+    export PATH="$prefix/node_modules/.bin:$PATH"
+}

@@ -57,6 +57,13 @@ fi
 # Tests that need a real model fail, rather than skip, when it is missing.
 export DRAFTPEN_REQUIRE_MODELS=1
 
+step "Agent CLIs"
+# The agents' own CLIs, as published on npm, answer through draftpen in the agent_cli
+# tests (-m agent_cli runs them alone). Installed once per machine and version into a
+# prefix outside the clone; where npm or Node.js is missing the tests that need a CLI
+# fail and say which.
+install_agent_clis
+
 step "ruff check app backends tests"
 ruff_status=0
 "$venv_python" -m ruff check app backends tests || ruff_status=$?
