@@ -35,8 +35,9 @@ import numpy as np
 from backends.acceptance import AcceptanceEstimate, ConfidenceFloor
 from backends.cost_model import CostModel
 from backends.draft_policy import RoundOutcome, RoundPlan
-from backends.drafters import Drafter, ModelDrafter, NgramDrafter, common_prefix_length
+from backends.drafters import Drafter, ModelDrafter, common_prefix_length
 from backends.mtp_drafter import MtpDrafter
+from backends.ngram_drafter import NgramDrafter
 from backends.sampling import SamplingParams
 
 DEFAULT_MAX_DRAFT = 16

@@ -22,10 +22,11 @@ from backends.controller import AdaptiveDraftPolicy
 from backends.conversation_cache import ConversationCache
 from backends.cost_model import CostModel
 from backends.draft_policy import DraftPolicy, FixedDraftPolicy
-from backends.drafters import Drafter, ModelDrafter, NgramDrafter, PredictionDrafter
+from backends.drafters import Drafter, ModelDrafter, PredictionDrafter
 from backends.errors import BackendError
 from backends.generation_events import MAX_TOP_LOGPROBS, GenerationEvent
 from backends.mtp_drafter import MtpDrafter
+from backends.ngram_drafter import NgramDrafter
 from backends.output_constraints import ConstraintSpec
 from backends.pair_check import check_pair
 from backends.reasoning import ReasoningFormat, reasoning_format, thinking_variables

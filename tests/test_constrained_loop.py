@@ -17,8 +17,9 @@ import pytest
 
 from backends.constraints import GrammarSpec, GrammarVocabulary
 from backends.draft_policy import FixedDraftPolicy
-from backends.drafters import ModelDrafter, NgramDrafter, PredictionDrafter
+from backends.drafters import ModelDrafter, PredictionDrafter
 from backends.engine import Engine, GenerationRequest
+from backends.ngram_drafter import NgramDrafter
 from backends.output_constraints import ConstraintSpec, JsonOutput
 from backends.sampling import SamplingParams, distribution
 from backends.speculative import speculative_generate

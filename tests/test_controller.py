@@ -9,8 +9,9 @@ from backends.acceptance import AcceptanceEstimate, ConfidenceFloor
 from backends.controller import MODEL_PROBE_INTERVAL, AdaptiveDraftPolicy
 from backends.cost_model import CostModel
 from backends.draft_policy import RoundOutcome
-from backends.drafters import DraftProposal, ModelDrafter, NgramDrafter
+from backends.drafters import DraftProposal, ModelDrafter
 from backends.engine import Engine, GenerationRequest
+from backends.ngram_drafter import NgramDrafter
 from backends.sampling import SamplingParams
 from tests.fakes import HashModel, draft_model_for
 

@@ -5,13 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.drafters import (
-    ModelDrafter,
-    NgramDrafter,
-    NgramIndex,
-    PredictionDrafter,
-    common_prefix_length,
-)
+from backends.drafters import ModelDrafter, PredictionDrafter, common_prefix_length
+from backends.ngram_drafter import NgramDrafter, NgramIndex
 from backends.sampling import SamplingParams, distribution, greedy_token
 from tests.fakes import EOS, HashModel, chat_prompt, draft_model_for
 

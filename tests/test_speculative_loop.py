@@ -20,7 +20,7 @@ import pytest
 
 from backends.base import Model
 from backends.draft_policy import FixedDraftPolicy
-from backends.drafters import Drafter, ModelDrafter, NgramDrafter, PredictionDrafter
+from backends.drafters import Drafter, ModelDrafter, PredictionDrafter
 from backends.errors import ContextOverflowError, DecodeError
 from backends.generation_events import (
     FINISH_CANCELLED,
@@ -30,6 +30,7 @@ from backends.generation_events import (
     SpeculativeStats,
     speedup_over_plain_rounds,
 )
+from backends.ngram_drafter import NgramDrafter
 from backends.sampling import SamplingParams, distribution
 from backends.speculative import speculative_generate
 from tests.fakes import (
