@@ -351,7 +351,7 @@ BAD_TOOL_REQUESTS = [
     ),
     pytest.param({"presence_penalty": 3}, "invalid_value", "presence_penalty", id="penalty-range"),
     pytest.param({"logit_bias": {"42": 5}}, "invalid_value", "logit_bias", id="logit-bias"),
-    pytest.param({"n": 2}, "invalid_value", "n", id="n"),
+    pytest.param({"n": 17}, "invalid_value", "n", id="n-over-the-limit"),
 ]
 
 
