@@ -39,9 +39,9 @@ from llama_cpp import llama_cpp_ext
 from backends.errors import DecodeError, ModelLoadError
 from backends.rows import HostRows
 
-# Target rows waiting beyond this many are fed to the MTP context at once, so a long
-# generation that does not draft with the head keeps memory bounded.
-EAGER_SYNC_ROWS = 1024
+# Target rows waiting beyond this many are fed to the MTP context at once (a prompt,
+# or rounds that drafted otherwise), so the rows kept, and copied, stay few.
+EAGER_SYNC_ROWS = 64
 
 
 class LlamaCppMtpHead:
@@ -112,6 +112,10 @@ class LlamaCppMtpHead:
         self._rows = np.empty((0, self.n_embd), dtype=np.float32)
         self._chain_end = 0  # next position of the chain being drafted
         self._last_output = 0  # the batch index of the last decode's output row
+        # A view of the logits row, kept while llama.cpp's buffer stays where it is
+        # (making one costs ~90 us; see LlamaCppModel._logits_view).
+        self._logits_address = 0
+        self._logits_row = np.empty((1, n_vocab), dtype=np.float32)
         self.decodes = 0  # for tests and measurements
 
     # -- following the target --------------------------------------------------------
@@ -169,11 +173,12 @@ class LlamaCppMtpHead:
 
     def step(self, token: int) -> HostRows:
         """Chain one token after the last: the row for the token after it."""
-        hidden = np.ctypeslib.as_array(
-            llama_cpp_ext.llama_get_embeddings_nextn_ith(self._context, self._last_output),
-            shape=(self.n_embd,),
-        )
-        rows = self._decode([token], self._chain_end, hidden[np.newaxis])
+        # The head's own hidden state, copied straight into the batch (no numpy view).
+        pointer = llama_cpp_ext.llama_get_embeddings_nextn_ith(self._context, self._last_output)
+        if not pointer:
+            raise DecodeError("llama.cpp gave no hidden state for the MTP head to chain on")
+        ctypes.memmove(self._batch_hidden.ctypes.data, pointer, self._batch_hidden.strides[0])
+        rows = self._decode([token], self._chain_end, None)
         self._chain_end += 1
         return rows
 
@@ -236,14 +241,16 @@ class LlamaCppMtpHead:
             self._rows = self._rows[drop:]
 
     def _decode(
-        self, tokens: Sequence[int], start: int, hidden: np.ndarray, *, logits: bool = True
+        self, tokens: Sequence[int], start: int, hidden: np.ndarray | None, *, logits: bool = True
     ) -> HostRows:
+        """Decode ``tokens`` with ``hidden`` (None: already in the batch) from ``start``."""
         count = len(tokens)
         batch = self._batch
         batch.n_tokens = count
         self._batch_tokens[:count] = tokens
         self._batch_positions[:count] = np.arange(start, start + count)
-        self._batch_hidden[:count] = hidden
+        if hidden is not None:
+            self._batch_hidden[:count] = hidden
         self._batch_wants[:count] = 0
         if logits:
             self._batch_wants[count - 1] = 1
@@ -255,4 +262,8 @@ class LlamaCppMtpHead:
         if not logits:
             return HostRows(np.empty((0, self.n_vocab), dtype=np.float32))
         pointer = llama_cpp.llama_get_logits_ith(self._context, count - 1)
-        return HostRows(np.ctypeslib.as_array(pointer, shape=(1, self.n_vocab)))
+        address = ctypes.addressof(pointer.contents)
+        if address != self._logits_address:
+            self._logits_row = np.ctypeslib.as_array(pointer, shape=(1, self.n_vocab))
+            self._logits_address = address
+        return HostRows(self._logits_row)

@@ -89,7 +89,9 @@ class RecurrentRollback:
         self._last_decode = 0  # tokens in the last decode, 0 once a rollback used it
         self._anchor: _Checkpoint | None = None  # after the last prompt prefill
         self._round: _Checkpoint | None = None  # where the current round may return
-        self.replayed_tokens = 0  # for tests and measurements: tokens decoded again
+        # For tests and measurements: tokens decoded again, checkpoints restored.
+        self.replayed_tokens = 0
+        self.restores = 0
 
     # -- decoding --------------------------------------------------------------
 
@@ -210,6 +212,7 @@ class RecurrentRollback:
             return False
         self.physical = point.position
         self._last_decode = 0
+        self.restores += 1
         return True
 
     def _clear(self) -> None:

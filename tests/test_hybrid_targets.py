@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from backends.base import ChatMessage
-from backends.controller import CostModel
 from backends.conversation_cache import ConversationCache
+from backends.cost_model import CostModel
 from backends.engine import Engine, GenerationRequest
 from backends.errors import DecodeError
 from backends.generation_events import GenerationEvent, SpeculativeStats
@@ -118,6 +118,21 @@ def test_greedy_speculation_on_a_hybrid_target_writes_what_plain_decoding_writes
     assert speculative == plain
     assert stats.drafted > stats.accepted > 0  # drafts were accepted, and some rejected
     assert deepest_rejection(events) >= 2  # a rollback deeper than one token
+
+
+def test_a_hybrid_draft_model_drafts_for_a_kv_cache_target(tiny_files):
+    """SmolLM2 (a KV cache) with the tiny hybrid as its draft: same tokenizer, so they
+    pair; the draft's chains are undone by checkpoint and replay every round."""
+    engine = Engine(load(require_model(SMOLLM2_KEY)), load(tiny_files[1]))
+    try:
+        prompt = engine.chat_prompt(PROMPT)
+        plain, _ = greedy(engine, prompt, "none", max_tokens=30)
+        tokens, events = greedy(engine, prompt, "model", max_tokens=30)
+        assert tokens == plain
+        assert events[-1].stats.drafted > 0
+        assert engine.draft._recurrent.restores > 0
+    finally:
+        engine.close()
 
 
 def test_a_hybrid_target_without_snapshots_speculates_by_checkpoint_and_replay(tiny_files):

@@ -27,9 +27,10 @@ from backends.mtp_drafter import MtpDrafter
 from backends.rejection import verify_draft_token
 from backends.sampling import SamplingParams, distribution
 from backends.sparse_distribution import SparseDistribution
-from tests.fakes import HashModel
 from tests.model_files import SMOLLM2_KEY, require_model
 from tests.tiny_hybrid import mtp_only, tiny_qwen35_tensors, write_tiny_qwen35
+
+pytestmark = pytest.mark.real_model
 
 llamacpp = pytest.importorskip("backends.llamacpp")
 LlamaCppModel = llamacpp.LlamaCppModel
@@ -191,14 +192,6 @@ def test_an_mtp_head_from_a_separate_file_drafts_like_the_embedded_one(engine, m
     drafted = [event.tokens for event in events]
     assert drafted == [event.tokens for event in embedded_events]
     assert events[-1].stats.drafted == embedded_events[-1].stats.drafted
-
-
-def test_a_runtime_without_mtp_heads_says_so():
-    engine = Engine(HashModel())
-    with pytest.raises(BackendError, match="MLX cannot yet"):
-        engine.drafter_named("mtp")
-    with pytest.raises(BackendError, match="cannot draft with a model's MTP head"):
-        engine.attach_mtp_head("head.gguf")
 
 
 def test_the_mtp_drafter_follows_the_target_after_a_rollback(engine: Engine):
