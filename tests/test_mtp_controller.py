@@ -21,6 +21,7 @@ from backends.mtp_drafter import MtpDrafter
 from backends.ngram_drafter import NgramDrafter
 from backends.rows import HostRows
 from backends.sampling import SamplingParams, distribution
+from backends.speculative import speculative_generate
 from tests.fakes import HashModel, chat_prompt, draft_model_for, run_generation
 
 GPU_LIKE = {1: 0.010, 2: 0.0102, 4: 0.0106, 8: 0.011, 16: 0.012}
@@ -141,3 +142,39 @@ def test_a_runtime_without_mtp_heads_says_so():
         engine.drafter_named("mtp")
     with pytest.raises(BackendError, match="cannot draft with a model's MTP head"):
         engine.attach_mtp_head("head.gguf")
+
+
+def test_the_head_reads_forced_tokens_then_drafts_and_changes_nothing():
+    """Under a grammar, the forced stretch and the head's guesses after it share one
+    verify: the head reads the forced tokens (past the target's cache) before it drafts."""
+    from backends.constraints import GrammarSpec, GrammarVocabulary
+
+    stretches = GrammarSpec(
+        "regex", "(the|an|re)(ing|ed|er) qxz (on|at|re)(ing|ed|es) qxz (the|an)(ing|ed)"
+    )
+    vocabulary = GrammarVocabulary(HashModel())
+
+    def run(drafter_for) -> list:
+        target = HashModel()
+        drafter = drafter_for(target)
+        return list(
+            speculative_generate(
+                target,
+                target.tokenize("<|user|>hello<|assistant|>"),
+                policy=FixedDraftPolicy(drafter, 3 if drafter is not None else 0),
+                params=SamplingParams(),
+                max_tokens=40,
+                constraint=vocabulary.compile(stretches).start(),
+            )
+        )
+
+    heads: list[FakeHead] = []
+
+    def with_head(target: HashModel) -> MtpDrafter:
+        heads.append(FakeHead(target))
+        return MtpDrafter(target, heads[-1])
+
+    plain = run(lambda target: None)
+    events = run(with_head)
+    assert [t for e in events for t in e.tokens] == [t for e in plain for t in e.tokens]
+    assert any(event.drafter == "grammar+mtp" for event in events)
