@@ -331,6 +331,22 @@ def test_agents_tool_schemas_with_keywords_the_grammar_lacks_are_served(tmp_path
     assert answer.stop_reason == "tool_use" and answer.content[0].input == {"city": "Paris"}
 
 
+def test_output_config_format_constrains_the_reply_to_its_schema(tmp_path: Path):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    with messages_server(tmp_path, ['{"city": "Paris"}']) as served:
+        sdk = served.sdk()
+        answer = create(
+            sdk,
+            output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "low"},
+        )
+        with pytest.raises(anthropic.BadRequestError, match=r"output_config\.format\.schema"):
+            create(sdk, output_config={"format": {"type": "json_schema", "schema": {"type": 5}}})
+        constraint = served.engine.requests[0].constraint
+    assert blocks(answer) == [{"type": "text", "text": '{"city": "Paris"}'}]
+    assert isinstance(constraint, ConstraintSpec) and constraint.text is not None
+    assert constraint.text.schema == schema and constraint.text.strict
+
+
 # -- thinking ---------------------------------------------------------------------------
 
 REASONING = "The user wants the weather.\nI should answer briefly."

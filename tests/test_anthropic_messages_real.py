@@ -27,6 +27,10 @@ from tests.test_server import RunningServer, start_server
 
 # -- the SDK ------------------------------------------------------------------------------
 
+# The SDK (2.x) has no sampling parameters any more; the API still takes them, and so
+# does draftpen: greedy answers are what these tests can count on.
+GREEDY = {"temperature": 0}
+
 
 @pytest.fixture(scope="module")
 def starter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, str]]:
@@ -52,7 +56,7 @@ def test_starter_answers_through_the_sdk_streamed_and_not(starter: tuple[Running
     request: dict[str, Any] = {
         "model": "starter",
         "max_tokens": 20,
-        "temperature": 0,
+        "extra_body": GREEDY,
         "system": "Answer with the number only.",
         "messages": [{"role": "user", "content": "What is 2+3?"}],
     }
@@ -83,7 +87,7 @@ def test_starter_must_call_the_named_tool_then_answers_its_result(
     forced = sdk.messages.create(
         model="starter",
         max_tokens=40,
-        temperature=0,
+        extra_body=GREEDY,
         system=system,
         messages=joke,
         tools=[WEATHER_TOOL],
@@ -98,7 +102,7 @@ def test_starter_must_call_the_named_tool_then_answers_its_result(
     first = sdk.messages.create(
         model="starter",
         max_tokens=40,
-        temperature=0,
+        extra_body=GREEDY,
         system=system,
         messages=question,
         tools=[WEATHER_TOOL],
@@ -116,7 +120,7 @@ def test_starter_must_call_the_named_tool_then_answers_its_result(
     with sdk.messages.stream(
         model="starter",
         max_tokens=60,
-        temperature=0,
+        extra_body=GREEDY,
         system=system,
         messages=conversation,
         tools=[WEATHER_TOOL],

@@ -19,6 +19,8 @@ are ignored), then rewritten as the engine's one internal request, a validated
   left out unless ``tool_choice`` names one; ``tool_choice`` ``any`` is ``required``
   and ``tool`` names the function, so both are grammar-certain;
 - ``thinking`` ``enabled``/``adaptive``/``disabled`` turns the template's thinking switch;
+- ``output_config.format`` (structured outputs) is the chat request's JSON-schema
+  ``response_format``, followed exactly;
 - ``stop_sequences``, ``temperature``, ``top_p``, ``top_k`` and ``max_tokens`` go
   through as they are; ``cache_control`` is accepted anywhere and ignored (the engine
   keeps conversations' prefixes anyway).
@@ -165,6 +167,19 @@ class ThinkingIn(_Lenient):
     budget_tokens: int | None = Field(None, ge=0)
 
 
+class OutputFormatIn(_Lenient):
+    """Structured outputs: the reply is JSON matching ``schema``, grammar-certain."""
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfigIn(_Lenient):
+    """``output_config``: its ``format`` is followed; ``effort`` changes nothing here."""
+
+    format: OutputFormatIn | None = None
+
+
 class CountTokensRequest(_Lenient):
     """``POST /v1/messages/count_tokens``: what the prompt is made of."""
 
@@ -185,6 +200,7 @@ class MessagesRequest(CountTokensRequest):
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)
+    output_config: OutputConfigIn | None = None
     # Changes nothing for a local model; typed so a wrong one is still a 400.
     metadata: dict[str, Any] | None = None
 
@@ -225,6 +241,10 @@ def chat_request(request: CountTokensRequest) -> ChatCompletionRequest:
             value = getattr(request, name)
             if value is not None:
                 body[name] = value
+        output = request.output_config.format if request.output_config else None
+        if output is not None:
+            schema = {"name": "output", "schema": output.schema_, "strict": True}
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
         if request.top_p == 0:
             # Anthropic allows 0; the loop's top_p must be above it: keep the top token.
             body["top_p"] = 1e-9
@@ -381,6 +401,7 @@ def _chat_tool_choice(choice: ToolChoiceIn) -> str | dict[str, Any]:
 _TOOL_FIELDS = {".function.parameters": ".input_schema", ".function.name": ".name"}
 _CHAT_FIELD = re.compile(r"\b(messages|tools)\[(\d+)\]((?:\.function)?\.\w+)?")
 _CHAT_WORDS = {
+    "response_format.json_schema.schema": "output_config.format.schema",
     "tool_call_id": "tool_use_id",
     "tool_calls": "tool_use blocks",
     "'stop'": "'stop_sequences'",
