@@ -36,9 +36,9 @@ from app.engine.chunks import sse_event
 from app.engine.dialects.anthropic_schema import (
     CountTokensRequest,
     MessagesRequest,
-    chat_request,
     parse_messages_request,
 )
+from app.engine.dialects.anthropic_translation import chat_request
 from app.engine.dialects.openai_chat_format import ChatFormat
 from app.engine.dialects.responder import ChatResponder
 from app.engine.schema import ApiError
