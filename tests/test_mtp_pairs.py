@@ -123,6 +123,7 @@ def test_a_separate_mtp_head_is_never_loaded_as_a_draft_model(
 
     # A runtime with an MTP drafter but no way to take a separate head: n-grams, said so.
     monkeypatch.setattr(app.loading, "DRAFTER_CHOICES", ("auto", "model", "mtp", "ngram", "none"))
+    monkeypatch.delattr(Engine, "attach_mtp_head", raising=False)
     messages: list[str] = []
     with caplog.at_level(logging.WARNING, logger="app.loading"):
         engine = load("separate", messages)
