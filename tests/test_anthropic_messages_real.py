@@ -159,6 +159,10 @@ def claude_code_environment(home: Path, base_url: str, model: str) -> dict[str, 
         "DISABLE_ERROR_REPORTING": "1",
         "DISABLE_AUTOUPDATER": "1",
         "API_TIMEOUT_MS": str(CLAUDE_CODE_SECONDS * 1000),
+        # Claude Code drops a stream that sends no event for 5 minutes (the keep-alive
+        # comments count only for its byte watchdog) and retries without streaming;
+        # reading its prompt on a CPU takes longer than that.
+        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(CLAUDE_CODE_SECONDS * 1000),
     }
 
 
@@ -169,7 +173,8 @@ def test_claude_code_answers_a_question_through_the_starter_pair(
 ):
     claude = shutil.which("claude")
     if claude is None:
-        pytest.skip("Claude Code is not installed: npm install -g @anthropic-ai/claude-code")
+        # packaging/test.sh installs it (install_agent_clis); a run without it is no pass.
+        pytest.fail("Claude Code is not installed: npm install -g @anthropic-ai/claude-code")
     require_model(TARGET_KEY)
     require_model(DRAFT_KEY)
     home = tmp_path_factory.mktemp("claude-code")
