@@ -114,6 +114,11 @@ def test_greedy_mtp_speculation_writes_what_plain_decoding_writes(engine: Engine
     plain, _ = generate(engine, prompt, "none")
     speculative, events = generate(engine, prompt, drafter)
     assert speculative == plain
+    if drafter == "auto":
+        # auto's K and drafter follow the costs it measured on this (shared, noisy)
+        # machine, so only its output is asserted here; its choice of the head is
+        # tested on fakes (test_mtp_controller.py).
+        return
     mtp_rounds = [event for event in events if event.drafter == "mtp"]
     assert mtp_rounds, "the MTP head never drafted"
     # Its random guesses are mostly rejected: rollbacks deeper than one token.
