@@ -23,6 +23,7 @@ import httpx
 import httpx2
 import pytest
 
+from app.engine.queue import DEFAULT_QUEUE_LIMIT
 from app.engine.runner import AgentServer
 from app.settings import Settings
 from backends.output_constraints import ConstraintSpec
@@ -83,6 +84,7 @@ def messages_server(
     tmp_path: Path,
     replies: Sequence[str],
     model: type[ScriptedByteModel] = HermesScriptedModel,
+    queue_limit: int = DEFAULT_QUEUE_LIMIT,
     **model_options: Any,
 ) -> Iterator[Served]:
     """The real server (Unix socket, and TCP on a free port with :data:`API_KEY`)."""
@@ -96,7 +98,7 @@ def messages_server(
         configure_logging=False,
         tcp=("127.0.0.1", 0),
         api_key=API_KEY,
-        queue_limit=0,
+        queue_limit=queue_limit,
     )
     addresses: list[str] = []
     listening = threading.Event()
@@ -544,7 +546,7 @@ def test_routes_and_bodies_the_server_cannot_take_answer_in_anthropics_shape(tmp
 
 
 def test_a_full_queue_answers_529_overloaded_with_retry_after(tmp_path: Path):
-    with messages_server(tmp_path, [ANSWER], hold_after=2) as served:
+    with messages_server(tmp_path, [ANSWER], queue_limit=0, hold_after=2) as served:
         model = served.engine.target
         assert isinstance(model, ScriptedByteModel)
         holder = threading.Thread(target=create, args=(served.sdk(),))
