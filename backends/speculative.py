@@ -53,6 +53,9 @@ from backends.sparse_distribution import SparseDistribution
 from backends.stop_strings import StopStringFilter
 from backends.verification import verify_round
 
+# Prompt tokens read between two looks at ``cancel``.
+PREFILL_SLICE = 1024
+
 
 def speculative_generate(
     target: Model,
@@ -112,11 +115,16 @@ def speculative_generate(
     # is read again (counted as read, not as reused).
     stats.cached_prompt_tokens = reusable_prefix(target, reuse)
     target.rollback(reuse)
-    if len(prompt_tokens) - 1 > reuse:
-        target.prefill(prompt_tokens[reuse:-1])
+    read_whole = _prefill(target, prompt_tokens[reuse:-1], cancel)
     stats.prefill_seconds = time.perf_counter() - started
     stats.decode_started = time.perf_counter()
     previous_round_end = stats.decode_started
+    if not read_whole:
+        # What was read stays cached: a retry of the same prompt starts from there.
+        yield _final_event(
+            stats, StopStringFilter(stop), IncrementalDetokenizer(target), FINISH_CANCELLED
+        )
+        return
 
     policy.begin(prompt_tokens)
     context = list(prompt_tokens)  # committed tokens; the last one is pending
@@ -267,6 +275,21 @@ def speculative_generate(
         )
         if finish is not None:
             return
+
+
+def _prefill(target: Model, tokens: Sequence[int], cancel: threading.Event | None) -> bool:
+    """Read ``tokens`` into the target's cache a slice at a time; False if ``cancel``
+    was set before the last slice (the slices read so far stay cached).
+
+    An agent's prompt takes minutes to read on a CPU, and its client may give up and
+    go (or the server stop) meanwhile: the queue should not be held for a reader who
+    has left. A slice spans several of the runtime's batches, so the checks cost nothing.
+    """
+    for offset in range(0, len(tokens), PREFILL_SLICE):
+        if cancel is not None and cancel.is_set():
+            return False
+        target.prefill(tokens[offset : offset + PREFILL_SLICE])
+    return True
 
 
 def _final_event(

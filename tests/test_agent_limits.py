@@ -8,6 +8,7 @@ needs, and its one-token-per-byte prompts make the context's arithmetic exact.
 from __future__ import annotations
 
 import json
+import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import openai
 import pytest
 
 from tests.byte_model import ScriptedByteModel
+from tests.test_anthropic_messages import ANSWER, API_KEY, QUESTION, messages_server
 from tests.test_server_tools import HermesScriptedModel, scripted_server
 
 LONG_REPLY = "word " * 200  # 1,000 byte tokens: longer than any context below
@@ -203,3 +205,70 @@ def test_a_json_schema_name_that_is_sent_must_still_be_a_valid_name(tmp_path: Pa
         )
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "response_format.json_schema.name"
+
+
+# -- a long read is not a silent stream ---------------------------------------------
+
+# Each dialect's streaming request, and how its events spell the reply's text.
+STREAMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", {"messages": QUESTION, "stream": True}),
+    "responses": ("/v1/responses", {"input": "Weather in Paris?", "stream": True}),
+    "messages": ("/v1/messages", {"messages": QUESTION, "max_tokens": 400, "stream": True}),
+}
+
+
+def streamed_text(dialect: str, events: list[dict[str, Any]]) -> str:
+    """The reply's text from a dialect's stream events."""
+    if dialect == "chat":
+        return "".join(
+            e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]
+        )
+    if dialect == "responses":
+        return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    return "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+
+
+@pytest.mark.parametrize("dialect", sorted(STREAMS))
+def test_every_dialect_keeps_a_waiting_stream_alive_with_comments(tmp_path: Path, dialect: str):
+    # An agent's prompt takes minutes to read on a CPU, and HTTP stacks drop a stream
+    # that stays silent that long (Node's fetch after 300 s): every dialect sends SSE
+    # comments meanwhile. A held generation stands in for the long read.
+    path, fields = STREAMS[dialect]
+    with messages_server(tmp_path, [ANSWER], hold_after=2) as served, served.raw() as raw:
+        model = served.engine.target
+        assert isinstance(model, ScriptedByteModel)
+        lines: list[str] = []
+        try:
+            with raw.stream("POST", path, json={"model": "scripted", **fields}) as response:
+                assert response.status_code == 200
+                for line in response.iter_lines():
+                    lines.append(line)
+                    if line.startswith(":"):
+                        model.release.set()
+        finally:
+            model.release.set()
+    assert ": keep-alive" in lines
+    data = [line[6:] for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
+    assert streamed_text(dialect, [json.loads(item) for item in data]) == ANSWER
+
+
+def test_the_openai_sdk_reads_a_stream_with_keep_alive_comments(tmp_path: Path):
+    with messages_server(tmp_path, [ANSWER], hold_after=2) as served:
+        model = served.engine.target
+        assert isinstance(model, ScriptedByteModel)
+        # Released after the stream has sent a few comments (one a second).
+        releaser = threading.Timer(2.5, model.release.set)
+        releaser.start()
+        try:
+            sdk = openai.OpenAI(base_url=f"{served.tcp_url}/v1", api_key=API_KEY, max_retries=0)
+            chunks = list(
+                sdk.chat.completions.create(
+                    model="scripted",
+                    messages=QUESTION,
+                    stream=True,  # type: ignore[arg-type]
+                )
+            )
+        finally:
+            releaser.cancel()
+            model.release.set()
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ANSWER

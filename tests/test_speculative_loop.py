@@ -32,7 +32,7 @@ from backends.generation_events import (
 )
 from backends.ngram_drafter import NgramDrafter
 from backends.sampling import SamplingParams, distribution
-from backends.speculative import speculative_generate
+from backends.speculative import PREFILL_SLICE, speculative_generate
 from tests.fakes import (
     BOS,
     E_ACUTE_HEAD,
@@ -777,3 +777,35 @@ def test_streamed_text_is_the_utf8_decoding_of_the_tokens(
     assert record.text == decoded
     body = record.events[:-1] if record.tokens[-1] == E_ACUTE_HEAD else record.events
     assert all("\ufffd" not in event.text for event in body)
+
+
+class CancellingReader(HashModel):
+    """A target whose reader cancels the generation after its first prefill slice."""
+
+    def __init__(self, cancel: threading.Event, **options: object) -> None:
+        super().__init__(**options)  # type: ignore[arg-type]
+        self.cancel = cancel
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        super().prefill(tokens)
+        self.cancel.set()
+
+
+def test_cancelling_while_the_prompt_is_read_stops_reading_and_keeps_what_was_read() -> None:
+    # A client that leaves during a long prompt (an agent's, minutes on a CPU) frees the
+    # engine after the slice being read; a retry of the prompt reads only the rest.
+    cancel = threading.Event()
+    target = CancellingReader(cancel, n_ctx=4 * PREFILL_SLICE, eos_bias=-np.inf)
+    prompt = [BOS] + [4 + index % 50 for index in range(2 * PREFILL_SLICE + 100)]
+    record = run_generation(target, prompt, plain(), GREEDY, max_tokens=5, cancel=cancel)
+    assert record.finish_reason == FINISH_CANCELLED
+    assert record.tokens == [] and record.stats.rounds == 0
+    assert target.prefill_calls == 1 and target.forward_calls == 0
+    assert list(target.cached_tokens) == prompt[:PREFILL_SLICE]
+
+    retry = run_generation(target, prompt, plain(), GREEDY, max_tokens=5, cancel=threading.Event())
+    assert retry.stats.cached_prompt_tokens == PREFILL_SLICE
+    assert target.prefill_token_count == len(prompt) - 1
+    fresh = HashModel(n_ctx=4 * PREFILL_SLICE, eos_bias=-np.inf)
+    expected = run_generation(fresh, prompt, plain(), GREEDY, max_tokens=5)
+    assert retry.tokens == expected.tokens

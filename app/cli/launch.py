@@ -186,6 +186,9 @@ def agent_plan(
             }
         )
         environment.setdefault("API_TIMEOUT_MS", str(SLOW_FIRST_TOKEN_MS))
+        # Claude Code also drops a stream that sends no event for 5 minutes (SSE
+        # comments do not count) and retries without streaming, reading the prompt again.
+        environment.setdefault("CLAUDE_STREAM_IDLE_TIMEOUT_MS", str(SLOW_FIRST_TOKEN_MS))
         return LaunchPlan([executable, *arguments], environment)
     if agent.name == "codex":
         environment[API_KEY_ENV] = endpoint.key

@@ -37,10 +37,10 @@ class ResponseFormat:
     response_object = ""
     chunk_object = ""
     # Whether a stream sends a comment every second without news (reading a long
-    # prompt, say), for clients whose HTTP stack drops a silent stream: set by dialects
-    # whose agents read long prompts on slow machines. A client that asked for progress
-    # gets them anyway.
-    keep_alive = False
+    # prompt, say). Agents send prompts of many thousand tokens, minutes of reading on
+    # a CPU, and their HTTP stacks drop a silent stream (Node's fetch after 300 s,
+    # Claude Code after its own idle limit); SSE readers skip comments.
+    keep_alive = True
 
     def __init__(
         self,

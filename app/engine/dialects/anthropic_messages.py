@@ -78,9 +78,6 @@ class MessagesFormat(ChatFormat):
     """A chat reply as an Anthropic message, whole or as a stream of its events."""
 
     id_prefix = "msg"
-    # Claude Code's prompt is ~20k tokens: minutes of reading on a CPU, during which
-    # its HTTP stack would otherwise give up on a silent stream.
-    keep_alive = True
 
     def __init__(self, model_id: str, **options: Any) -> None:
         super().__init__(model_id, **options)
