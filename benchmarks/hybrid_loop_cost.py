@@ -9,7 +9,9 @@ with its own noisy draft. Then, in this one process:
 1. **The loop**: each target generates with ``--drafter none / ngram / model / mtp`` at
    temperature 0 and at 0.7 (top_p 0.95), fixed K, and the statistics' host time per
    generated token (``host_ms_per_token``: decode time outside the runtimes' forward
-   and rollback calls, what ``draftpen generate --json`` reports) is read, with tok/s.
+   and rollback calls, the figure ``draftpen generate --json`` reports) is read from
+   ``Engine.generate``'s statistics, with tok/s. The consumer here does nothing with
+   the events; ``generate`` also prints the reply, which counts as host time there.
    The target's and the drafters' runtime calls are timed too (the timers run inside
    the runtime's share of the time, not the host's), which gives what a verify, a
    rollback, a draft-model step and an MTP step cost, and how many checkpoint restores
@@ -18,7 +20,9 @@ with its own noisy draft. Then, in this one process:
 2. **Rollback, one operation at a time**, on a prompt already read: a 5-token forward
    then dropping 3 of it, by llama.cpp's snapshots, by checkpoint restore (the copy
    before the forward timed apart) and by a KV-cache cut on the attention-only model;
-   and the next 1-token forward, which after a restore carries the replayed tokens.
+   and the next 1-token forward, which after a restore first replays the kept tokens
+   (ahead of the batch, or as a decode of their own where the batch needs a checkpoint
+   before it, as every verify does without snapshots).
 
 Random weights say nothing about acceptance, and so nothing about speed-ups: the tiny
 models' acceptance figures are printed only to show what each run did. The host and
@@ -289,7 +293,7 @@ class LoopRun:
     restore_ms: float | None
     draft_step_ms: float | None
     draft_keep_point_ms: float | None
-    draft_rollback_ms: float | None
+    draft_rollback_ms_per_token: float | None
     mtp_start_ms: float | None
     mtp_step_ms: float | None
     mtp_ms_per_drafted: float | None
@@ -375,7 +379,11 @@ def run_loop(
         restore_ms=median("target restore"),
         draft_step_ms=median("draft forward", lambda count: count == 1),
         draft_keep_point_ms=median("draft keep point"),
-        draft_rollback_ms=median("draft rollback"),
+        draft_rollback_ms_per_token=(
+            1e3 * calls["draft rollback"].total() / stats.generated_tokens
+            if calls.get("draft rollback") and calls["draft rollback"].seconds
+            else None
+        ),
         mtp_start_ms=median("mtp start"),
         mtp_step_ms=median("mtp step"),
         mtp_ms_per_drafted=1e3 * mtp_seconds / drafted if drafted else None,
@@ -566,11 +574,14 @@ def report(
             f"{min(loads):4.1f}-{max(loads):<4.1f}"
         )
     yield ""
-    yield "2. What the runtime calls cost inside those runs (ms, medians over the runs' calls)"
+    yield (
+        "2. What the runtime calls cost inside those runs (ms; medians over the runs' calls, "
+        "but rollbacks per generated token: the target's, and the draft model's)"
+    )
     yield (
         f"{'target':<26} {'drafter':<7} {'setting':<5} {'1-tok fwd':>9} {'verify':>7} "
         f"{'(tokens)':>8} {'rollback/tok':>12} {'ckpt':>6} {'restore':>7} "
-        f"{'draft step':>10} {'keep pt':>7} {'d rollback':>10} {'mtp start':>9} "
+        f"{'draft step':>10} {'keep pt':>7} {'d rb/tok':>8} {'mtp start':>9} "
         f"{'mtp step':>8} {'mtp/drafted':>11}"
     )
     for (target, drafter, setting), done in groups.items():
@@ -584,7 +595,7 @@ def report(
             f"{_median([run.restore_ms for run in done]):>7} "
             f"{_median([run.draft_step_ms for run in done]):>10} "
             f"{_median([run.draft_keep_point_ms for run in done]):>7} "
-            f"{_median([run.draft_rollback_ms for run in done]):>10} "
+            f"{_median([run.draft_rollback_ms_per_token for run in done], 4):>8} "
             f"{_median([run.mtp_start_ms for run in done]):>9} "
             f"{_median([run.mtp_step_ms for run in done]):>8} "
             f"{_median([run.mtp_ms_per_drafted for run in done]):>11}"
