@@ -1,9 +1,10 @@
 """The MLX runtime, through mlx and mlx-lm (Metal on Apple Silicon; CPU on Linux for tests).
 
 A model directory (or Hugging Face repo) in mlx-lm's format is loaded with mlx-lm's
-loader; the KV cache is mlx-lm's prompt cache, and ``rollback`` trims it. Models whose
-cache cannot be trimmed (sliding-window or recurrent layers) are refused: the
-speculative loop must forget rejected draft positions.
+loader; the KV cache is mlx-lm's prompt cache, and ``rollback`` trims it. Recurrent
+layers (hybrid Qwen3.5/3.6's Gated DeltaNet) cannot be trimmed: a snapshot is restored
+and the tokens past it replayed (backends/mlx_rollback.py). Sliding-window layers are
+refused: the speculative loop must forget rejected draft positions.
 
 MLX evaluates lazily, which gives a prefill without the output layer for free: the
 prompt goes through the model, but only the cache's keys and values are evaluated, so
@@ -31,6 +32,7 @@ from backends.errors import (
     ModelLoadError,
     RuntimeUnavailableError,
 )
+from backends.mlx_rollback import cache_nbytes, cache_rollback, untrimmable_cache_reason
 from backends.rows import HostRows, LogitRows
 from backends.sampling import SamplingParams, distribution
 from backends.sparse_distribution import SparseDistribution
@@ -42,12 +44,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 try:
     import mlx.core as mx
-    from mlx_lm.models.cache import (
-        RotatingKVCache,
-        can_trim_prompt_cache,
-        make_prompt_cache,
-        trim_prompt_cache,
-    )
+    from mlx_lm.models.cache import ArraysCache, RotatingKVCache, make_prompt_cache
     from mlx_lm.utils import load as mlx_lm_load
 except ImportError as error:  # pragma: no cover - exercised where mlx is absent
     raise RuntimeUnavailableError(
@@ -75,27 +72,6 @@ def uses_gpu() -> bool:
     return mx.default_device().type == mx.DeviceType.gpu
 
 
-def untrimmable_cache_reason(cache: list[Any]) -> str | None:
-    """Why this prompt cache cannot be rolled back, or None when it can.
-
-    A sliding-window layer (``RotatingKVCache``) reports itself trimmable only until its
-    window fills, after which the positions a rollback needs are gone; recurrent layers
-    (``ArraysCache``, Mamba-style) are never trimmable.
-    """
-    sliding = [layer for layer in cache if isinstance(layer, RotatingKVCache)]
-    if sliding:
-        return f"{len(sliding)} of its {len(cache)} layers use a sliding-window cache"
-    if not can_trim_prompt_cache(cache):
-        kinds = sorted({type(layer).__name__ for layer in cache if not layer.is_trimmable()})
-        return f"its cache layers of type {', '.join(kinds)} cannot be trimmed"
-    return None
-
-
-def _cache_nbytes(cache: list[Any]) -> int:
-    """Bytes held by a prompt cache's key and value buffers."""
-    return sum(int(layer.nbytes) for layer in cache)
-
-
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, reversed: printable stand-in character -> byte."""
     printable = (
@@ -114,7 +90,7 @@ def _byte_decoder() -> dict[str, int]:
 
 
 class MlxModel:
-    """An mlx-lm model with one trimmable prompt cache."""
+    """An mlx-lm model with one prompt cache that rolls back (trimmed, or restored)."""
 
     def __init__(
         self,
@@ -142,13 +118,18 @@ class MlxModel:
             # SmolLM2, one token takes 265 ms in float32, 334 in bfloat16, 685 in float16.
             self._model.set_dtype(mx.float32)
         self._cache = make_prompt_cache(self._model)
-        refusal = untrimmable_cache_reason(self._cache)
+        refusal = untrimmable_cache_reason(
+            self._cache, sliding=RotatingKVCache, recurrent=ArraysCache
+        )
         if refusal is not None:
             raise ModelLoadError(
                 f"{self.name} cannot be used for speculative decoding on MLX: {refusal}, "
                 "and rejected draft tokens must be forgotten. Use --runtime llamacpp for "
                 "this model, or pick another pair."
             )
+        self._rollback = cache_rollback(self._cache, recurrent=ArraysCache)
+        self.recurrent = self._rollback.recurrent
+        self.rollback_limit = self._rollback.rollback_limit  # None: any depth, for free
         self.n_ctx = n_ctx
         self.size_bytes = sum(f.stat().st_size for f in self.path.glob("*.safetensors"))
         self._tokens: list[int] = []
@@ -294,13 +275,16 @@ class MlxModel:
         self._tokens.extend(tokens)
         return logits
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Evaluate tokens into the cache without ever computing the output layer."""
+    def prefill(self, tokens: Sequence[int], *, replay: bool = False) -> None:
+        """Evaluate tokens into the cache without ever computing the output layer (a
+        ``replay`` after a rollback is queued, ``async_eval``, while the host drafts)."""
         self._check_room(len(tokens))
         for offset in range(0, len(tokens), PREFILL_CHUNK):
             self._run(tokens[offset : offset + PREFILL_CHUNK])
             # Only the cache is evaluated; the lazy logits graph is dropped unevaluated.
-            mx.eval([layer.state for layer in self._cache])
+            (mx.async_eval if replay else mx.eval)([layer.state for layer in self._cache])
+        if not replay:
+            self._rollback.prefilled(len(self._tokens), len(tokens))
 
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
         """Evaluate ``tokens`` in one pass; return float32 logits, one row per token."""
@@ -315,6 +299,7 @@ class MlxModel:
         if last_only and count > 1:
             self.prefill(tokens[:-1])
             tokens = tokens[-1:]
+        self._rollback.before_forward(len(self._tokens), len(tokens))
         logits = self._run(tokens)[0].astype(mx.float32)
         mx.eval(logits, [layer.state for layer in self._cache])
         return logits
@@ -331,15 +316,20 @@ class MlxModel:
         return MlxRows(self._device_logits(tokens, last_only=last_only))
 
     def rollback(self, n_keep: int) -> None:
-        """Forget cached positions from ``n_keep`` on, by trimming mlx-lm's prompt cache."""
+        """Forget cached positions from ``n_keep`` on, by trimming mlx-lm's prompt cache
+        (a recurrent state: by restoring a snapshot and replaying the tokens past it)."""
         n_keep = max(0, n_keep)
-        excess = len(self._tokens) - n_keep
-        if excess <= 0:
-            return
-        trimmed = trim_prompt_cache(self._cache, excess)
-        if trimmed != excess:
-            raise DecodeError(f"mlx-lm trimmed {trimmed} of {excess} cached positions")
-        del self._tokens[n_keep:]
+        if n_keep < len(self._tokens):
+            self.prefill(self._rollback.rollback(self._tokens, n_keep), replay=True)
+
+    def keep_rollback_point(self) -> None:
+        """A later rollback will come back to the current end: snapshot a recurrent state."""
+        self._rollback.keep_point(len(self._tokens))
+
+    def reusable_prefix(self, shared: int) -> int:
+        """How many of the first ``shared`` cached tokens a rollback to ``shared`` keeps
+        without evaluating them again (all, but where a recurrent state's snapshots end)."""
+        return self._rollback.reusable_prefix(len(self._tokens), shared)
 
     # -- keeping conversations -----------------------------------------------
 
@@ -351,7 +341,9 @@ class MlxModel:
         """
         saved = copy.deepcopy(self._cache)
         mx.eval([layer.state for layer in saved])
-        return SequenceState(tuple(self._tokens), _cache_nbytes(saved), saved, owner=self)
+        return SequenceState(
+            tuple(self._tokens), cache_nbytes(saved, recurrent=ArraysCache), saved, owner=self
+        )
 
     def restore_state(self, state: SequenceState) -> None:
         """Make a fresh copy of a saved prompt cache the live one."""
@@ -361,6 +353,7 @@ class MlxModel:
         mx.eval([layer.state for layer in restored])
         self._cache = restored
         self._tokens = list(state.tokens)
+        self._rollback.attach(restored)  # a recurrent state: whole, its snapshots forgotten
 
     def close(self) -> None:
         """Drop the weights and the cache (MLX frees memory when arrays go away)."""
