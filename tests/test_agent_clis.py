@@ -1,21 +1,34 @@
 """The agent CLIs people run, as published on npm, answering through ``draftpen launch``.
 
-Each test runs a real CLI (installed by the test setup: ``npm install -g opencode-ai``
-...) through ``draftpen launch``, which starts an engine on TCP with its API key in a
-private ``DRAFTPEN_HOME``, loads the starter pair and passes the CLI its settings; the
-CLI's home and XDG directories are private too, so nothing of the user's is read or
-written. They are slow on a CPU (the agents' prompts are thousands of tokens), so they
+Each test runs a real CLI (installed by the test setup: ``npm install -g
+@anthropic-ai/claude-code @openai/codex opencode-ai``, see packaging/lib.sh) through
+``draftpen launch AGENT --pair starter -- ARGS``, as a user would: launch finds or starts
+an engine on TCP with its API key, loads the starter pair with a context the agent's
+prompt fits in, and runs the CLI with its settings for this run only. The tests share
+one private ``DRAFTPEN_HOME``, so the first launch starts the engine (and measures the
+pair's forward costs once) and the others find it; each CLI has its own private home
+and XDG directories, so nothing of the user's is read or written. They are slow on a
+CPU (the agents' prompts are thousands of tokens: Claude Code's about 19k), so they
 are marked ``agent_cli`` and can be run alone: ``pytest -m agent_cli``.
+
+What the starter model (1.5B) answers is its own affair: sampled at the agent's
+temperature it may write "5" or first call one of the agent's tools (CI once saw Claude
+Code print "Task #1 created successfully"). The tests assert what draftpen owes: the
+CLI finishes its session without an error, every request it sent was answered 200, and
+the usage it read from our stream is the size of its prompt.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,14 +41,44 @@ from tests.test_cli_generate import REPO
 CLI_SECONDS = 3000
 
 
-def private_environment(tmp_path: Path) -> dict[str, str]:
-    """The test's environment with draftpen's and the CLI's homes under ``tmp_path``."""
-    home = tmp_path / "home"
-    home.mkdir()
-    skipped = ("XDG_", "OPENCODE", "ANTHROPIC_", "DRAFTPEN_HOME", "DRAFTPEN_API_KEY")
+@dataclass
+class AgentsHome:
+    """The private draftpen home the launches share, and where each CLI's home goes."""
+
+    root: Path
+
+    @property
+    def draftpen(self) -> Path:
+        return self.root / "draftpen"
+
+    @property
+    def engine_log(self) -> Path:
+        return self.draftpen / "cache" / "engine.log"
+
+    def requests(self, path: str) -> list[str]:
+        """The engine log's lines for requests to ``path``."""
+        if not self.engine_log.exists():
+            return []
+        return [line for line in self.engine_log.read_text().splitlines() if f"POST {path}" in line]
+
+
+@pytest.fixture(scope="module")
+def agents_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentsHome]:
+    require_model(TARGET_KEY)
+    require_model(DRAFT_KEY)
+    home = AgentsHome(tmp_path_factory.mktemp("agents"))
+    yield home
+    stop_launched_engine(home.draftpen)
+
+
+def private_environment(agents: AgentsHome, name: str) -> dict[str, str]:
+    """The test's environment with draftpen's home shared and the CLI's own under ``name``."""
+    home = agents.root / name / "home"
+    home.mkdir(parents=True)
+    skipped = ("XDG_", "OPENCODE", "ANTHROPIC_", "CODEX_", "DRAFTPEN_HOME", "DRAFTPEN_API_KEY")
     return {
-        **{name: value for name, value in os.environ.items() if not name.startswith(skipped)},
-        "DRAFTPEN_HOME": str(tmp_path / "draftpen"),
+        **{key: value for key, value in os.environ.items() if not key.startswith(skipped)},
+        "DRAFTPEN_HOME": str(agents.draftpen),
         "HOME": str(home),
         "XDG_CONFIG_HOME": str(home / ".config"),
         "XDG_DATA_HOME": str(home / ".local/share"),
@@ -57,42 +100,99 @@ def stop_launched_engine(draftpen_home: Path) -> None:
             time.sleep(0.2)
 
 
-@pytest.mark.real_model
-@pytest.mark.agent_cli
-def test_opencode_answers_through_draftpen_launch(tmp_path: Path):
-    if shutil.which("opencode") is None:
-        pytest.fail("opencode is not installed: npm install -g opencode-ai")
-    require_model(TARGET_KEY)
-    require_model(DRAFT_KEY)
-    env = private_environment(tmp_path)
-    project = tmp_path / "project"
+@dataclass
+class Launched:
+    """One ``draftpen launch`` run: its result, the project it ran in, and a report."""
+
+    result: subprocess.CompletedProcess[str]
+    project: Path
+    report: str
+
+
+def launch(agents: AgentsHome, agent: str, arguments: list[str]) -> Launched:
+    """``draftpen launch AGENT --pair starter -- ARGUMENTS`` in a fresh project directory."""
+    if shutil.which(agent) is None:
+        # packaging/test.sh installs it (install_agent_clis); a run without it is no pass.
+        pytest.fail(f"{agent} is not installed: run packaging/test.sh, or npm install it")
+    env = private_environment(agents, agent)
+    project = agents.root / agent / "project"
     project.mkdir()
-    command = [sys.executable, "-m", "app.main", "launch", "opencode", "--pair", "starter"]
+    command = [sys.executable, "-m", "app.main", "launch", agent, "--pair", "starter"]
     started = time.monotonic()
-    try:
-        result = subprocess.run(
-            # The number only: a 1.5B model asked a bare "What is 2+3?" may reach for
-            # opencode's bash tool first, and that is the model's choice, not the wire's.
-            [*command, "--", "run", "What is 2+3? Answer with the number only."],
-            cwd=project,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=CLI_SECONDS,
-            stdin=subprocess.DEVNULL,
-        )
-    finally:
-        stop_launched_engine(tmp_path / "draftpen")
-    engine_log = tmp_path / "draftpen" / "cache" / "engine.log"
-    requests = [line for line in engine_log.read_text().splitlines() if "/health" not in line]
+    result = subprocess.run(
+        [*command, "--", *arguments],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CLI_SECONDS,
+        stdin=subprocess.DEVNULL,
+    )
+    log = agents.engine_log.read_text().splitlines() if agents.engine_log.exists() else []
+    requests = [line for line in log if "/health" not in line]
     report = (
         f"launch took {time.monotonic() - started:.0f}s\nstdout:\n{result.stdout}\n"
         f"stderr:\n{result.stderr}\nengine log:\n" + "\n".join(requests[-20:])
     )
-    assert result.returncode == 0, report
+    return Launched(result, project, report)
+
+
+def assert_all_answered(agents: AgentsHome, path: str, report: str) -> None:
+    """The agent sent requests to ``path``, and each was answered 200."""
+    requests = agents.requests(path)
+    assert requests, report
+    assert all("200 OK" in line for line in requests), report
+
+
+@pytest.mark.real_model
+@pytest.mark.agent_cli
+def test_claude_code_answers_through_draftpen_launch(agents_home: AgentsHome):
+    launched = launch(
+        agents_home,
+        "claude",
+        ["-p", "What is 2+3?", "--output-format", "json"],
+    )
+    assert launched.result.returncode == 0, launched.report
+    outcome = json.loads(launched.result.stdout)
+    assert outcome["is_error"] is False and outcome["subtype"] == "success", launched.report
+    assert outcome["result"].strip(), launched.report
+    # Claude Code's system prompt and tools are ~19k tokens: a usage near zero would mean
+    # it never read ours from message_start / message_delta.
+    usage = outcome["usage"]
+    read = usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
+    assert read > 5000 and usage["output_tokens"] > 0, usage
+    assert_all_answered(agents_home, "/v1/messages", launched.report)
+
+
+@pytest.mark.real_model
+@pytest.mark.agent_cli
+def test_codex_answers_through_draftpen_launch(agents_home: AgentsHome):
+    launched = launch(
+        agents_home,
+        "codex",
+        ["exec", "--skip-git-repo-check", "What is 2+3? Answer with the number only."],
+    )
+    assert launched.result.returncode == 0, launched.report
+    # codex exec prints the agent's last message on stdout.
+    assert launched.result.stdout.strip(), launched.report
+    assert_all_answered(agents_home, "/v1/responses", launched.report)
+
+
+@pytest.mark.real_model
+@pytest.mark.agent_cli
+def test_opencode_answers_through_draftpen_launch(agents_home: AgentsHome):
+    launched = launch(
+        agents_home,
+        "opencode",
+        # The number only: a 1.5B model asked a bare "What is 2+3?" may reach for
+        # opencode's bash tool first, and that is the model's choice, not the wire's.
+        ["run", "What is 2+3? Answer with the number only."],
+    )
+    assert launched.result.returncode == 0, launched.report
     # opencode run prints the agent's answer on stdout.
-    assert "5" in result.stdout, report
-    assert "running opencode on 'starter'" in result.stderr
+    assert launched.result.stdout.strip(), launched.report
+    assert_all_answered(agents_home, "/v1/chat/completions", launched.report)
     # Its settings came for this run only: no config file was written for it.
-    config_dir = Path(env["XDG_CONFIG_HOME"]) / "opencode"
-    assert not any(config_dir.glob("opencode.json*")) and not (project / "opencode.json").exists()
+    home = agents_home.root / "opencode" / "home"
+    assert not any((home / ".config" / "opencode").glob("opencode.json*"))
+    assert not (launched.project / "opencode.json").exists()

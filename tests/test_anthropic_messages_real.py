@@ -1,20 +1,15 @@
-"""Anthropic's Messages API on the real starter pair: the ``anthropic`` SDK and Claude Code.
+"""Anthropic's Messages API on the real starter pair, through the ``anthropic`` SDK.
 
 ``draftpen serve --pair starter`` runs as a subprocess on TCP with an API key, as an
 agent CLI would reach it. The SDK tests check what generation decides (an answer, a
 call the grammar makes certain, a tool result answered); the shapes are checked fast,
-on scripted models, in tests/test_anthropic_messages.py. The ``agent_cli`` test runs
-Claude Code itself (``npm install -g @anthropic-ai/claude-code``), unchanged, pointed
-at the server with its own environment variables.
+on scripted models, in tests/test_anthropic_messages.py. Claude Code itself answers
+through ``draftpen launch claude`` in tests/test_agent_clis.py.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -128,81 +123,3 @@ def test_starter_must_call_the_named_tool_then_answers_its_result(
         final = stream.get_final_message()
     assert final.stop_reason == "end_turn"
     assert final.content[0].type == "text" and "18" in final.content[0].text
-
-
-# -- Claude Code ----------------------------------------------------------------------------
-
-# Claude Code's system prompt and tools are ~19k tokens (18,751 by count_tokens with
-# Claude Code 2.1.197 on the starter pair): the pair needs a 32k context for it.
-CLAUDE_CODE_CONTEXT = "32768"
-# Reading that prompt takes minutes on a 2-core CPU: Claude Code may wait that long.
-CLAUDE_CODE_SECONDS = 1800
-
-
-def claude_code_environment(home: Path, base_url: str, model: str) -> dict[str, str]:
-    """What Claude Code needs to talk to draftpen alone: the URL, the key, no other traffic.
-
-    ``HOME`` is a fresh directory, so nothing of the user's own configuration is read or
-    written; the key goes as ``Authorization: Bearer`` (ANTHROPIC_AUTH_TOKEN), which
-    Claude Code uses without asking to approve it; its background model (haiku) is the
-    pair too, since draftpen has no other.
-    """
-    return {
-        "PATH": os.environ["PATH"],
-        "HOME": str(home),
-        "ANTHROPIC_BASE_URL": base_url,
-        "ANTHROPIC_AUTH_TOKEN": API_KEY,
-        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
-        "ANTHROPIC_SMALL_FAST_MODEL": model,
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_ERROR_REPORTING": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "API_TIMEOUT_MS": str(CLAUDE_CODE_SECONDS * 1000),
-        # Claude Code drops a stream that sends no event for 5 minutes (the keep-alive
-        # comments count only for its byte watchdog) and retries without streaming;
-        # reading its prompt on a CPU takes longer than that.
-        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(CLAUDE_CODE_SECONDS * 1000),
-    }
-
-
-@pytest.mark.real_model
-@pytest.mark.agent_cli
-def test_claude_code_answers_a_question_through_the_starter_pair(
-    tmp_path_factory: pytest.TempPathFactory,
-):
-    claude = shutil.which("claude")
-    if claude is None:
-        # packaging/test.sh installs it (install_agent_clis); a run without it is no pass.
-        pytest.fail("Claude Code is not installed: npm install -g @anthropic-ai/claude-code")
-    require_model(TARGET_KEY)
-    require_model(DRAFT_KEY)
-    home = tmp_path_factory.mktemp("claude-code")
-    server = start_server(
-        home,
-        home / "s.sock",
-        "--tcp",
-        "127.0.0.1:0",
-        "--api-key",
-        API_KEY,
-        "--context",
-        CLAUDE_CODE_CONTEXT,
-        pair="starter",
-    )
-    try:
-        user_home = home / "user"
-        user_home.mkdir()
-        result = subprocess.run(
-            [claude, "-p", "What is 2+3?", "--model", "starter"],
-            env=claude_code_environment(user_home, server.health()["tcp"], "starter"),
-            cwd=user_home,
-            capture_output=True,
-            text=True,
-            timeout=CLAUDE_CODE_SECONDS,
-        )
-    finally:
-        server.stop()
-    assert result.returncode == 0, (result.stdout, result.stderr, server.log()[-3000:])
-    assert "5" in result.stdout
-    requests = [line for line in server.log().splitlines() if "POST /v1/messages" in line]
-    assert requests and all("200 OK" in line for line in requests), requests
