@@ -304,3 +304,24 @@ def test_sliding_window_layers_beside_recurrent_ones_are_still_refused():
     assert untrimmable_cache_reason([ArraysCache(2), KVCache()], **kinds) is None
     reason = untrimmable_cache_reason([ArraysCache(2), RotatingKVCache(8)], **kinds)
     assert reason == "1 of its 2 layers use a sliding-window cache"
+
+
+def test_sampled_speculation_on_a_hybrid_target_is_reproducible(engine: Engine):
+    """At temperature 0.7 with a seed, rounds are rolled back and replayed the same way
+    each time: the same reply twice."""
+    from backends.sampling import SamplingParams
+
+    prompt = engine.chat_prompt(PROMPT)
+    replies = []
+    for _ in range(2):
+        request = GenerationRequest(
+            prompt_tokens=tuple(prompt),
+            max_tokens=40,
+            drafter="model",
+            draft_tokens=4,
+            params=SamplingParams(temperature=0.7, seed=3),
+        )
+        events = list(engine.generate(request))
+        replies.append([token for event in events for token in event.tokens])
+        assert events[-1].stats.drafted > events[-1].stats.accepted
+    assert replies[0] == replies[1]
