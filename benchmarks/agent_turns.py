@@ -21,7 +21,13 @@ target is that turn 2 costs what reading its new tokens costs at turn 1's rate:
 waits for both; a decode round is turn 1's mean), and turn 2's first token within 10%
 of that. The strict figure, read rate x new tokens alone, is printed too.
 
-    PYTHONPATH=. python benchmarks/agent_turns.py --pair starter
+That projection is optimistic: a few tokens read at the end of a long context cost
+more each than turn 1's average (a small batch, and attention over the whole cache).
+``--yardstick TARGET_GGUF`` measures the honest yardstick: llama-cpp-python alone
+reading turn 2's new tokens at turn 2's position, with flash attention on (the kernels
+draftpen's contexts use) and off (llama-cpp-python's default).
+
+    PYTHONPATH=. python benchmarks/agent_turns.py --pair starter --yardstick TARGET.gguf
     PYTHONPATH=. python benchmarks/agent_turns.py --system-tokens 20000 --context 32768
 
 Needs the pair downloaded (``draftpen models pull starter``). It starts its own engine
@@ -151,6 +157,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--home", type=Path, default=None, help="DRAFTPEN_HOME for the engine")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--yardstick",
+        type=Path,
+        default=None,
+        metavar="TARGET_GGUF",
+        help="also time llama-cpp-python alone reading turn 2's new tokens at turn 2's "
+        "position, with the pair's target file (the runtime's own cost of that read)",
+    )
     args = parser.parse_args()
 
     home = args.home or Path(tempfile.mkdtemp(prefix="agent-turns-home-"))
@@ -205,8 +219,62 @@ def main() -> None:
         f"({ratio:.2f}x the projected {projected:.3f} s, strict {strict:.3f} s; "
         f"{100 * result['turn_2_over_turn_1']:.1f}% of turn 1)"
     )
+    if args.yardstick is not None:
+        # Flash attention on, as draftpen's contexts have it (llama.cpp's default), and
+        # off, as llama-cpp-python's Llama has it by default.
+        for flash_attn, label in ((True, "flash_attn_on"), (False, "flash_attn_off")):
+            read = runtime_read_seconds(
+                args.yardstick, args, second["cached_tokens"], new_tokens, flash_attn
+            )
+            result[f"runtime_reads_new_tokens_seconds_{label}"] = round(read, 4)
+            result[f"turn_2_over_runtime_read_{label}"] = round(
+                second["time_to_first_token"] / read, 3
+            )
+            print(
+                f"llama-cpp-python alone ({label.replace('_', ' ')}) reads {new_tokens} tokens "
+                f"at position {second['cached_tokens']} in {read:.3f} s (to its first "
+                f"logits); turn 2's first token took "
+                f"{second['time_to_first_token'] / read:.2f}x that"
+            )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+
+def runtime_read_seconds(
+    path: Path, args: argparse.Namespace, cached: int, new: int, flash_attn: bool
+) -> float:
+    """llama-cpp-python's own time to read ``new`` tokens after ``cached`` ones (median of 3).
+
+    The yardstick for turn 2: what the runtime alone needs to read its new tokens at
+    that position of the context, with the engine's thread count and batch size, the
+    cache already holding the shared prefix. (Only the counts and positions matter for
+    the time, so the tokens are this prompt's text, not the chat template's.)
+    """
+    from backends.llamacpp_library import llama_cpp, physical_cores
+
+    threads = physical_cores()
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=args.context,
+        n_batch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        flash_attn=flash_attn,
+        verbose=False,
+    )
+    text = system_prompt(args.system_tokens)
+    tokens = llm.tokenize(text.encode())
+    while len(tokens) < cached + new:
+        tokens += tokens
+    llm.eval(tokens[:cached])
+    times = []
+    for _ in range(3):
+        llm.n_tokens = cached  # back to the shared prefix (the KV past it is overwritten)
+        started = time.perf_counter()
+        llm.eval(tokens[cached : cached + new])
+        times.append(time.perf_counter() - started)
+    llm.close()
+    return sorted(times)[1]
 
 
 if __name__ == "__main__":
