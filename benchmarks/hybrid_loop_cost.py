@@ -60,13 +60,12 @@ from backends.engine import Engine, GenerationRequest
 from backends.sampling import SamplingParams
 from tests.model_files import SMOLLM2_KEY, require_model
 from tests.tiny_hybrid import (
-    _TOKENIZER_ARRAYS,
-    _TOKENIZER_SCALARS,
     HEAD_DIM,
     N_EMBD,
     N_FF,
     N_HEAD,
     N_HEAD_KV,
+    finish_gguf,
     perturbed,
     tiny_qwen35_tensors,
     write_tiny_qwen35,
@@ -134,20 +133,7 @@ def write_attention_only(
     writer.add_uint32(f"{arch}.attention.value_length", HEAD_DIM)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_float32(f"{arch}.rope.freq_base", 10_000_000.0)
-    for key in _TOKENIZER_SCALARS:
-        found = reader.fields.get(key)
-        if found is not None:
-            writer.add_key_value(key, found.contents(), found.types[0])
-    for key in _TOKENIZER_ARRAYS:
-        found = reader.fields[key]
-        writer.add_key_value(key, found.contents(), found.types[0], found.types[1])
-    for name, values in tensors.items():
-        wide = name in ("token_embd.weight", "output.weight")
-        writer.add_tensor(name, values.astype(np.float16) if wide else values)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer, reader, tensors)
     return path
 
 

@@ -15,6 +15,7 @@ full attention block, ``qwen35.nextn_predict_layers = 1``), as Qwen3.5/3.6 ship 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -206,6 +207,16 @@ def write_tiny_qwen35(
     writer.add_uint32(f"{ARCH}.full_attention_interval", FULL_ATTENTION_INTERVAL)
     if nextn_layers:
         writer.add_uint32(f"{ARCH}.nextn_predict_layers", nextn_layers)
+    finish_gguf(writer, reader, tensors)
+    return path
+
+
+def finish_gguf(writer: Any, reader: Any, tensors: dict[str, np.ndarray]) -> None:
+    """Copy ``reader``'s tokenizer into ``writer``, add ``tensors`` and write the file.
+
+    The architecture's own keys are the caller's (a ``gguf.GGUFWriter`` and the
+    ``gguf.GGUFReader`` of the file whose tokenizer the tiny model borrows).
+    """
     for key in _TOKENIZER_SCALARS:
         field = reader.fields.get(key)
         if field is not None:
@@ -221,4 +232,3 @@ def write_tiny_qwen35(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
