@@ -8,6 +8,7 @@ needs, and its one-token-per-byte prompts make the context's arithmetic exact.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -272,3 +273,28 @@ def test_the_openai_sdk_reads_a_stream_with_keep_alive_comments(tmp_path: Path):
             releaser.cancel()
             model.release.set()
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ANSWER
+
+
+def test_the_engine_log_says_how_much_of_each_prompt_was_cached(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    # An agent resends its whole prompt every turn; the log line of each request says
+    # whether the engine read only what was new (how a slow agent turn is diagnosed).
+    caplog.set_level(logging.INFO, logger="draftpen.server")
+    with scripted_server(tmp_path, ["Four.", "Five."], HermesScriptedModel) as (sdk, _, _):
+        first = sdk.chat.completions.create(**ask("What is 2+2?", max_tokens=20))
+        turn = [
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And 2+3?"},
+        ]
+        second = sdk.chat.completions.create(**{**ask(max_tokens=20), "messages": turn})
+    lines = [r.getMessage() for r in caplog.records if "of them cached" in r.getMessage()]
+    assert len(lines) == 2, lines
+    for line, response in zip(lines, (first, second), strict=True):
+        usage = response.usage
+        assert usage is not None and usage.prompt_tokens_details is not None
+        cached = usage.prompt_tokens_details.cached_tokens
+        assert f"prompt {usage.prompt_tokens} tokens, {cached} of them cached" in line
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    assert second.usage.prompt_tokens_details.cached_tokens > 0

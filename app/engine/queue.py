@@ -391,13 +391,19 @@ class GenerationQueue:
                 job.cancel_reason or "cancelled",
             )
             return "cancelled"
+        # The prompt's cached share says whether an agent's turn read only what was new.
+        prompt = last.stats.prompt_tokens if last else 0
+        cached = last.stats.cached_prompt_tokens if last else 0
         logger.info(
-            "%s: %d tokens in %.2fs after %.2fs in the queue, finish_reason %s",
+            "%s: %d tokens in %.2fs after %.2fs in the queue, finish_reason %s; "
+            "prompt %d tokens, %d of them cached",
             job.id,
             tokens,
             seconds,
             waited,
             last.finish_reason if last else None,
+            prompt,
+            cached,
         )
         return "completed"
 
