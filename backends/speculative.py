@@ -119,17 +119,15 @@ def speculative_generate(
     stats.prefill_seconds = time.perf_counter() - started
     stats.decode_started = time.perf_counter()
     previous_round_end = stats.decode_started
+    detokenizer = IncrementalDetokenizer(target)
+    stop_filter = StopStringFilter(stop)
     if not read_whole:
         # What was read stays cached: a retry of the same prompt starts from there.
-        yield _final_event(
-            stats, StopStringFilter(stop), IncrementalDetokenizer(target), FINISH_CANCELLED
-        )
+        yield _final_event(stats, stop_filter, detokenizer, FINISH_CANCELLED)
         return
 
     policy.begin(prompt_tokens)
     context = list(prompt_tokens)  # committed tokens; the last one is pending
-    detokenizer = IncrementalDetokenizer(target)
-    stop_filter = StopStringFilter(stop)
     greedy = params.greedy
     learns = getattr(policy, "LEARNS", True)
     # The reply's token counts for presence/frequency penalties (None: both are 0).
@@ -284,11 +282,18 @@ def _prefill(target: Model, tokens: Sequence[int], cancel: threading.Event | Non
     An agent's prompt takes minutes to read on a CPU, and its client may give up and
     go (or the server stop) meanwhile: the queue should not be held for a reader who
     has left. A slice spans several of the runtime's batches, so the checks cost nothing.
+    The slices are of equal size (at most ``PREFILL_SLICE``), so the last one is never a
+    stub: a recurrent target keeps its checkpoint where a prefill of a prompt-sized
+    stretch ends (backends/llamacpp_rollback.py), and that must be the prompt's end.
     """
-    for offset in range(0, len(tokens), PREFILL_SLICE):
+    if not tokens:
+        return True
+    slices = -(-len(tokens) // PREFILL_SLICE)
+    size = -(-len(tokens) // slices)
+    for offset in range(0, len(tokens), size):
         if cancel is not None and cancel.is_set():
             return False
-        target.prefill(tokens[offset : offset + PREFILL_SLICE])
+        target.prefill(tokens[offset : offset + size])
     return True
 
 

@@ -796,7 +796,7 @@ def test_cancelling_while_the_prompt_is_read_stops_reading_and_keeps_what_was_re
     # engine after the slice being read; a retry of the prompt reads only the rest.
     cancel = threading.Event()
     target = CancellingReader(cancel, n_ctx=4 * PREFILL_SLICE, eos_bias=-np.inf)
-    prompt = [BOS] + [4 + index % 50 for index in range(2 * PREFILL_SLICE + 100)]
+    prompt = [BOS] + [4 + index % 50 for index in range(2 * PREFILL_SLICE)]
     record = run_generation(target, prompt, plain(), GREEDY, max_tokens=5, cancel=cancel)
     assert record.finish_reason == FINISH_CANCELLED
     assert record.tokens == [] and record.stats.rounds == 0
@@ -809,3 +809,27 @@ def test_cancelling_while_the_prompt_is_read_stops_reading_and_keeps_what_was_re
     fresh = HashModel(n_ctx=4 * PREFILL_SLICE, eos_bias=-np.inf)
     expected = run_generation(fresh, prompt, plain(), GREEDY, max_tokens=5)
     assert retry.tokens == expected.tokens
+
+
+class SliceRecorder(HashModel):
+    """A target that records the size of every prefill call."""
+
+    def __init__(self, **options: object) -> None:
+        super().__init__(**options)  # type: ignore[arg-type]
+        self.slices: list[int] = []
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        super().prefill(tokens)
+        self.slices.append(len(tokens))
+
+
+@pytest.mark.parametrize("unread", (5, PREFILL_SLICE, PREFILL_SLICE + 6, 3 * PREFILL_SLICE - 1))
+def test_a_prompt_is_read_in_equal_slices_none_of_them_a_stub(unread: int) -> None:
+    # A recurrent target keeps a checkpoint where a prompt-sized prefill ends; a last
+    # slice of a few tokens would put it short of the prompt's end.
+    target = SliceRecorder(n_ctx=4 * PREFILL_SLICE, eos_bias=-np.inf)
+    prompt = [BOS] + [4 + index % 50 for index in range(unread)]
+    run_generation(target, prompt, plain(), GREEDY, max_tokens=1)
+    assert sum(target.slices) == unread
+    assert max(target.slices) <= PREFILL_SLICE
+    assert max(target.slices) - min(target.slices) <= 1
