@@ -23,8 +23,8 @@ from backends.base import ChatMessage
 from backends.conversation_cache import ConversationCache
 from backends.cost_model import CostModel
 from backends.engine import Engine, GenerationRequest
-from backends.generation_events import GenerationEvent
 from tests.model_files import SMOLLM2_KEY, require_mlx_model
+from tests.test_hybrid_targets import deepest_rejection, greedy
 
 pytestmark = pytest.mark.real_model
 
@@ -131,24 +131,6 @@ def engine(tiny_dirs: tuple[Path, Path]) -> Iterator[Engine]:
     engine.close()
 
 
-def greedy(
-    engine: Engine, prompt: list[int], drafter: str, *, k: int = 4, max_tokens: int = 60
-) -> tuple[list[int], list[GenerationEvent]]:
-    request = GenerationRequest(
-        prompt_tokens=tuple(prompt), max_tokens=max_tokens, drafter=drafter, draft_tokens=k
-    )
-    events = list(engine.generate(request))
-    return [token for event in events for token in event.tokens], events
-
-
-def deepest_rejection(events: list[GenerationEvent]) -> int:
-    """The most drafts one round had rejected (and so rolled back in the target)."""
-    return max(
-        (event.draft_length - sum(event.from_draft) for event in events if event.draft_length),
-        default=0,
-    )
-
-
 def plain_tokens(path: Path, prompt: list[int], max_tokens: int = 60) -> list[int]:
     """What the target alone writes, from a fresh model (no rollback ever)."""
     fresh = Engine(load(path))
@@ -193,19 +175,26 @@ def test_a_hybrid_draft_model_is_rolled_back_by_its_snapshots(engine: Engine):
     assert engine.target._rollback.replayed_tokens > 0
 
 
+def cut_back_a_batch(model) -> tuple[list[int], list[int], list[np.ndarray]]:
+    """Plain decoding's rows for 6 tokens after an 8-token prompt; then the cache cut
+    back to the prompt, the 6 tokens read in one batch and the last 4 of them dropped.
+    Returns the prompt, the tokens after it and the reference rows."""
+    tokens = model.tokenize("The sea is wide and the waves are high, the wind is strong")
+    prompt, rest = tokens[:8], tokens[8:]
+    model.prefill(prompt)
+    reference = [np.array(model.forward([token])[0]) for token in rest[:6]]
+    model.rollback(len(prompt))
+    model.forward(rest[:6])
+    model.rollback(len(prompt) + 2)  # drop 4 of the batch
+    return prompt, rest, reference
+
+
 def test_rollback_deeper_than_one_token_continues_like_plain_decoding(tiny_dirs):
     """Cut back 4 of a 6-token forward, and 3 of three one-token forwards: the next
     logits are those of plain decoding."""
     model = load(tiny_dirs[0])
     try:
-        tokens = model.tokenize("The sea is wide and the waves are high, the wind is strong")
-        prompt, rest = tokens[:8], tokens[8:]
-        model.prefill(prompt)
-        reference = [np.array(model.forward([token])[0]) for token in rest[:6]]
-
-        model.rollback(len(prompt))
-        model.forward(rest[:6])
-        model.rollback(len(prompt) + 2)  # drop 4 of the batch
+        prompt, rest, reference = cut_back_a_batch(model)
         assert list(model.cached_tokens) == prompt + rest[:2]
         row = np.array(model.forward(rest[2:3])[0])
         np.testing.assert_allclose(row, reference[2], atol=1e-4)
@@ -234,13 +223,7 @@ def test_negative_control_without_restoring_the_recurrent_state_the_output_diffe
     monkeypatch.setattr(RecurrentSnapshots, "rollback", trim_only)
     model = load(tiny_dirs[0])
     try:
-        tokens = model.tokenize("The sea is wide and the waves are high, the wind is strong")
-        prompt, rest = tokens[:8], tokens[8:]
-        model.prefill(prompt)
-        reference = [np.array(model.forward([token])[0]) for token in rest[:6]]
-        model.rollback(len(prompt))
-        model.forward(rest[:6])
-        model.rollback(len(prompt) + 2)
+        _, rest, reference = cut_back_a_batch(model)
         row = np.array(model.forward(rest[2:3])[0])
         assert np.abs(row - reference[2]).max() > 0.1
     finally:
