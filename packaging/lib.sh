@@ -9,7 +9,9 @@
 # flavour: cuda (nvcc and nvidia-smi both found), metal (macOS on Apple Silicon),
 # cpu (anything else), portable (the fallback when the native build crashes, see
 # verify_llama_runtime), or custom when DRAFTPEN_LLAMA_CMAKE_ARGS sets the CMake flags.
-# DRAFTPEN_LLAMA_FLAVOUR=portable (or cpu, cuda, metal) chooses one by name.
+# DRAFTPEN_LLAMA_FLAVOUR=portable (or cpu, cuda, metal) chooses one by name. A build
+# that crashed the runtime check is marked in its wheel directory, and later installs
+# on this machine take portable without building and crashing again (install_flavour).
 # The cache directory is named by the flavour and a checksum of its CMake flags and,
 # for the builds tuned to this CPU (-march=native), of this CPU's instruction sets
 # (cpu-1234567890): a wheel built with other flags, an older recipe's included, or on
@@ -223,6 +225,23 @@ cpu: $(cpu_flags)"
         "$(printf '%s\n' "$key" | cksum | cut -d' ' -f1)"
 }
 
+# A build that crashed this machine's runtime check (and whose portable fallback ran)
+# leaves this file in its wheel directory, so later installs go straight to portable.
+CRASHED_BUILD_MARK=crashed-runtime-check
+
+# The flavour to install: llama_flavour's, or portable when that build crashed the
+# runtime check on this machine before (verify_llama_runtime marked it). A flavour the
+# user names in DRAFTPEN_LLAMA_FLAVOUR is taken as it is, so setting it tries again.
+install_flavour() {
+    local flavour
+    flavour=$(llama_flavour)
+    if [[ -z "${DRAFTPEN_LLAMA_FLAVOUR:-}" && $flavour != custom ]] &&
+        [[ -f "$(llama_wheel_dir "$flavour")/$CRASHED_BUILD_MARK" ]]; then
+        flavour=portable
+    fi
+    printf '%s\n' "$flavour"
+}
+
 # Print the cached wheel in DIR, if there is one.
 cached_llama_wheel() {
     local dir=$1 candidate found=""
@@ -304,9 +323,15 @@ import llama_cpp
 # install_llama VENV [FLAVOUR]: install the cached (or freshly built) wheel for this
 # machine (or for FLAVOUR, e.g. portable).
 install_llama() {
-    local venv=$1 python="$1/bin/python" flavour dir wheel
-    flavour=${2:-$(llama_flavour)}
+    local venv=$1 python="$1/bin/python" flavour dir wheel native
+    flavour=${2:-$(install_flavour)}
     dir=$(llama_wheel_dir "$flavour")
+    native=$(llama_flavour)
+    if [[ -z "${2:-}" && $flavour != "$native" ]]; then
+        say "The $native build of llama-cpp-python crashed the runtime check on this machine" \
+            "before ($(llama_wheel_dir "$native")/$CRASHED_BUILD_MARK): installing the portable" \
+            "build. To try the $native build again, set DRAFTPEN_LLAMA_FLAVOUR=$native."
+    fi
     if [[ $flavour == cpu ]] && command -v nvidia-smi >/dev/null 2>&1; then
         warn "nvidia-smi found but nvcc is not on PATH: building for the CPU." \
             "Install the CUDA toolkit for GPU inference."
@@ -342,8 +367,8 @@ RUNTIME_CHECK_CRASHED=3
 # rebuilt once with the portable flags and checked again, and if that fails too the
 # install stops with what to report.
 verify_llama_runtime() {
-    local venv=$1 flavour status=0
-    flavour=$(llama_flavour)
+    local venv=$1 flavour status=0 mark
+    flavour=$(install_flavour)
     "$venv/bin/python" -m app.runtime_check || status=$?
     if [[ $status -eq 0 ]]; then
         return 0
@@ -373,8 +398,17 @@ verify_llama_runtime() {
         die "llama-cpp-python still fails the runtime check with the portable build (see" \
             "above); giving up. Report it with the output of: $venv/bin/draftpen doctor --json"
     fi
-    say "The portable build runs: draftpen uses it. (To skip the crashing build on the next" \
-        "install, set DRAFTPEN_LLAMA_FLAVOUR=portable.)"
+    # Remembered, so the next install does not build, install and crash the same way.
+    mark="$(llama_wheel_dir "$flavour")/$CRASHED_BUILD_MARK"
+    if mkdir -p "$(dirname "$mark")" &&
+        printf 'The %s build crashed the runtime check on %s; portable ran.\n' \
+            "$flavour" "$(date)" >"$mark"; then
+        say "The portable build runs: draftpen uses it, and later installs go straight to it" \
+            "($mark records the crash; set DRAFTPEN_LLAMA_FLAVOUR=$flavour to try that build again)."
+    else
+        say "The portable build runs: draftpen uses it. (To skip the crashing build on the next" \
+            "install, set DRAFTPEN_LLAMA_FLAVOUR=portable.)"
+    fi
 }
 
 # The agent CLIs the agent_cli tests run, pinned to the versions they were tested with.

@@ -165,6 +165,8 @@ echo "verify returned"
         if key not in ("DRAFTPEN_LLAMA_FLAVOUR", "DRAFTPEN_LLAMA_CMAKE_ARGS")
     }
     env.update(extra)
+    # The crashed-build mark goes to this test's cache, never the real one.
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     result = subprocess.run(
         ["bash", "-c", script], capture_output=True, text=True, timeout=300, env=env, cwd=REPO
     )
@@ -201,6 +203,38 @@ def test_verify_keeps_the_portable_build_when_it_runs(tmp_path: Path) -> None:
     assert "crashed: SIGILL" in result.stdout
     assert "The portable build runs" in result.stdout
     assert "verify returned" in result.stdout
+
+
+def test_a_build_that_crashed_once_is_skipped_by_the_next_install(tmp_path: Path) -> None:
+    def lib(function: str, **extra: str) -> str:
+        env = {**child_env(), "XDG_CACHE_HOME": str(tmp_path / "cache"), **extra}
+        env.pop("DRAFTPEN_LLAMA_CMAKE_ARGS", None)
+        if "DRAFTPEN_LLAMA_FLAVOUR" not in extra:
+            env.pop("DRAFTPEN_LLAMA_FLAVOUR", None)
+        command = f". {LIB_SH}; {function}"
+        return subprocess.run(
+            ["bash", "-c", command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            cwd=REPO,
+            check=True,
+        ).stdout.strip()
+
+    native = lib("llama_flavour")  # cpu here; cuda or metal elsewhere
+    result, _ = verify(
+        tmp_path, install_stub=f"unset {CRASH_HOOK_ENV}", **{CRASH_HOOK_ENV: "SIGSEGV"}
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    marks = list((tmp_path / "cache").rglob("crashed-runtime-check"))
+    assert [mark.parent for mark in marks] == [Path(lib(f"llama_wheel_dir {native}"))]
+    assert "later installs go straight to it" in result.stdout
+
+    assert lib("install_flavour") == "portable"  # the next install: no second crash
+    assert lib("install_flavour", DRAFTPEN_LLAMA_FLAVOUR=native) == native  # tries it again
+    marks[0].unlink()
+    assert lib("install_flavour") == native
 
 
 def test_verify_does_not_rebuild_a_portable_build_again(tmp_path: Path) -> None:
