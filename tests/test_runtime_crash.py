@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,7 +55,7 @@ from backends.generation_events import GenerationEvent
 from backends.sampling import SamplingParams
 from tests.engine_fixtures import wait_until
 from tests.model_files import SMOLLM2_KEY, require_model
-from tests.test_cli_generate import run_draftpen
+from tests.test_cli_generate import REPO, run_draftpen
 from tests.test_engine_clients import pid_alive, sdk, short_socket, stop_engine
 from tests.test_tui_real import COUNT_PROMPT, StartedEngines, replies, wait_for
 from tests.tui_helpers import FakeModelsService, run, send
@@ -178,6 +179,7 @@ def test_a_crashing_engine_is_started_once_more_then_not_at_all(
 ) -> None:
     monkeypatch.setenv("DRAFTPEN_TEST_CRASH", CRASH_ON_DECODE)
     first = start_engine(socket_path)
+    assert first.health().previous_crash is None  # a new socket: no engine before it
 
     # An OpenAI SDK client sees only its stream cut: the engine that could say more
     # is the process that died (the runtime runs inside it).
@@ -205,6 +207,17 @@ def test_a_crashing_engine_is_started_once_more_then_not_at_all(
         new_lines = log.read().decode(errors="replace")
     assert "the previous engine on this socket died: The llama.cpp runtime crashed" in new_lines
     assert "Fatal Python error: Segmentation fault" in new_lines  # its record, for bug reports
+    # An API client whose stream was cut asks the new engine's /health why.
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path))) as http:
+        health = http.get("http://draftpen/health").json()
+    previous = health["previous_crash"]
+    assert (previous["signal"], previous["doing"], previous["pair"]) == (
+        "SIGSEGV",
+        "generating",
+        PAIR,
+    )
+    assert "draftpen doctor" in previous["message"]
+    assert second.health().previous_crash is not None
     with pytest.raises(EngineCrashedError) as caught:
         list(second.chat(long_turn()))
     assert caught.value.gives_up and "crashed twice" in str(caught.value)
@@ -247,6 +260,77 @@ def test_generate_with_engine_exits_non_zero_naming_the_crash_after_the_partial_
     assert last.startswith("draftpen: The llama.cpp runtime crashed (SIGSEGV"), last
     assert f"pair '{PAIR}'" in last and "draftpen doctor" in last
     assert result.stdout.strip() and result.stdout.endswith("\n")  # the answer so far
+
+
+# An agent CLI stand-in for launch: it reads the settings launch gives opencode, streams
+# one chat completion, and says how that ended; then it lingers, as an agent would.
+FAKE_OPENCODE = """#!{python}
+import json, os, sys, time
+import httpx
+config = json.loads(os.environ["OPENCODE_CONFIG_CONTENT"])
+options = config["provider"]["draftpen"]["options"]
+body = {{
+    "model": config["model"].split("/", 1)[1],
+    "messages": [{{"role": "user", "content": {prompt!r}}}],
+    "max_tokens": {tokens}, "temperature": 0, "stream": True,
+}}
+headers = {{"Authorization": "Bearer " + options["apiKey"]}}
+url = options["baseURL"] + "/chat/completions"
+try:
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=300) as answer:
+        for _ in answer.iter_lines():
+            pass
+    print("fake agent: the reply finished", flush=True)
+except httpx.HTTPError as error:
+    print("fake agent: connection lost:", type(error).__name__, flush=True)
+time.sleep(5)
+print("fake agent: exiting", flush=True)
+sys.exit(1)
+"""
+
+
+@pytest.mark.real_model
+def test_launch_tells_the_user_the_engine_crashed_while_the_agent_ran(
+    engine_home: Path, tmp_path: Path
+) -> None:
+    require_model(SMOLLM2_KEY)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    cli = bin_dir / "opencode"
+    cli.write_text(
+        FAKE_OPENCODE.format(python=sys.executable, prompt=COUNT_PROMPT, tokens=LONG_REPLY)
+    )
+    cli.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "DRAFTPEN_TEST_CRASH": CRASH_ON_DECODE,
+        "DRAFTPEN_SOCKET": str(short_socket("launch-crash")),
+    }
+    env.pop("DRAFTPEN_API_KEY", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "app.main", "launch", "opencode", "--pair", PAIR],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # one stream: the order says when launch spoke
+        text=True,
+        timeout=600,
+    )
+    out = result.stdout
+    assert result.returncode == 1, out[-3000:]  # the CLI's own status
+    assert "fake agent: connection lost" in out, out[-3000:]
+    assert "Traceback" not in out
+    # While the agent still ran: the signal, the pair, the fix.
+    said = out.index("The llama.cpp runtime crashed (SIGSEGV")
+    line = out[said:].splitlines()[0]
+    assert f"while generating with pair '{PAIR}'" in line and "draftpen doctor" in line
+    assert "opencode cannot reach it until you launch it again" in line
+    assert said < out.index("fake agent: exiting")
+    # And once more after it, where a full-screen CLI cannot have drawn over it.
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("draftpen launch: the engine went away during this session: ")
+    assert "runtime crashed (SIGSEGV" in last
 
 
 @pytest.mark.real_model

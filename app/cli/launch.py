@@ -7,7 +7,8 @@ the user's arguments unchanged and the settings it needs (base URL, key, model) 
 for this run only: environment variables and command-line overrides, never a change to
 the user's own config files. launch stays attached to the engine while the CLI runs, so
 an engine it started does not stop under a long session, and exits with the CLI's
-status.
+status. If the engine goes away meanwhile (its runtime crashed), launch says why at once
+and again after the CLI exits: the CLI only sees its requests refused.
 
 Each CLI takes its settings its own way:
 
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import httpx
 
-from app.client import EngineClient, ensure_engine, find_engine
+from app.client import EngineClient, EngineLost, ensure_engine, find_engine
 from app.client.api_key import API_KEY_ENV, engine_api_key
 from app.client.wire import default_socket_path
 from app.errors import DraftpenError
@@ -277,8 +278,23 @@ def run_launch(args: argparse.Namespace) -> int:
     client, endpoint = prepare_engine(pair, wanted, report=_status)
     plan = agent_plan(agent, executable, endpoint, arguments, os.environ)
     _status(f"running {agent.title} on '{pair}' ({endpoint.url}, {endpoint.context} tokens)")
-    with client.attach():
-        return run_cli(plan)
+    lost: list[EngineLost] = []
+
+    def engine_gone(error: EngineLost) -> None:
+        # The CLI only sees its connections refused; this is where the user learns why.
+        lost.append(error)
+        _status(f"{error} {agent.title} cannot reach it until you launch it again.")
+
+    with client.attach(on_lost=engine_gone):
+        status = run_cli(plan)
+    if not lost:  # the CLI may have ended before the watcher read the engine's end
+        try:
+            client.health()
+        except EngineLost as error:
+            lost.append(error)
+    if lost:  # said again where a full-screen CLI cannot have drawn over it
+        _status(f"the engine went away during this session: {lost[0]}")
+    return status
 
 
 def prepare_engine(

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import socket
+import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,11 +158,15 @@ class EngineClient:
         return ChatStream(payloads)
 
     @contextlib.contextmanager
-    def attach(self) -> Iterator[None]:
+    def attach(self, on_lost: Callable[[EngineLost], None] | None = None) -> Iterator[None]:
         """Hold a connection that tells the engine a front end is using it.
 
         An engine started with ``--idle-exit`` stops only when idle and no client is
-        attached. Raises :class:`EngineLost` if the engine cannot be reached.
+        attached. Raises :class:`EngineLost` if the engine cannot be reached. With
+        ``on_lost``, a thread watches the connection and, if the engine goes away while
+        it is held, calls ``on_lost`` with why (:class:`EngineCrashedError` when it
+        crashed): how a front end that talks to the engine only through another program
+        (``draftpen launch``) learns of it.
         """
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -178,10 +183,43 @@ class EngineClient:
             raise EngineRequestError(
                 f"The engine on {self.socket_path} refused to attach ({answer})."
             )
+        released = threading.Event()
+        watcher = None
+        if on_lost is not None:
+            watcher = threading.Thread(
+                target=self._watch_attachment,
+                args=(connection, released, on_lost),
+                name="draftpen-attach-watch",
+                daemon=True,
+            )
+            watcher.start()
         try:
             yield
         finally:
+            released.set()
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)  # wakes the watcher's read
             connection.close()
+            if watcher is not None:
+                watcher.join(timeout=_CONNECT_SECONDS)
+
+    def _watch_attachment(
+        self,
+        connection: socket.socket,
+        released: threading.Event,
+        on_lost: Callable[[EngineLost], None],
+    ) -> None:
+        """Read the attach stream until it ends; if it ends before it was released, the
+        engine went away: tell ``on_lost`` why."""
+        connection.settimeout(None)
+        try:
+            while connection.recv(4096):
+                pass
+            error: Exception = ConnectionResetError("the engine closed the attach stream")
+        except OSError as closed:
+            error = closed
+        if not released.is_set():
+            on_lost(self._lost(error))
 
     # -- streams ---------------------------------------------------------------
 

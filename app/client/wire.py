@@ -135,6 +135,15 @@ class QueueReport(_Lenient):
     failed: int = 0
 
 
+class PreviousCrashReport(_Lenient):
+    """The engine before this one on the socket, which died by a fatal signal."""
+
+    signal: str  # "SIGSEGV"
+    doing: str | None = None  # "loading", "generating", "idle"
+    pair: str | None = None
+    message: str  # what a person is told: the signal, the pair, `draftpen doctor`
+
+
 class HealthReport(_Lenient):
     """``GET /health``: who answers, what it holds, what it is doing."""
 
@@ -153,6 +162,9 @@ class HealthReport(_Lenient):
     # http://HOST:PORT when the engine also listens on TCP (serve --tcp), for clients
     # that speak only HTTP (draftpen launch); None on the Unix socket alone.
     tcp: str | None = None
+    # Where the engine before this one on the socket crashed (an API client saw only its
+    # connection cut, and asks here why); None when it stopped cleanly or there was none.
+    previous_crash: PreviousCrashReport | None = None
 
 
 class PairCard(_Lenient):

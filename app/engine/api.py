@@ -52,6 +52,7 @@ from app.client.wire import (
     PairCard,
     QueueReport,
 )
+from app.engine import crash_record
 from app.engine.choices import answer_choices
 from app.engine.chunks import ResponseFormat, new_response_id
 from app.engine.dialects.anthropic_messages import anthropic_routes
@@ -201,6 +202,7 @@ class AgentApi:
             keep_alive_seconds=self.scheduler.keep_alive,
             idle_exit=self.idle_exit,
             tcp=self.tcp_url,
+            previous_crash=crash_record.previous_crash(),
         )
         return JSONResponse(report.model_dump())
 

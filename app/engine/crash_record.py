@@ -42,10 +42,12 @@ from app.client.crash_report import (
     LOADING,
     STOPPED,
     EngineActivity,
+    EngineCrash,
     activity_path,
     fatal_path,
     read_crash,
 )
+from app.client.wire import PreviousCrashReport
 from app.errors import DraftpenError
 from backends.engine import Engine
 
@@ -66,10 +68,13 @@ class CrashRecorder:
         self.runtime = runtime
         self._lock = threading.Lock()
         self._fatal: TextIO | None = None
+        # How the engine before this one on the socket died, if it crashed (GET /health).
+        self.previous: EngineCrash | None = None
 
     def start(self) -> None:
         """Log a predecessor's crash, then start this engine's record."""
         previous = read_crash(self.socket_path)
+        self.previous = previous
         if previous is not None:
             logger.warning("the previous engine on this socket died: %s", previous.message())
             if previous.record is not None:
@@ -147,6 +152,16 @@ def stop_recording() -> None:
     if _recorder is not None:
         _recorder.stop()
         _recorder = None
+
+
+def previous_crash() -> PreviousCrashReport | None:
+    """For ``GET /health``: the crash of the engine this one replaced on its socket."""
+    crash = None if _recorder is None else _recorder.previous
+    if crash is None:
+        return None
+    return PreviousCrashReport(
+        signal=crash.signal_name, doing=crash.doing, pair=crash.pair, message=crash.message()
+    )
 
 
 def activity(doing: str, pair: str) -> contextlib.AbstractContextManager[None]:
