@@ -136,15 +136,17 @@ def test_while_writing_only_completed_blocks_are_markdown_and_the_tail_is_plain_
             await send(pilot, "Write double()")
             assert engine.target.holding.wait(10)
             [view] = reply_views(app)
+            done = "Here is the function:\n\n"
+            tail = view.query_one(".tail", Static)
+            # The view takes the new text first and redraws the tail after the Markdown
+            # has taken its blocks (an await): wait for that one append to end.
             for _ in range(100):
                 await pilot.pause(0.05)
-                if len(view.content) >= held_at:
+                if len(view.content) >= held_at and str(tail.render()) == view.tail_text:
                     break
             written = view.content
             assert len(written) >= held_at and CODE_REPLY.startswith(written)
-            done = "Here is the function:\n\n"
             assert view.query_one(Markdown).source == done
-            tail = view.query_one(".tail", Static)
             assert tail.display and str(tail.render()) == written[len(done) :]
             engine.target.release.set()
             await settle(app, pilot)
