@@ -365,11 +365,12 @@ RUNTIME_CHECK_CRASHED=3
 # tiny model it writes itself and decodes a few tokens, one at a time and as a batch.
 # A crash is reported by its signal, likely cause and fix; then llama-cpp-python is
 # rebuilt once with the portable flags and checked again, and if that fails too the
-# install stops with what to report.
+# install stops with what to report. Each check's result is kept in VENV
+# (draftpen-install-check.json), where `draftpen doctor` shows it.
 verify_llama_runtime() {
     local venv=$1 flavour status=0 mark
     flavour=$(install_flavour)
-    "$venv/bin/python" -m app.runtime_check || status=$?
+    "$venv/bin/python" -m app.runtime_check --record "$flavour" || status=$?
     if [[ $status -eq 0 ]]; then
         return 0
     fi
@@ -393,7 +394,8 @@ verify_llama_runtime() {
         "with the portable flags: $(llama_cmake_args portable)"
     install_llama "$venv" portable
     status=0
-    "$venv/bin/python" -m app.runtime_check || status=$?
+    "$venv/bin/python" -m app.runtime_check --record "portable (after the $flavour build crashed)" ||
+        status=$?
     if [[ $status -ne 0 ]]; then
         die "llama-cpp-python still fails the runtime check with the portable build (see" \
             "above); giving up. Report it with the output of: $venv/bin/draftpen doctor --json"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from app.runtime_check.cpu_features import feature_uses, parse_system_info
+from app.runtime_check.install_record import RECORD_ENV, InstallCheck
 from app.runtime_check.probe import CRASH_HOOK_ENV
 
 DRAFTPEN = Path(sys.executable).parent / "draftpen"
@@ -112,6 +113,49 @@ def test_doctor_text_shows_what_the_check_loaded_and_decoded() -> None:
     check_line = next(line for line in result.stdout.splitlines() if "runtime check:" in line)
     assert "ok: loaded a tiny random-weight llama" in check_line
     assert "decoded 4 tokens one at a time and a batch of 32" in check_line
+
+
+def test_doctor_shows_the_installers_runtime_check_of_this_environment(tmp_path: Path) -> None:
+    record = tmp_path / "install-check.json"
+    env = {RECORD_ENV: str(record)}
+    missing = doctor(**env).stdout.splitlines()
+    assert any(
+        line.startswith("installer:  no runtime check recorded in this environment")
+        for line in missing
+    )
+    assert doctor_json(**env)[1]["install_check"] is None
+
+    # What the installer runs (packaging/lib.sh, verify_llama_runtime), here on "cpu".
+    checked = subprocess.run(
+        [sys.executable, "-m", "app.runtime_check", "--record", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    line = next(line for line in doctor(**env).stdout.splitlines() if line.startswith("installer:"))
+    version = importlib.metadata.version("llama-cpp-python")
+    assert line.startswith(
+        f"installer:  the runtime check of the cpu build of llama-cpp-python {version} passed on "
+    )
+    installed = doctor_json(**env)[1]["install_check"]
+    assert (installed["outcome"], installed["build"]) == ("ok", "cpu")
+    assert installed["llama_cpp_version"] == version
+    assert "decoded 4 tokens one at a time and a batch of 32" in installed["summary"]
+
+
+def test_an_installers_check_that_did_not_pass_says_what_happened() -> None:
+    record = InstallCheck(
+        outcome="crashed",
+        summary="crashed: SIGSEGV (signal 11) while decoding a batch",
+        build="cpu",
+        checked_at=0.0,
+        llama_cpp_version=None,
+    )
+    text = record.describe()
+    assert text.startswith("the runtime check of the cpu build ended crashed on ")
+    assert text.endswith(": crashed: SIGSEGV (signal 11) while decoding a batch")
 
 
 # -- the features, from made-up machines -------------------------------------------------

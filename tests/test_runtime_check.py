@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.runtime_check.check import run_runtime_check
+from app.runtime_check.install_record import RECORD_ENV, read_install_check
 from app.runtime_check.probe import CRASH_HOOK_ENV
 from app.runtime_check.tiny_model import write_tiny_model
 
@@ -165,8 +166,10 @@ echo "verify returned"
         if key not in ("DRAFTPEN_LLAMA_FLAVOUR", "DRAFTPEN_LLAMA_CMAKE_ARGS")
     }
     env.update(extra)
-    # The crashed-build mark goes to this test's cache, never the real one.
+    # The crashed-build mark and the check's record go to this test's files, never the
+    # real cache or this virtualenv.
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    env[RECORD_ENV] = str(tmp_path / "install-check.json")
     result = subprocess.run(
         ["bash", "-c", script], capture_output=True, text=True, timeout=300, env=env, cwd=REPO
     )
@@ -235,6 +238,28 @@ def test_a_build_that_crashed_once_is_skipped_by_the_next_install(tmp_path: Path
     assert lib("install_flavour", DRAFTPEN_LLAMA_FLAVOUR=native) == native  # tries it again
     marks[0].unlink()
     assert lib("install_flavour") == native
+
+
+def test_verify_keeps_the_result_of_the_check_that_counted_for_doctor(tmp_path: Path) -> None:
+    venv_record = Path(sys.prefix) / "draftpen-install-check.json"
+    before = venv_record.read_bytes() if venv_record.exists() else None
+    result, _ = verify(tmp_path, install_stub=":")
+    assert result.returncode == 0, result.stdout + result.stderr
+    first = read_install_check(tmp_path / "install-check.json")
+    assert first is not None and first.outcome == "ok"
+    assert first.build in ("cpu", "cuda", "metal")  # this machine's own build
+
+    # A crash, then the portable build runs: the record is the portable build's check.
+    result, _ = verify(
+        tmp_path, install_stub=f"unset {CRASH_HOOK_ENV}", **{CRASH_HOOK_ENV: "SIGSEGV"}
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    second = read_install_check(tmp_path / "install-check.json")
+    assert second is not None and second.outcome == "ok"
+    assert second.build == f"portable (after the {first.build} build crashed)"
+
+    # The test's records went to its own file: this virtualenv's record is untouched.
+    assert (venv_record.read_bytes() if venv_record.exists() else None) == before
 
 
 def test_verify_does_not_rebuild_a_portable_build_again(tmp_path: Path) -> None:

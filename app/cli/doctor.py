@@ -21,6 +21,7 @@ import psutil
 from app.machine import cpu_model
 from app.runtime_check.check import RuntimeCheck, render_check, run_runtime_check, stderr_excerpt
 from app.runtime_check.cpu_features import FeatureUse, cpu_flags, feature_uses
+from app.runtime_check.install_record import InstallCheck, read_install_check
 from backends.select import RuntimeFacts, decide_runtime, detect_facts
 
 # Exit status when the runtime check crashed, hung or failed: scripts can tell.
@@ -40,6 +41,8 @@ class DoctorReport:
     mlx_device: str | None  # "gpu" / "cpu"; None: mlx not installed or not loadable
     cpu_features: tuple[FeatureUse, ...] = ()  # AVX2, AVX-512, AMX: CPU and build
     runtime_check: RuntimeCheck | None = None  # None: not run
+    # The installer's own check of this environment's build; None: none recorded.
+    install_check: InstallCheck | None = None
 
 
 def _chip() -> str:
@@ -99,6 +102,7 @@ def gather_report() -> DoctorReport:
         mlx_device=_mlx_device(facts),
         cpu_features=feature_uses(cpu_flags(), check.system_info),
         runtime_check=check,
+        install_check=read_install_check(),
     )
 
 
@@ -129,6 +133,15 @@ def _check_lines(check: RuntimeCheck | None) -> list[str]:
     return lines
 
 
+def _install_line(record: InstallCheck | None) -> str:
+    if record is None:
+        return (
+            "installer:  no runtime check recorded in this environment (installed without "
+            "packaging/install.sh or test.sh; the check below is doctor's own)"
+        )
+    return f"installer:  {record.describe()}"
+
+
 def render_report(report: DoctorReport) -> list[str]:
     """The lines ``draftpen doctor`` prints."""
     facts = report.facts
@@ -151,6 +164,7 @@ def render_report(report: DoctorReport) -> list[str]:
         f"mlx:        {mlx}",
         f"runtime:    {decision.runtime} ({decision.reason}); override with --runtime",
         *_feature_lines(report.cpu_features),
+        _install_line(report.install_check),
         *_check_lines(report.runtime_check),
     ]
 
@@ -174,6 +188,7 @@ def report_json(report: DoctorReport) -> dict[str, Any]:
         "runtime": {"name": decision.runtime, "reason": decision.reason},
         "cpu_features": [asdict(feature) for feature in report.cpu_features],
         "runtime_check": None if check is None else check.as_json(),
+        "install_check": None if report.install_check is None else report.install_check.as_json(),
     }
 
 

@@ -12,7 +12,8 @@ and its signal says what went wrong.
 - ``check``: runs the child with a timeout and turns its exit into a
   :class:`~app.runtime_check.check.RuntimeCheck`; ``diagnosis`` says what a signal means
   and how to fix it; ``cpu_features`` compares this CPU with the build.
-- ``__main__``: ``python -m app.runtime_check``, the installer's step.
+- ``__main__``: ``python -m app.runtime_check``, the installer's step;
+  ``install_record`` keeps its result in the environment for ``draftpen doctor``.
 
 May import ``backends`` (the child loads the model through ``backends.llamacpp``) and
 ``app.errors``; never a front end.

@@ -9,6 +9,9 @@ and the fix) and exits with a status the shell can act on (packaging/lib.sh,
   rebuilds once with the portable flags);
 - 1: it failed otherwise (a Python error, llama-cpp-python missing): a rebuild would
   not help, the message says what would.
+
+``--record BUILD`` keeps the result in the environment (``install_record``), as the
+installer's check of that build, for ``draftpen doctor``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from app.runtime_check.check import (
     run_runtime_check,
     stderr_excerpt,
 )
+from app.runtime_check.install_record import record_path, write_install_check
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -39,8 +43,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds before it counts as hung"
     )
+    parser.add_argument(
+        "--record",
+        metavar="BUILD",
+        help="keep the result in this environment as the installer's check of BUILD "
+        "(draftpen doctor shows it)",
+    )
     args = parser.parse_args(argv)
     check = run_runtime_check(timeout_s=args.timeout)
+    if args.record:
+        try:
+            write_install_check(record_path(), check, args.record)
+        except OSError as error:  # the check's result matters more than its record
+            print(f"warning: could not keep the runtime check's result: {error}", file=sys.stderr)
     if args.json:
         print(json.dumps(check.as_json(), indent=2))
     else:
