@@ -14,7 +14,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +47,7 @@ class InstallCheck:
 
     def as_json(self) -> dict[str, Any]:
         """The record as plain data."""
-        return {
-            "outcome": self.outcome,
-            "summary": self.summary,
-            "build": self.build,
-            "checked_at": self.checked_at,
-            "llama_cpp_version": self.llama_cpp_version,
-        }
+        return asdict(self)
 
 
 def record_path() -> Path:
