@@ -133,13 +133,16 @@ def _check_lines(check: RuntimeCheck | None) -> list[str]:
     return lines
 
 
-def _install_line(record: InstallCheck | None) -> str:
-    if record is None:
-        return (
+def _install_lines(report: DoctorReport) -> list[str]:
+    """The installer's check, beside doctor's own (none where doctor ran no check)."""
+    if report.runtime_check is None:
+        return []
+    if report.install_check is None:
+        return [
             "installer:  no runtime check recorded in this environment (installed without "
             "packaging/install.sh or test.sh; the check below is doctor's own)"
-        )
-    return f"installer:  {record.describe()}"
+        ]
+    return [f"installer:  {report.install_check.describe()}"]
 
 
 def render_report(report: DoctorReport) -> list[str]:
@@ -164,7 +167,7 @@ def render_report(report: DoctorReport) -> list[str]:
         f"mlx:        {mlx}",
         f"runtime:    {decision.runtime} ({decision.reason}); override with --runtime",
         *_feature_lines(report.cpu_features),
-        _install_line(report.install_check),
+        *_install_lines(report),
         *_check_lines(report.runtime_check),
     ]
 
