@@ -3,8 +3,9 @@
 ``install.sh`` and ``test.sh`` run the runtime check right after installing
 llama-cpp-python (``verify_llama_runtime`` in packaging/lib.sh). Its result is written
 into that virtual environment, beside the library it checked, so ``draftpen doctor``
-can show later that the check ran, on which build, and what it found: a record in the
-environment, not in a cache a copied venv would leave behind.
+can show later that the check ran, on which build, and what it found. A venv copied from
+another machine brings its record along; doctor's own check, shown beside it, is always
+of this machine.
 """
 
 from __future__ import annotations
