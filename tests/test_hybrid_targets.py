@@ -153,20 +153,27 @@ def test_a_hybrid_target_without_snapshots_speculates_by_checkpoint_and_replay(t
         engine.close()
 
 
+def cut_back_a_batch(model) -> tuple[list[int], list[int], list[np.ndarray]]:
+    """Plain decoding's rows for 6 tokens after an 8-token prompt; then the cache cut
+    back to the prompt, the 6 tokens read in one batch and the last 4 of them dropped.
+    Returns the prompt, the tokens after it and the reference rows."""
+    tokens = model.tokenize("The sea is wide and the waves are high, the wind is strong")
+    prompt, rest = tokens[:8], tokens[8:]
+    model.prefill(prompt)
+    reference = [np.array(model.forward([token])[0]) for token in rest[:6]]
+    model.rollback(len(prompt))
+    model.forward(rest[:6])
+    model.rollback(len(prompt) + 2)  # drop 4 of the batch
+    return prompt, rest, reference
+
+
 @pytest.mark.parametrize("snapshots", [16, 0])
 def test_rollback_deeper_than_one_token_continues_like_plain_decoding(tiny_files, snapshots):
     """Cut back 4 of a 6-token forward, and 3 of three one-token forwards: the next
     logits are those of plain decoding (to rounding: batch kernels add up differently)."""
     model = load(tiny_files[0], rollback_snapshots=snapshots)
     try:
-        tokens = model.tokenize("The sea is wide and the waves are high, the wind is strong")
-        prompt, rest = tokens[:8], tokens[8:]
-        model.prefill(prompt)
-        reference = [np.array(model.forward([token])[0]) for token in rest[:6]]
-
-        model.rollback(len(prompt))
-        model.forward(rest[:6])
-        model.rollback(len(prompt) + 2)  # drop 4 of the batch
+        prompt, rest, reference = cut_back_a_batch(model)
         assert list(model.cached_tokens) == prompt + rest[:2]
         row = np.array(model.forward(rest[2:3])[0])
         np.testing.assert_allclose(row, reference[2], atol=2e-2)

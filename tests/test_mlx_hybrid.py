@@ -24,7 +24,7 @@ from backends.conversation_cache import ConversationCache
 from backends.cost_model import CostModel
 from backends.engine import Engine, GenerationRequest
 from tests.model_files import SMOLLM2_KEY, require_mlx_model
-from tests.test_hybrid_targets import deepest_rejection, greedy
+from tests.test_hybrid_targets import cut_back_a_batch, deepest_rejection, greedy
 
 pytestmark = pytest.mark.real_model
 
@@ -173,20 +173,6 @@ def test_a_hybrid_draft_model_is_rolled_back_by_its_snapshots(engine: Engine):
     assert engine.draft._rollback.restores > 0
     assert engine.draft._rollback.replayed_tokens > 0
     assert engine.target._rollback.replayed_tokens > 0
-
-
-def cut_back_a_batch(model) -> tuple[list[int], list[int], list[np.ndarray]]:
-    """Plain decoding's rows for 6 tokens after an 8-token prompt; then the cache cut
-    back to the prompt, the 6 tokens read in one batch and the last 4 of them dropped.
-    Returns the prompt, the tokens after it and the reference rows."""
-    tokens = model.tokenize("The sea is wide and the waves are high, the wind is strong")
-    prompt, rest = tokens[:8], tokens[8:]
-    model.prefill(prompt)
-    reference = [np.array(model.forward([token])[0]) for token in rest[:6]]
-    model.rollback(len(prompt))
-    model.forward(rest[:6])
-    model.rollback(len(prompt) + 2)  # drop 4 of the batch
-    return prompt, rest, reference
 
 
 def test_rollback_deeper_than_one_token_continues_like_plain_decoding(tiny_dirs):
