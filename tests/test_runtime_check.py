@@ -18,6 +18,7 @@ from app.runtime_check.check import run_runtime_check
 from app.runtime_check.install_record import RECORD_ENV, read_install_check
 from app.runtime_check.probe import CRASH_HOOK_ENV
 from app.runtime_check.tiny_model import write_tiny_model
+from tests.test_runtime_build import shell_output
 
 REPO = Path(__file__).resolve().parents[1]
 LIB_SH = REPO / "packaging" / "lib.sh"
@@ -210,20 +211,7 @@ def test_verify_keeps_the_portable_build_when_it_runs(tmp_path: Path) -> None:
 
 def test_a_build_that_crashed_once_is_skipped_by_the_next_install(tmp_path: Path) -> None:
     def lib(function: str, **extra: str) -> str:
-        env = {**child_env(), "XDG_CACHE_HOME": str(tmp_path / "cache"), **extra}
-        env.pop("DRAFTPEN_LLAMA_CMAKE_ARGS", None)
-        if "DRAFTPEN_LLAMA_FLAVOUR" not in extra:
-            env.pop("DRAFTPEN_LLAMA_FLAVOUR", None)
-        command = f". {LIB_SH}; {function}"
-        return subprocess.run(
-            ["bash", "-c", command],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
-            cwd=REPO,
-            check=True,
-        ).stdout.strip()
+        return shell_output(function, env={"XDG_CACHE_HOME": str(tmp_path / "cache"), **extra})
 
     native = lib("llama_flavour")  # cpu here; cuda or metal elsewhere
     result, _ = verify(
