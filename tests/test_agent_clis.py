@@ -11,11 +11,14 @@ and XDG directories, so nothing of the user's is read or written. They are slow 
 CPU (the agents' prompts are thousands of tokens: Claude Code's about 19k), so they
 are marked ``agent_cli`` and can be run alone: ``pytest -m agent_cli``.
 
-What the starter model (1.5B) answers is its own affair: sampled at the agent's
-temperature it may write "5" or first call one of the agent's tools (CI once saw Claude
-Code print "Task #1 created successfully"). The tests assert what draftpen owes: the
-CLI finishes its session without an error, every request it sent was answered 200, and
-the usage it read from our stream is the size of its prompt.
+What the starter model (1.5B) answers is its own affair: sampled at the agent's own
+temperature it may write "5", or call one of the agent's tools and end without a word
+(CI once saw Claude Code print "Task #1 created successfully", and opencode run twice
+its bash tool and print nothing). So no test asserts what the model wrote, not even
+that it wrote anything. The tests assert what draftpen owes: the CLI finishes its
+session without an error (it parsed every answer, streamed or not, tool calls
+included), every request it sent was answered 200, and, where the CLI reports it, the
+usage it read from our stream is the size of its prompt.
 """
 
 from __future__ import annotations
@@ -154,8 +157,8 @@ def test_claude_code_answers_through_draftpen_launch(agents_home: AgentsHome):
     )
     assert launched.result.returncode == 0, launched.report
     outcome = json.loads(launched.result.stdout)
+    # Success, whatever the model answered ("result" may be empty after a tool call).
     assert outcome["is_error"] is False and outcome["subtype"] == "success", launched.report
-    assert outcome["result"].strip(), launched.report
     # Claude Code's system prompt and tools are ~19k tokens: a usage near zero would mean
     # it never read ours from message_start / message_delta.
     usage = outcome["usage"]
@@ -172,9 +175,9 @@ def test_codex_answers_through_draftpen_launch(agents_home: AgentsHome):
         "codex",
         ["exec", "--skip-git-repo-check", "What is 2+3? Answer with the number only."],
     )
+    # codex exec prints the agent's last message on stdout: empty where the model ended
+    # on a tool call, which is its choice. Exit 0 means codex read every response whole.
     assert launched.result.returncode == 0, launched.report
-    # codex exec prints the agent's last message on stdout.
-    assert launched.result.stdout.strip(), launched.report
     assert_all_answered(agents_home, "/v1/responses", launched.report)
 
 
@@ -184,13 +187,11 @@ def test_opencode_answers_through_draftpen_launch(agents_home: AgentsHome):
     launched = launch(
         agents_home,
         "opencode",
-        # The number only: a 1.5B model asked a bare "What is 2+3?" may reach for
-        # opencode's bash tool first, and that is the model's choice, not the wire's.
         ["run", "What is 2+3? Answer with the number only."],
     )
+    # opencode run prints the agent's answer on stdout, or nothing where the model ended
+    # on a tool call (its bash tool, say): the model's choice, not the wire's.
     assert launched.result.returncode == 0, launched.report
-    # opencode run prints the agent's answer on stdout.
-    assert launched.result.stdout.strip(), launched.report
     assert_all_answered(agents_home, "/v1/chat/completions", launched.report)
     # Its settings came for this run only: no config file was written for it.
     home = agents_home.root / "opencode" / "home"
