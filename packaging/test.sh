@@ -2,10 +2,10 @@
 # Set up and run the tests: .venv in the clone (reused when healthy), llama-cpp-python
 # from the per-machine wheel cache, draftpen installed editable with its test extras
 # (and mlx: Apple's CPU build on Linux), the test models in a store outside the clone
-# (GGUF files, and their MLX conversions), then ruff and pytest.
+# (GGUF files, and their MLX conversions), then ruff, deptry and pytest.
 #
 # Arguments go to pytest:  bash packaging/test.sh -m "not real_model" -x
-# Exit status: pytest's; when pytest passes, ruff's.
+# Exit status: pytest's; when pytest passes, ruff's, then deptry's.
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

