@@ -44,8 +44,12 @@ for package in (app, backends):
         try:
             importlib.import_module(module.name)
         except BaseException as error:  # noqa: BLE001 - every failure is reported
-            failures[module.name] = [type(error).__name__, getattr(error, "name", None) or "",
-                                     str(error)]
+            # The module that was missing, also where a runtime wraps its ImportError.
+            missing = error
+            while missing is not None and not isinstance(missing, ImportError):
+                missing = missing.__cause__ or missing.__context__
+            failures[module.name] = [type(error).__name__,
+                                     getattr(missing, "name", None) or "", str(error)]
 json.dump(failures, sys.stdout)
 """
 
