@@ -97,14 +97,23 @@ def grammar_for(spec: ConstraintSpec | None) -> GrammarSpec | None:
 
 
 def _tool_call_lark(output: ToolCallOutput) -> str:
-    """One or more calls (``parallel``) in the model's own wrapper, arguments per schema."""
+    """One or more calls (``parallel``) in the model's own wrapper, arguments per schema.
+
+    The last call may be followed by a newline before the end. Models trained on
+    templates that put one after a call write it, meaning to end (Qwen2.5 closes
+    ``</tool_call`` with the one token ``>\\n``); if the newline could only separate calls,
+    the grammar would force another call after it, and a greedy model repeats its call
+    until ``max_tokens`` (issue 41).
+    """
     wrapper = output.syntax.canonical_wrapper
     # Hermes writes a newline inside the tags; a bare JSON object stands alone.
     inner = f'"{_lark_text(wrapper.opener)}\\n" call_json "\\n{_lark_text(wrapper.closer)}"'
     call = inner if wrapper.opener else "call_json"
     separator = f'"{_lark_text(output.syntax.separators or "")}\\n"'
-    start = "call (sep call)*" if output.parallel else "call"
-    return f"start: {start}\ncall: {call}\nsep: {separator}\ncall_json: {_call_json(output)}\n"
+    calls = "call (sep call)*" if output.parallel else "call"
+    return (
+        f'start: {calls} "\\n"?\ncall: {call}\nsep: {separator}\ncall_json: {_call_json(output)}\n'
+    )
 
 
 def _auto_tool_call_lark(output: ToolCallOutput) -> str:
@@ -122,6 +131,9 @@ def _auto_tool_call_lark(output: ToolCallOutput) -> str:
     - a bare JSON object that begins the reply (Llama 3's canonical form, and the
       ``{{...}}`` that small Qwen2.5 models write): a reply whose first character is
       ``{`` is a call (one brace may be doubled), any other reply is text.
+
+    With ``parallel`` off the reply ends with its one call, as llama.cpp's lazy
+    grammars end it: the grammar, not only the parser, keeps it to one.
     """
     call_json = _call_json(output)
     wrapped = [
@@ -132,34 +144,36 @@ def _auto_tool_call_lark(output: ToolCallOutput) -> str:
     bare = any(not wrapper.opener for wrapper in output.syntax.wrappers)
     # FIRST: the reply's text before any call; it cannot start a bare call.
     first = "/([^{](.|\\n)*)?/" if bare else "/(.|\\n)*/"
+    parallel = output.parallel
     replies = ["FIRST"]
     if bare:
-        replies.append("bare_call TEXT")
+        replies.append("bare_call TEXT" if parallel else 'bare_call "\\n"?')
     if wrapped:
-        replies.append("first_call (next_call)* TEXT")
-    lines = [
-        "start: " + " | ".join(replies),
-        f"FIRST: {first}",
-        "TEXT: /(.|\\n)*/",
-        f"call_json: {call_json}",
-    ]
-    if bare:
+        # As for required calls, a newline may end the reply after its one call.
+        replies.append("first_call (next_call)* TEXT" if parallel else 'first_call "\\n"?')
+    lines = ["start: " + " | ".join(replies), f"FIRST: {first}", f"call_json: {call_json}"]
+    if parallel:
+        lines.append("TEXT: /(.|\\n)*/")
+    if bare and parallel:
         separator = _lark_text(output.syntax.separators or "")
         lines.append(f'bare_call: "{{"? call_json ("{separator}\\n" call_json)*')
+    elif bare:
+        # One call; a doubled opening brace gets its closing one.
+        lines.append('bare_call: call_json | "{" call_json "}"')
     # One head and body per wrapper: each opener has its own closer.
     for index, wrapper in enumerate(wrapped):
         opener, closer = _lark_text(wrapper.opener), _lark_text(wrapper.closer)
         lines += [
             f'first_head{index}[lazy]: FIRST "{opener}"',
-            f'call_head{index}[lazy]: TEXT "{opener}"',
             f'call_body{index}: "\\n" call_json "\\n{closer}"',
         ]
+        if parallel:
+            lines.append(f'call_head{index}[lazy]: TEXT "{opener}"')
     if wrapped:
         indices = range(len(wrapped))
-        lines += [
-            "first_call: " + " | ".join(f"first_head{i} call_body{i}" for i in indices),
-            "next_call: " + " | ".join(f"call_head{i} call_body{i}" for i in indices),
-        ]
+        lines.append("first_call: " + " | ".join(f"first_head{i} call_body{i}" for i in indices))
+        if parallel:
+            lines.append("next_call: " + " | ".join(f"call_head{i} call_body{i}" for i in indices))
     return "\n".join(lines) + "\n"
 
 

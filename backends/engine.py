@@ -30,6 +30,7 @@ from backends.ngram_drafter import NgramDrafter
 from backends.output_constraints import ConstraintSpec
 from backends.pair_check import check_pair
 from backends.reasoning import ReasoningFormat, reasoning_format, thinking_variables
+from backends.repeated_calls import RepeatedCallStop
 from backends.sampling import SamplingParams
 from backends.speculative import speculative_generate
 
@@ -51,8 +52,9 @@ class GenerationRequest:
     # one-token decoding; False lets it use any size (faster on some machines; greedy
     # output may then differ from plain decoding where two tokens nearly tie).
     exact: bool = False
-    # What the reply must look like (response_format, tool_choice): the grammar intent
-    # for constrained decoding. The loop does not apply it yet; None is plain text.
+    # What the reply must look like (response_format, tool_choice): the grammar the
+    # loop decodes under, and with parallel tool calls, the stop at a repeated call.
+    # None is plain text.
     constraint: ConstraintSpec | None = None
     # None: no log-probabilities. N >= 0: each emitted token's log-probability under
     # the target, with its N most likely alternatives (N <= 20).
@@ -67,6 +69,18 @@ class GenerationRequest:
             raise ValueError("draft_tokens must be >= 0")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
+
+
+def repeated_call_stop(constraint: ConstraintSpec | None) -> RepeatedCallStop | None:
+    """What ends a reply at a repeated tool call, where the request allows several calls.
+
+    With parallel calls off the grammar allows one call and ends the reply after it,
+    so there is nothing to repeat.
+    """
+    calls = constraint.tool_calls if constraint is not None else None
+    if calls is None or not calls.parallel:
+        return None
+    return RepeatedCallStop(calls.syntax, [tool.name for tool in calls.tools])
 
 
 class Engine:
@@ -275,6 +289,7 @@ class Engine:
             constraint=self.grammar_state(request.constraint),
             logprobs=request.logprobs,
             prepare_cache=self._cache_preparer(request),
+            repeated_calls=repeated_call_stop(request.constraint),
         )
 
     def _cache_preparer(self, request: GenerationRequest) -> Callable[[Sequence[int]], None] | None:

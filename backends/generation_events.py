@@ -163,6 +163,9 @@ class GenerationEvent:
     # The stop string that ended the generation (finish_reason "stop"); None when an
     # end-of-generation token, a limit or a cancel ended it, or it goes on.
     stop_sequence: str | None = None
+    # The generation ended where a tool call identical to an earlier one of the reply
+    # began (finish_reason "stop"; the repeat is not in ``text``): see repeated_calls.py.
+    repeated_call: bool = False
 
 
 @dataclass

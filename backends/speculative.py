@@ -47,6 +47,7 @@ from backends.generation_events import (
     merge_segments,
 )
 from backends.penalties import TokenCounts
+from backends.repeated_calls import RepeatedCallStop
 from backends.rows import forward_rows
 from backends.sampling import SamplingParams
 from backends.sparse_distribution import SparseDistribution
@@ -69,6 +70,7 @@ def speculative_generate(
     constraint: GrammarState | None = None,
     logprobs: int | None = None,
     prepare_cache: Callable[[Sequence[int]], None] | None = None,
+    repeated_calls: RepeatedCallStop | None = None,
 ) -> Iterator[GenerationEvent]:
     """Generate from ``prompt_tokens``, yielding one event per round.
 
@@ -87,6 +89,10 @@ def speculative_generate(
     Stops at an end-of-generation token, a stop string (which is not shown),
     ``max_tokens``, a full context, or when ``cancel`` is set (checked between
     rounds). Raises :class:`ContextOverflowError` if the prompt does not fit.
+
+    With ``repeated_calls`` (a request that allows parallel tool calls) the reply also
+    ends where a tool call identical to an earlier one begins; that call is not shown
+    and the last event says ``repeated_call``.
 
     ``logprobs`` (None: off; N in 0..20) adds to each event a :class:`TokenLogprob`
     per token, with the N most likely alternatives. They are computed from the
@@ -123,7 +129,7 @@ def speculative_generate(
     stop_filter = StopStringFilter(stop)
     if not read_whole:
         # What was read stays cached: a retry of the same prompt starts from there.
-        yield _final_event(stats, stop_filter, detokenizer, FINISH_CANCELLED)
+        yield _final_event(stats, stop_filter, repeated_calls, detokenizer, FINISH_CANCELLED)
         return
 
     policy.begin(prompt_tokens)
@@ -140,12 +146,12 @@ def speculative_generate(
 
     while True:
         if cancel is not None and cancel.is_set():
-            yield _final_event(stats, stop_filter, detokenizer, FINISH_CANCELLED)
+            yield _final_event(stats, stop_filter, repeated_calls, detokenizer, FINISH_CANCELLED)
             return
         remaining = max_tokens - stats.generated_tokens
         room = target.n_ctx - len(target.cached_tokens) - 1
         if remaining <= 0 or room < 0:
-            yield _final_event(stats, stop_filter, detokenizer, FINISH_LENGTH)
+            yield _final_event(stats, stop_filter, repeated_calls, detokenizer, FINISH_LENGTH)
             return
 
         draft_room = min(remaining - 1, room)
@@ -255,6 +261,11 @@ def speculative_generate(
             finish = FINISH_STOP
         elif finish is not None:
             shown.extend(stop_filter.flush())
+        repeated = False
+        if repeated_calls is not None:
+            shown, repeated = _without_repeats(repeated_calls, shown, finish is not None)
+            if repeated:
+                finish = FINISH_STOP
         merged = merge_segments(shown)
         yield GenerationEvent(
             text="".join(s.text for s in merged),
@@ -270,6 +281,7 @@ def speculative_generate(
             # The end-of-generation token is not in ``tokens``, so not here either.
             token_logprobs=tuple(emitted_logprobs[: len(kept_tokens)]),
             stop_sequence=stop_filter.matched if stopped else None,
+            repeated_call=repeated,
         )
         if finish is not None:
             return
@@ -297,15 +309,29 @@ def _prefill(target: Model, tokens: Sequence[int], cancel: threading.Event | Non
     return True
 
 
+def _without_repeats(
+    repeated_calls: RepeatedCallStop, shown: list[TextSegment], last: bool
+) -> tuple[list[TextSegment], bool]:
+    """``shown`` less what may begin a repeated call (all of it at the ``last`` event)."""
+    kept, repeated = repeated_calls.push(shown)
+    if last and not repeated:
+        kept.extend(repeated_calls.flush())
+    return kept, repeated
+
+
 def _final_event(
     stats: StatsAccumulator,
     stop_filter: StopStringFilter,
+    repeated_calls: RepeatedCallStop | None,
     detokenizer: IncrementalDetokenizer,
     finish_reason: str,
 ) -> GenerationEvent:
     tail, stopped = stop_filter.push([TextSegment(detokenizer.flush(), False)])
     if not stopped:
         tail.extend(stop_filter.flush())
+    repeated = False
+    if repeated_calls is not None:
+        tail, repeated = _without_repeats(repeated_calls, tail, True)
     merged = merge_segments(tail)
     return GenerationEvent(
         text="".join(s.text for s in merged),
@@ -315,7 +341,8 @@ def _final_event(
         drafter="none",
         draft_length=0,
         stats=stats.snapshot(),
-        finish_reason=finish_reason,
+        finish_reason=FINISH_STOP if repeated else finish_reason,
+        repeated_call=repeated,
     )
 
 

@@ -1,7 +1,8 @@
 """Stop strings: text that may begin one is held back; a full match cuts the output.
 
 Also :func:`partial_suffix`, how much of a text's end may begin a marker, which the
-tool-call parser holds back for the same reason.
+tool-call parser holds back for the same reason, and the cutting of segments that the
+repeated-call stop (``repeated_calls.py``) shares.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ class StopStringFilter:
         cut = _earliest_match(held_text, self.stop)
         if cut is not None:
             self.matched = next(s for s in self.stop if held_text.find(s) == cut)
-            shown = _take_chars(self._held, cut)
+            shown = take_chars(self._held, cut)
             self._held = []
             return shown, True
         safe = len(held_text) - partial_suffix(held_text, self.stop)
-        shown = _take_chars(self._held, safe)
-        self._held = _drop_chars(self._held, safe)
+        shown = take_chars(self._held, safe)
+        self._held = drop_chars(self._held, safe)
         return shown, False
 
     def flush(self) -> list[TextSegment]:
@@ -60,7 +61,8 @@ def partial_suffix(text: str, markers: Collection[str]) -> int:
     return longest
 
 
-def _take_chars(segments: Sequence[TextSegment], count: int) -> list[TextSegment]:
+def take_chars(segments: Sequence[TextSegment], count: int) -> list[TextSegment]:
+    """The first ``count`` characters of ``segments``, provenance kept."""
     taken: list[TextSegment] = []
     for segment in segments:
         if count <= 0:
@@ -71,7 +73,8 @@ def _take_chars(segments: Sequence[TextSegment], count: int) -> list[TextSegment
     return taken
 
 
-def _drop_chars(segments: Sequence[TextSegment], count: int) -> list[TextSegment]:
+def drop_chars(segments: Sequence[TextSegment], count: int) -> list[TextSegment]:
+    """``segments`` without their first ``count`` characters."""
     kept: list[TextSegment] = []
     for segment in segments:
         if count >= len(segment.text):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import secrets
 import string
 from collections.abc import Callable, Collection, Sequence
@@ -30,6 +31,9 @@ from backends.streamed_json import (
 )
 
 _ID_ALPHABET = string.ascii_letters + string.digits
+# A bare call found in the middle of the text: like a fenced one, a call only when it
+# names one of the tools.
+_CALL_IN_TEXT = CallWrapper("", known_names_only=True)
 
 
 def new_call_id() -> str:
@@ -79,6 +83,13 @@ class ToolCallParser:
     the pieces it could decide. The result does not depend on how the text was cut
     into pieces. ``tool_names`` are the request's functions (fenced blocks must name
     one); with ``max_calls`` (1 when parallel calls are off) later calls are dropped.
+
+    Call syntax never becomes content. A call cut off before it ends (``max_tokens``, a
+    stop string) is dropped at :meth:`finish` when its opener is call markup only
+    (``<tool_call>``, a Llama bare call), or when it is a fenced or bare JSON object whose
+    head may still name one of the tools; a block behind such an opener that is not a
+    call is dropped too. Only openers that are also ordinary text (a fenced block, a
+    JSON object) are given back as content when they turn out not to be calls.
     """
 
     def __init__(
@@ -108,17 +119,33 @@ class ToolCallParser:
         self._quoted_arguments = ""
         self.calls_started = 0
         self._finished = False
+        # Where calls are in the text fed so far (offsets into all of it), for readers
+        # that must act on a call's text (backends/repeated_calls.py).
+        self._fed = 0
+        self._call_since: int | None = None
+        self.call_spans: list[tuple[int, int]] = []
 
     @property
     def made_calls(self) -> bool:
         """Whether any tool call has been emitted."""
         return self.calls_started > 0
 
+    @property
+    def call_since(self) -> int | None:
+        """Where the call being read began (its opener) in the text fed; None between calls."""
+        return self._call_since
+
+    @property
+    def decided(self) -> int:
+        """How much of the text fed the parser has decided (the rest is held back)."""
+        return self._fed - len(self._buffer)
+
     def feed(self, text: str) -> list[ParsedPiece]:
         """Take the next piece of the reply; return what it decided."""
         if self._finished:
             raise RuntimeError("feed() after finish()")
         self._buffer += text
+        self._fed += len(text)
         out: list[ParsedPiece] = []
         while self._step(out, final=False):
             pass
@@ -159,41 +186,81 @@ class ToolCallParser:
             start = len(buffer) - len(buffer.lstrip(WHITESPACE + self.syntax.separators))
             if start == len(buffer):
                 if final:
-                    self._content(out, buffer)
+                    if not self.call_spans:
+                        self._content(out, buffer)
+                    # else: the separator after a call (``;``) is call syntax too
                     self._buffer = ""
                 return False  # only whitespace yet: a bare call may still follow
             if buffer[start] == "{":
                 leading = buffer[:start]
                 if not leading.strip(WHITESPACE):
                     self._held_space += leading  # given back if this is not a call
-                self._open(self._bare, buffer[start:], out)
+                self._open(self._bare, buffer[start:], out, self.decided + start)
                 return True
         found = [
             (position, opener) for opener in self._openers if (position := buffer.find(opener)) >= 0
         ]
+        inside = self._bare_call_at(buffer) if self._bare is not None else None
+        if inside is not None and (not found or inside < min(found)[0]):
+            # A call's JSON in the middle of the text (a small model's habit): a call
+            # when it names one of the tools, never content either way.
+            self._content(out, buffer[:inside])
+            self._open(_CALL_IN_TEXT, buffer[inside:], out, self.decided + inside)
+            return True
         if found:
             position, opener = min(found)
             self._content(out, buffer[:position])
             wrapper = next(w for w in self.syntax.wrappers if w.opener == opener)
-            self._open(wrapper, buffer[position + len(opener) :], out)
+            self._open(wrapper, buffer[position + len(opener) :], out, self.decided + position)
             return True
-        hold = 0 if final else partial_suffix(buffer, self._openers)
+        hold = partial_suffix(buffer, self._openers)
+        if final:
+            # The reply ended in the first characters of an opener that is nothing but
+            # call markup (``<tool_c``): that is not text either. A fence's first
+            # backticks are ordinary text (a code block's end).
+            hold = partial_suffix(buffer, self._markup_openers)
+            self._content(out, buffer[: len(buffer) - hold])
+            self._buffer = ""
+            return False
         self._content(out, buffer[: len(buffer) - hold])
         self._buffer = buffer[len(buffer) - hold :]
         return False
 
-    def _open(self, wrapper: CallWrapper, rest: str, out: list[ParsedPiece]) -> None:
+    def _bare_call_at(self, buffer: str) -> int | None:
+        """Where in ``buffer`` a bare call's JSON may begin: an object whose head names
+        one of the tools, or may still; None when no ``{`` in it can."""
+        position = buffer.find("{")
+        while position >= 0:
+            head = read_head(buffer[position:], self.syntax.argument_keys)
+            if head == Head.PENDING:
+                if _may_name_a_tool(buffer[position:], self.tool_names):
+                    return position
+            elif head != Head.MISMATCH and head[0] in self.tool_names:
+                return position
+            position = buffer.find("{", position + 1)
+        return None
+
+    @property
+    def _markup_openers(self) -> list[str]:
+        """Openers that are call syntax only, never the model's text."""
+        return [w.opener for w in self.syntax.wrappers if w.opener and not w.known_names_only]
+
+    def _open(self, wrapper: CallWrapper, rest: str, out: list[ParsedPiece], at: int) -> None:
         # Whitespace just before a call belongs to neither the content nor the call; it
         # is kept aside in case this turns out not to be a call.
         self._space_before_call, self._held_space = self._held_space, ""
         self._wrapper = wrapper
         self._buffer = rest
         self._state = _State.HEAD
+        self._call_since = at
 
     def _head(self, out: list[ParsedPiece], final: bool) -> bool:
         head = read_head(self._buffer, self.syntax.argument_keys)
         if head == Head.PENDING:
             if final:
+                if self._cut_off_call():
+                    self._buffer = ""  # see _whole
+                    return False
                 self._state = _State.WHOLE
                 return True
             return False
@@ -206,6 +273,7 @@ class ToolCallParser:
                 self._content(out, wrapper.opener)
                 self._call_may_begin = False
                 self._state = _State.TEXT
+                self._call_since = None
             else:
                 self._state = _State.WHOLE
             return True
@@ -267,8 +335,8 @@ class ToolCallParser:
                     return False
                 self._buffer = self._buffer[brace + 1 :]
                 self._braces -= 1
-            self._state = _State.TEXT
             self._call_may_begin = True
+            self._end_call()
             return True
         position = self._buffer.find(closer)
         if position < 0:
@@ -276,8 +344,32 @@ class ToolCallParser:
             self._buffer = self._buffer[len(self._buffer) - keep :]
             return False
         self._buffer = self._buffer[position + len(closer) :]
-        self._state = _State.TEXT
+        self._end_call()
         return True
+
+    def _end_call(self) -> None:
+        """The call being read ended here; text follows."""
+        assert self._call_since is not None
+        self.call_spans.append((self._call_since, self.decided))
+        self._call_since = None
+        self._state = _State.TEXT
+
+    def _cut_off_call(self) -> bool:
+        """Whether the call being read, which the reply ends inside of, is call syntax.
+
+        An opener that is markup only says so by itself. A fenced block or a bare
+        object is the model's text unless it may still be a call: its head so far is a
+        call's, naming (the start of) one of the tools, or any function where the
+        family's bare calls need no known name (Llama 3).
+        """
+        wrapper = self._wrapper
+        if wrapper.opener and not wrapper.known_names_only:
+            return True
+        if wrapper.closer and wrapper.closer in self._buffer:
+            return False  # a whole block: read as it was written
+        if read_head(self._buffer, self.syntax.argument_keys) == Head.MISMATCH:
+            return False  # an object, but not a call's
+        return not wrapper.known_names_only or _may_name_a_tool(self._buffer, self.tool_names)
 
     def _whole(self, out: list[ParsedPiece], final: bool) -> bool:
         """A call with an unusual head: wait for all of it, then read it as JSON."""
@@ -288,6 +380,11 @@ class ToolCallParser:
             if position < 0:
                 if not final:
                     return False
+                if self._cut_off_call():
+                    # The reply ended inside a call: its text is call syntax, not the
+                    # model's words, and no call can be made of it.
+                    self._buffer = ""
+                    return False
                 position = len(self._buffer)
             else:
                 closer = wrapper.closer
@@ -297,18 +394,26 @@ class ToolCallParser:
             if end is None:
                 if not final:
                     return False
+                if self._cut_off_call():
+                    self._buffer = ""
+                    return False
                 end = len(self._buffer)
             body, rest = self._buffer[:end], self._buffer[end:]
         call = self._call_from_json(body)
-        if call is None:
-            # Not a call after all: the model's text, as it wrote it.
-            self._held_space = self._space_before_call
-            self._content(out, wrapper.opener + body + closer)
-        else:
+        self._buffer = rest
+        if call is not None:
             name, arguments = call
             self._start_call(name, out)
             self._arguments_piece(out, arguments)
-        self._buffer = rest
+            self._end_call()
+            return True
+        if wrapper.known_names_only or not wrapper.opener:
+            # Not a call after all: the model's text, as it wrote it.
+            self._held_space = self._space_before_call
+            self._content(out, wrapper.opener + body + closer)
+        # else: a block behind call markup that holds no call is markup all the same
+        # (the grammar never lets a model write one; an unconstrained model might).
+        self._call_since = None
         self._state = _State.TEXT
         return True
 
@@ -345,6 +450,23 @@ class ToolCallParser:
             self._held_space = ""
         self._call_may_begin = False
         out.append(ContentPiece(text))
+
+
+# The name in a call head that may be cut off: its text so far, and its closing quote.
+_HEAD_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)("?)')
+
+
+def _may_name_a_tool(head: str, tool_names: Collection[str]) -> bool:
+    """Whether a call head that is still pending (``{"name": "get_w``) may name a tool."""
+    match = _HEAD_NAME.search(head)
+    if match is None:
+        return True  # no name written yet
+    written, closed = match.group(1), bool(match.group(2))
+    with contextlib.suppress(ValueError):
+        written = json.loads(f'"{written}"')
+    if closed:
+        return written in tool_names
+    return any(name.startswith(written) for name in tool_names)
 
 
 @dataclass

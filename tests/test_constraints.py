@@ -17,6 +17,7 @@ from backends.constraints import (
     mask_logits,
 )
 from backends.output_constraints import ConstraintSpec, JsonOutput, ToolCallOutput
+from tests.byte_model import EOS as EOS_BYTE_MODEL
 from tests.byte_model import ScriptedByteModel
 from tests.fakes import EOS, HashModel
 from tests.model_files import TARGET_KEY, require_model
@@ -156,7 +157,44 @@ def test_parallel_calls_off_allows_one_call_only(byte_vocabulary):
             '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>', add_special=False
         )
     )
-    assert state.finished
+    # The end, or a newline and then the end: nothing else.
+    allowed = set(np.flatnonzero(state.allowed()))
+    assert allowed == {EOS_BYTE_MODEL, *model.tokenize("\n", add_special=False)}
+
+
+def test_a_newline_after_the_last_required_call_may_end_the_reply(byte_vocabulary):
+    # Qwen2.5 closes a call with the one token ">\n" meaning to end; were that newline
+    # only a separator, the grammar would force another call after it (issue 41).
+    model, vocabulary = byte_vocabulary
+    call = '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>\n'
+    for parallel in (True, False):
+        output = ToolCallOutput((CLOCK,), HERMES, "required", parallel=parallel)
+        state = vocabulary.compile(grammar_for(ConstraintSpec(tool_calls=output))).start()
+        state.consume(model.tokenize(call, add_special=False))
+        assert state.accepting and state.allowed()[EOS_BYTE_MODEL], parallel
+        another = model.tokenize("<tool_call>", add_special=False)
+        assert (state.valid_prefix(another) == len(another)) is parallel
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        'Let me check.\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>',
+        '{{"name": "now", "arguments": {}}}',
+        '{"name": "now", "arguments": {}}',
+    ],
+)
+def test_auto_with_parallel_calls_off_ends_the_reply_after_its_one_call(byte_vocabulary, call):
+    model, vocabulary = byte_vocabulary
+    output = ToolCallOutput((WEATHER, CLOCK), HERMES, "auto", parallel=False)
+    state = vocabulary.compile(grammar_for(ConstraintSpec(tool_calls=output))).start()
+    tokens = model.tokenize(call, add_special=False)
+    assert state.valid_prefix(tokens) == len(tokens)
+    state.consume(tokens)
+    assert state.accepting
+    for more in ('\n<tool_call>\n{"name": "now"', " And more text."):
+        following = model.tokenize(more, add_special=False)
+        assert state.valid_prefix(following) < len(following), more
 
 
 def test_llama3_calls_are_bare_json_objects_with_parameters(byte_vocabulary):

@@ -132,9 +132,95 @@ def test_arguments_first_and_string_arguments_are_read_whole():
     assert reply.tool_calls == [ToolCall("call_0", "get_weather", '{"city": "Rome"}')]
 
 
-def test_a_call_cut_off_before_its_name_stays_content():
-    reply = assert_same_in_every_cut(HERMES, '<tool_call>\n{"na')
-    assert reply.content == '<tool_call>\n{"na' and reply.tool_calls is None
+def test_a_call_cut_off_before_its_name_leaves_no_markup_in_the_content():
+    # What a reply cut by max_tokens in its second call's head looked like (issue 41).
+    first = f"<tool_call>\n{WEATHER}\n</tool_call>"
+    for text in ('<tool_call>\n{"na', f'{first}\n<tool_call>\n{{"name": "', "Hi.\n<tool_c"):
+        reply = assert_same_in_every_cut(HERMES, text)
+        assert "<" not in reply.content and "{" not in reply.content, text
+    reply = assert_same_in_every_cut(HERMES, f'{first}\n<tool_call>\n{{"name": "')
+    assert reply.content == "" and reply.tool_calls is not None and len(reply.tool_calls) == 1
+
+
+# Replies with calls in every form the parser reads, and the content each one has.
+REPLIES_WITH_CALLS = [
+    (HERMES, f"Checking.\n<tool_call>\n{WEATHER}\n</tool_call>\n", "Checking."),
+    (HERMES, f"<tool_call>\n{WEATHER}\n</tool_call>\n<tool_call>\n{WEATHER}\n</tool_call>", ""),
+    (HERMES, f"Sure.\n```json\n{WEATHER}\n```", "Sure."),
+    (HERMES, f"{{{WEATHER}}}", ""),
+    (HERMES, f"Let me see. {WEATHER} Done.", "Let me see. Done."),
+    (LLAMA3_JSON, '{"name": "get_weather", "parameters": {"city": "Paris"}}', ""),
+    (
+        LLAMA3_JSON,
+        '<|python_tag|>{"name": "get_time", "parameters": {}}; {"name": "get_time", '
+        '"parameters": {"zone": "UTC"}}',
+        "",
+    ),
+]
+# What no content may hold, whole or begun: the markup around calls and a call's head.
+CALL_MARKUP = ("<tool_call>", "</tool_call>", "<|python_tag|>", '{"name"')
+
+
+def without_fence_start(content: str) -> str:
+    """``content`` less a trailing start of a fence (```` ```js ````), which is ordinary
+    text at the end of a reply (many replies end a code block there)."""
+    for size in range(len("```json"), 0, -1):
+        if content.endswith("```json"[:size]):
+            return content[:-size]
+    return content
+
+
+@pytest.mark.parametrize(("syntax", "text", "content"), REPLIES_WITH_CALLS)
+def test_no_cut_of_a_reply_puts_call_syntax_in_its_content(
+    syntax: ToolCallSyntax, text: str, content: str
+):
+    whole = assert_same_in_every_cut(syntax, text)
+    assert whole.content == content and whole.tool_calls
+    # The reply may end anywhere (max_tokens, a stop string, a cancel): its content is
+    # then a start of the whole reply's content, and never holds call syntax.
+    for end in range(len(text) + 1):
+        cut = assert_same_in_every_cut(syntax, text[:end])
+        assert content.startswith(without_fence_start(cut.content).rstrip()), (end, cut.content)
+        for markup in CALL_MARKUP:
+            assert markup not in cut.content, (end, cut.content)
+            assert not any(cut.content.endswith(markup[:n]) for n in range(2, len(markup))), (
+                end,
+                cut.content,
+            )
+
+
+@pytest.mark.parametrize(
+    ("syntax", "text"),
+    [
+        (HERMES, '{"name": "Ada", "ag'),  # JSON that names no tool, cut off
+        (HERMES, '```json\n{"name": "Ada", "age": 3'),
+        (HERMES, "Close the block:\n```"),  # a fence's backticks end many replies
+        (HERMES, '{"answer": 4'),
+        (LLAMA3_JSON, '{"answer": 4'),  # a bare object, but not a call's
+    ],
+)
+def test_text_cut_off_that_cannot_be_a_call_stays_content(syntax: ToolCallSyntax, text: str):
+    reply = assert_same_in_every_cut(syntax, text)
+    assert reply.content == text and reply.tool_calls is None
+
+
+def test_a_tool_call_block_that_holds_no_call_is_dropped_not_shown():
+    reply = assert_same_in_every_cut(
+        HERMES, "Before.\n<tool_call>\nnot a call\n</tool_call>\nAfter."
+    )
+    assert reply.content == "Before.\nAfter." and reply.tool_calls is None
+
+
+def test_call_spans_say_where_each_call_is_in_the_text():
+    text = f"Both.\n<tool_call>\n{WEATHER}\n</tool_call>\n{WEATHER}"
+    parser = ToolCallParser(HERMES, TOOLS)
+    for char in text:
+        parser.feed(char)
+    parser.finish()
+    assert [text[start:end] for start, end in parser.call_spans] == [
+        f"<tool_call>\n{WEATHER}\n</tool_call>",
+        WEATHER,
+    ]
 
 
 def test_llama3_json_calls_begin_the_reply_and_are_separated_by_semicolons():

@@ -83,8 +83,11 @@ class GenerationTally:
         if self.last is None:
             return {}
         fitted = {"left_out_messages": self.left_out_messages} if self.left_out_messages else {}
+        # The reply ended where it began to repeat a tool call (backends/repeated_calls.py).
+        repeated = {"stopped_at_repeated_call": True} if self.last.repeated_call else {}
         return {
             **fitted,
+            **repeated,
             **self.last.stats.as_dict(),
             "drafter": self.last.drafter,
             "draft_length": self.last.draft_length,
