@@ -79,7 +79,6 @@ def assert_parts_only_at_a_near_tie(
     index = next(i for i, (a, b) in enumerate(zip(plain, other, strict=False)) if a != b)
     gap = gap_at(index, other[index])
     assert abs(gap) < NEAR_TIE_LOGIT_GAP, (
-        f"{label} diverged at token {index} where plain decoding was not near a tie "
-        f"(gap {gap:.3f})"
+        f"{label} diverged at token {index} where plain decoding was not near a tie (gap {gap:.3f})"
     )
     return f"{label}: token {index} flipped, plain logit gap {gap:.3f}"

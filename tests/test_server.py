@@ -293,7 +293,9 @@ def test_prediction_drafts_the_answer_and_usage_counts_it(server: RunningServer)
     )
     # A wrong prediction costs time, never correctness.
     streamed_logprobs = [
-        entry for c in streamed if c.choices and c.choices[0].logprobs
+        entry
+        for c in streamed
+        if c.choices and c.choices[0].logprobs
         for entry in c.choices[0].logprobs.content or ()
     ]
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
