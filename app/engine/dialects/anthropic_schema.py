@@ -23,7 +23,9 @@ are ignored), then rewritten as the engine's one internal request, a validated
   ``response_format``, followed exactly;
 - ``stop_sequences``, ``temperature``, ``top_p``, ``top_k`` and ``max_tokens`` go
   through as they are; ``cache_control`` is accepted anywhere and ignored (the engine
-  keeps conversations' prefixes anyway).
+  keeps conversations' prefixes anyway);
+- ``speculative`` (draftpen's own, as in the other dialects) steers or turns off
+  speculation for the request.
 
 Errors the chat request's own checks find name the Anthropic field they came from.
 """
@@ -34,7 +36,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from app.engine.schema import MAX_STOP_STRINGS, ApiError
+from app.engine.schema import MAX_STOP_STRINGS, ApiError, Speculative
 
 # Anthropic's rule for tool names.
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
@@ -200,6 +202,9 @@ class MessagesRequest(CountTokensRequest):
     output_config: OutputConfigIn | None = None
     # Changes nothing for a local model; typed so a wrong one is still a 400.
     metadata: dict[str, Any] | None = None
+    # draftpen's extension, as in chat completions and Responses: steer or turn off
+    # speculation for this request.
+    speculative: Speculative | None = None
 
 
 RequestT = TypeVar("RequestT", bound=CountTokensRequest)

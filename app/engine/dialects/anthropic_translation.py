@@ -60,6 +60,8 @@ def chat_request(request: CountTokensRequest) -> ChatCompletionRequest:
         if output is not None:
             schema = {"name": "output", "schema": output.schema_, "strict": True}
             body["response_format"] = {"type": "json_schema", "json_schema": schema}
+        if request.speculative is not None:
+            body["speculative"] = request.speculative.model_dump(exclude_none=True)
         if request.top_p == 0:
             # Anthropic allows 0; the loop's top_p must be above it: keep the top token.
             body["top_p"] = 1e-9
