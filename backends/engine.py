@@ -59,6 +59,9 @@ class GenerationRequest:
     # None: no log-probabilities. N >= 0: each emitted token's log-probability under
     # the target, with its N most likely alternatives (N <= 20).
     logprobs: int | None = None
+    # How a thinking model's chat reply marks its reasoning (None: it has none), so
+    # what reads the reply's tool calls in the loop reads the answer only.
+    reasoning: ReasoningFormat | None = None
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTER_CHOICES:
@@ -71,7 +74,9 @@ class GenerationRequest:
             raise ValueError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
 
 
-def repeated_call_stop(constraint: ConstraintSpec | None) -> RepeatedCallStop | None:
+def repeated_call_stop(
+    constraint: ConstraintSpec | None, reasoning: ReasoningFormat | None = None
+) -> RepeatedCallStop | None:
     """What ends a reply at a repeated tool call, where the request allows several calls.
 
     With parallel calls off the grammar allows one call and ends the reply after it,
@@ -80,7 +85,7 @@ def repeated_call_stop(constraint: ConstraintSpec | None) -> RepeatedCallStop | 
     calls = constraint.tool_calls if constraint is not None else None
     if calls is None or not calls.parallel:
         return None
-    return RepeatedCallStop(calls.syntax, [tool.name for tool in calls.tools])
+    return RepeatedCallStop(calls.syntax, [tool.name for tool in calls.tools], reasoning)
 
 
 class Engine:
@@ -289,7 +294,7 @@ class Engine:
             constraint=self.grammar_state(request.constraint),
             logprobs=request.logprobs,
             prepare_cache=self._cache_preparer(request),
-            repeated_calls=repeated_call_stop(request.constraint),
+            repeated_calls=repeated_call_stop(request.constraint, request.reasoning),
         )
 
     def _cache_preparer(self, request: GenerationRequest) -> Callable[[Sequence[int]], None] | None:

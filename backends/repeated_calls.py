@@ -9,6 +9,10 @@ with the same name and arguments in one reply: it would run the same thing twice
 reply where such a repeat begins: the repeat is not shown and the loop stops, as it
 does at a stop string.
 
+Only the answer is read: a thinking model's reasoning (``<think>...</think>`` at the
+start of the reply, see ``reasoning.py``) may mention a call, which is not made, so
+the answer's call is no repeat of it. Reasoning passes through as it comes.
+
 Text that may still turn out to be a repeat (a call whose text so far is the start
 of an earlier call's) is held back until it differs or ends; every other call streams
 as it comes. Calls are compared by name and arguments (as JSON values); under the
@@ -24,6 +28,7 @@ from typing import Any
 
 from backends.call_syntax import ToolCallSyntax
 from backends.generation_events import TextSegment
+from backends.reasoning import ReasoningFormat
 from backends.stop_strings import drop_chars, take_chars
 from backends.tool_calls import ParsedReply, ToolCallParser
 
@@ -31,9 +36,17 @@ from backends.tool_calls import ParsedReply, ToolCallParser
 class RepeatedCallStop:
     """Holds back text that may be a repeated call; cuts the reply where one begins."""
 
-    def __init__(self, syntax: ToolCallSyntax, tool_names: Collection[str]) -> None:
+    def __init__(
+        self,
+        syntax: ToolCallSyntax,
+        tool_names: Collection[str],
+        reasoning: ReasoningFormat | None = None,
+    ) -> None:
         self._parser = ToolCallParser(syntax, tool_names, new_id=lambda: "")
         self._calls = ParsedReply()
+        self._reasoning = reasoning
+        # Where the answer begins in the text (None: not known yet, reasoning may come).
+        self._answer_at: int | None = None if reasoning is not None else 0
         self._text = ""  # all the text pushed
         self._held: list[TextSegment] = []  # pushed, not yet shown
         self._shown = 0  # characters shown so far
@@ -46,8 +59,15 @@ class RepeatedCallStop:
         text = "".join(segment.text for segment in segments)
         self._held.extend(segment for segment in segments if segment.text)
         self._text += text
+        answer_at = self._answer_at
+        if answer_at is None:
+            answer_at = self._answer_at = self._answer_start()
+            if answer_at is None:
+                # Reasoning, or what may still open it: shown as it comes, never parsed.
+                return self._show(len(self._text)), False
+            text = self._text[answer_at:]
         self._calls.add(self._parser.feed(text))
-        spans = self._parser.call_spans
+        spans = [(start + answer_at, end + answer_at) for start, end in self._parser.call_spans]
         while self._judged < len(spans):
             index = self._judged
             self._judged += 1
@@ -59,7 +79,23 @@ class RepeatedCallStop:
                 # part, it goes out whole: a call is never cut in two.
                 cut = start if start >= self._shown else end
                 return self._show(cut), True
-        return self._show(self._safe_end()), False
+        return self._show(self._safe_end(answer_at)), False
+
+    def _answer_start(self) -> int | None:
+        """Where the answer begins in the text so far; None while it may be reasoning.
+
+        As the reasoning splitter reads it: reasoning opens the reply (its start tag
+        after whitespace, or the prompt opened it) and ends at the end tag.
+        """
+        marks = self._reasoning
+        assert marks is not None
+        text = self._text
+        if not marks.starts_inside:
+            opening = text.lstrip()
+            if not opening.startswith(marks.start):
+                return None if marks.start.startswith(opening) else 0
+        end = text.find(marks.end)
+        return None if end < 0 else end + len(marks.end)
 
     def flush(self) -> list[TextSegment]:
         """Release held text at the end of generation (no repeat followed)."""
@@ -67,17 +103,18 @@ class RepeatedCallStop:
         self._shown = len(self._text)
         return held
 
-    def _safe_end(self) -> int:
+    def _safe_end(self, answer_at: int) -> int:
         """How far the text may be shown: up to where a possible repeat begins."""
         parser = self._parser
+        answer = self._text[answer_at:]
         # Text the parser has not decided yet may begin a call (``<tool_`` ...).
         safe = parser.decided
         since = parser.call_since
         if since is not None and parser.call_spans:
-            written = self._text[since:]
-            if any(self._text[start:end].startswith(written) for start, end in parser.call_spans):
+            written = answer[since:]
+            if any(answer[start:end].startswith(written) for start, end in parser.call_spans):
                 safe = min(safe, since)
-        return max(safe, self._shown)
+        return max(answer_at + safe, self._shown)
 
     def _show(self, end: int) -> list[TextSegment]:
         count = max(0, end - self._shown)

@@ -16,6 +16,7 @@ from backends.call_syntax import HERMES, LLAMA3_JSON, ToolCallSyntax
 from backends.engine import Engine, GenerationRequest, repeated_call_stop
 from backends.generation_events import FINISH_LENGTH, FINISH_STOP, TextSegment
 from backends.output_constraints import ConstraintSpec, ToolCallOutput
+from backends.reasoning import ReasoningFormat
 from backends.repeated_calls import RepeatedCallStop
 from backends.tool_calls import ParsedReply, ToolCallParser
 from tests.byte_model import ScriptedByteModel
@@ -95,6 +96,24 @@ def test_llama3_bare_calls_repeat_too():
     call = '{"name": "get_time", "parameters": {"zone": "UTC"}}'
     shown, stopped, _ = run_stop(f"{call}; {call}", 2, LLAMA3_JSON)
     assert stopped and "".join(shown).rstrip("; ") == call
+
+
+@pytest.mark.parametrize("starts_inside", [False, True])
+def test_a_call_in_the_reasoning_is_not_one_the_answer_can_repeat(starts_inside: bool):
+    opening = "" if starts_inside else "<think>\n"
+    thought = f"{opening}Maybe {PARIS} would do.\n</think>\n\n"
+    marks = ReasoningFormat(starts_inside=starts_inside)
+    for size in (1, 6, 1000):
+        stop = RepeatedCallStop(HERMES, TOOLS, marks)
+        text = f"{thought}{PARIS}\n{PARIS}"
+        shown = ""
+        for start in range(0, len(text), size):
+            segments, stopped = stop.push([TextSegment(text[start : start + size], False)])
+            shown += "".join(segment.text for segment in segments)
+            if stopped:
+                break
+        assert stopped and stop.repeated_call == 1, size
+        assert shown == f"{thought}{PARIS}\n", size
 
 
 # -- in the loop -----------------------------------------------------------------------

@@ -33,6 +33,7 @@ from backends.call_syntax import tool_call_syntax
 from backends.chat_template import ChatTemplateError, model_chat_template, template_takes_tools
 from backends.engine import Engine, GenerationRequest
 from backends.output_constraints import ConstraintSpec, JsonOutput, ToolCallOutput
+from backends.reasoning import ReasoningFormat
 from backends.sampling import SamplingParams
 from backends.tool_calls import ToolCallParser
 
@@ -54,18 +55,19 @@ def chat_preparer(
     def prepare(engine: Engine) -> Prepared:
         plan = reply_plan(parsed, engine)
         prompt, prompt_text, left_out = chat_prompt(parsed, engine, plan, options, settings)
+        reasoning = engine.reasoning_format(prompt_text)
         formatter = make_format(
             parsed.model,
             include_usage=parsed.include_usage,
             tool_parser=plan.tool_parser,
             token_bytes=token_bytes(parsed, engine),
-            reasoning=engine.reasoning_format(prompt_text),
+            reasoning=reasoning,
             provenance=options.provenance,
             response_id=response_id,
             left_out_messages=left_out,
         )
         generation = generation_request(
-            parsed, prompt, "messages", plan.constraint, engine, settings
+            parsed, prompt, "messages", plan.constraint, engine, settings, reasoning
         )
         return Prepared(generation, formatter)
 
@@ -178,8 +180,10 @@ def generation_request(
     constraint: ConstraintSpec | None,
     engine: Engine,
     settings: Settings,
+    reasoning: ReasoningFormat | None = None,
 ) -> GenerationRequest:
-    """The loop's request: the prompt, the sampling, the drafter, the limits, logprobs."""
+    """The loop's request: the prompt, the sampling, the drafter, the limits, logprobs,
+    and for a thinking model's chat reply, how it marks its reasoning."""
     n_ctx = engine.target.n_ctx
     bigger = (
         "or load the pair with a larger context (POST /draftpen/load with "
@@ -236,6 +240,7 @@ def generation_request(
             ),
             constraint=constraint,
             logprobs=parsed.requested_logprobs,
+            reasoning=reasoning,
         )
     except ValueError as error:
         raise ApiError(400, str(error), code="invalid_value") from None
