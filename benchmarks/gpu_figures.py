@@ -44,18 +44,27 @@ def run_once(
     k: int,
     params: SamplingParams,
     tokens: int,
+    *,
+    exact: bool = False,
 ) -> dict[str, Any]:
-    """One generation; its statistics as plain data."""
+    """One generation; its statistics as plain data, the decision and the token ids."""
     request = GenerationRequest(
-        prompt_tokens=prompt, params=params, max_tokens=tokens, drafter=drafter, draft_tokens=k
+        prompt_tokens=prompt,
+        params=params,
+        max_tokens=tokens,
+        drafter=drafter,
+        draft_tokens=k,
+        exact=exact,
     )
     last = None
     decision = ""
+    output: list[int] = []
     for event in engine.generate(request):
         last = event
         decision = event.decision or decision
+        output.extend(event.tokens)
     assert last is not None
-    return {**last.stats.as_dict(), "decision": decision}
+    return {**last.stats.as_dict(), "decision": decision, "tokens": output}
 
 
 def main(argv: list[str] | None = None) -> int:
