@@ -79,8 +79,11 @@ else
     rm -rf "$WORK"/*.ready "$WORK"/*.failed
     tar xJf "$CARRY/lcp.tar.xz" -C "$WORK"
     setsid bash "$0" build >"$WORK/build.out" 2>&1 </dev/null &
-    python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --no-cache-dir \
-        --target "$WORK/site" "$CARRY"/whl/*.whl || note "wheels: pip failed"
+    wheels() { python3 -m pip install -q --upgrade --no-index --no-deps --no-compile \
+        --no-cache-dir --target "$WORK/site" "$@"; }
+    if ! wheels "$CARRY"/whl/*.whl; then  # one wheel this machine refuses stops them all
+        for wheel in "$CARRY"/whl/*.whl; do wheels "$wheel" || note "wheel refused: $wheel"; done
+    fi
     setsid bash "$0" pair >"$WORK/pair.out" 2>&1 </dev/null &
     export PYTHONPATH=$WORK/lcp-site:$WORK/site:$REPO
     export DRAFTPEN_HOME=$WORK/home
