@@ -30,7 +30,8 @@ from backends.call_syntax import ToolCallSyntax
 from backends.generation_events import TextSegment
 from backends.reasoning import ReasoningFormat
 from backends.stop_strings import drop_chars, take_chars
-from backends.tool_calls import ParsedReply, ToolCallParser
+from backends.tool_call_pieces import ParsedReply
+from backends.tool_calls import ToolCallParser
 
 
 class RepeatedCallStop:

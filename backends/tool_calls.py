@@ -14,13 +14,9 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import secrets
-import string
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
 from enum import Enum, auto
 
-from backends.base import ToolCall
 from backends.call_syntax import CallWrapper, ToolCallSyntax
 from backends.stop_strings import partial_suffix
 from backends.streamed_json import (
@@ -29,43 +25,17 @@ from backends.streamed_json import (
     JsonValueScanner,
     read_head,
 )
+from backends.tool_call_pieces import (
+    ArgumentsPiece,
+    ContentPiece,
+    ParsedPiece,
+    ToolCallStart,
+    new_call_id,
+)
 
-_ID_ALPHABET = string.ascii_letters + string.digits
 # A bare call found in the middle of the text: like a fenced one, a call only when it
 # names one of the tools.
 _CALL_IN_TEXT = CallWrapper("", known_names_only=True)
-
-
-def new_call_id() -> str:
-    """A call id in OpenAI's form: ``call_`` and 24 random letters and digits."""
-    return "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
-
-
-@dataclass(frozen=True)
-class ContentPiece:
-    """Reply text that is not a tool call."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallStart:
-    """A call began: its position among the reply's calls, its id and function name."""
-
-    index: int
-    id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class ArgumentsPiece:
-    """More of call ``index``'s arguments (JSON text; the pieces concatenate)."""
-
-    index: int
-    text: str
-
-
-ParsedPiece = ContentPiece | ToolCallStart | ArgumentsPiece
 
 
 class _State(Enum):
@@ -467,25 +437,3 @@ def _may_name_a_tool(head: str, tool_names: Collection[str]) -> bool:
     if closed:
         return written in tool_names
     return any(name.startswith(written) for name in tool_names)
-
-
-@dataclass
-class ParsedReply:
-    """A reply's content and calls, put together from parsed pieces."""
-
-    content: str = ""
-    tool_calls: list[ToolCall] | None = None
-
-    def add(self, pieces: Sequence[ParsedPiece]) -> None:
-        """Add pieces in the order the parser returned them."""
-        for piece in pieces:
-            if isinstance(piece, ContentPiece):
-                self.content += piece.text
-            elif isinstance(piece, ToolCallStart):
-                self.tool_calls = [*(self.tool_calls or []), ToolCall(piece.id, piece.name, "")]
-            else:
-                assert self.tool_calls is not None
-                call = self.tool_calls[piece.index]
-                self.tool_calls[piece.index] = ToolCall(
-                    call.id, call.name, call.arguments + piece.text
-                )

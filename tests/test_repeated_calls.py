@@ -18,7 +18,8 @@ from backends.generation_events import FINISH_LENGTH, FINISH_STOP, TextSegment
 from backends.output_constraints import ConstraintSpec, ToolCallOutput
 from backends.reasoning import ReasoningFormat
 from backends.repeated_calls import RepeatedCallStop
-from backends.tool_calls import ParsedReply, ToolCallParser
+from backends.tool_call_pieces import ParsedReply
+from backends.tool_calls import ToolCallParser
 from tests.byte_model import ScriptedByteModel
 
 TOOLS = ("get_weather", "get_time")

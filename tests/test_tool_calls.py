@@ -9,14 +9,14 @@ import pytest
 
 from backends.base import ToolCall
 from backends.call_syntax import HERMES, LLAMA3_JSON, ToolCallSyntax, tool_call_syntax
-from backends.tool_calls import (
+from backends.tool_call_pieces import (
     ArgumentsPiece,
     ContentPiece,
     ParsedPiece,
     ParsedReply,
-    ToolCallParser,
     ToolCallStart,
 )
+from backends.tool_calls import ToolCallParser
 
 TOOLS = ("get_weather", "get_time")
 

@@ -19,14 +19,14 @@ from app.engine.chunks import ResponseFormat, wire_logprob
 from app.engine.tally import GenerationTally
 from backends.generation_events import GenerationEvent, TokenLogprob
 from backends.reasoning import ReasoningFormat
-from backends.tool_calls import (
+from backends.tool_call_pieces import (
     ArgumentsPiece,
     ContentPiece,
     ParsedPiece,
     ParsedReply,
-    ToolCallParser,
     ToolCallStart,
 )
+from backends.tool_calls import ToolCallParser
 
 
 class ChatFormat(ResponseFormat):
