@@ -28,18 +28,10 @@ sys.path.insert(0, str(REPO))
 from app.loading import load_engine  # noqa: E402
 from backends.base import ChatMessage  # noqa: E402
 from backends.engine import Engine, GenerationRequest  # noqa: E402
+from benchmarks.source_prompt import source_tokens  # noqa: E402
 
 DECODE_PROMPT = "Write a Python function that parses an ISO 8601 date without libraries."
 KERNELS = ("default", "exact")
-
-
-def long_text_tokens(engine: Engine, count: int) -> list[int]:
-    """``count`` tokens of this repository's own source, as a long prompt would be."""
-    text = "\n\n".join(path.read_text() for path in sorted((REPO / "backends").glob("*.py")))
-    tokens = engine.target.tokenize(text, add_special=False)
-    while len(tokens) < count:
-        tokens = tokens + tokens
-    return tokens[:count]
 
 
 def prompt_seconds(engine: Engine, tokens: list[int]) -> float:
@@ -104,7 +96,7 @@ def main() -> int:
         results[kernels].setdefault(name, []).append(value)
         print(f"{kernels:8} {name:22} {value:9.3f} {note}", flush=True)
 
-    short = long_text_tokens(engines["default"], args.short)
+    short = source_tokens(engines["default"], args.short)
     for _ in range(args.repeats):
         for kernels in KERNELS:
             engine = engines[kernels]
@@ -118,7 +110,7 @@ def main() -> int:
                     engines[kernels], drafter, kernels == "exact", args.decode_tokens
                 )
                 record(kernels, f"decode {drafter} tok/s", rate, f"({count} tokens)")
-    long = long_text_tokens(engines["default"], args.long)
+    long = source_tokens(engines["default"], args.long)
     for _ in range(args.long_repeats):
         for kernels in KERNELS:
             seconds = prompt_seconds(engines[kernels], long)
