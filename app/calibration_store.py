@@ -17,8 +17,8 @@ from pathlib import Path
 
 from app.machine import cpu_model
 from app.settings import cache_dir
-from backends.cost_model import CostModel
 from backends.engine import Engine
+from backends.speculation.cost_model import CostModel
 
 # 2: every batch size to 8, and the exact batch limit; 3: measured past 512 tokens
 CALIBRATION_VERSION = 3

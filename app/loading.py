@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from app.calibration_store import ensure_calibrated
 from app.models.pair_files import ResolvedPair, pair_files
-from backends.conversation_cache import ConversationCache
+from backends.caches.conversation_cache import ConversationCache
 from backends.engine import DRAFTER_CHOICES, Engine
 from backends.select import choose_runtime, load_model
 

@@ -2,7 +2,7 @@
 
 Model options (pair, context, runtime) and sampling/drafting options, defined once for
 ``chat``, ``generate``, ``bench`` and ``serve``; ``chat_settings`` and ``sampling_params``
-turn parsed options into settings and :class:`~backends.sampling.SamplingParams`.
+turn parsed options into settings and :class:`~backends.sampling.filters.SamplingParams`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import dataclasses
 from app.errors import DraftpenError
 from app.settings import Settings, load_settings
 from backends.engine import DRAFTER_CHOICES
-from backends.sampling import SamplingParams
+from backends.sampling.filters import SamplingParams
 from backends.select import RUNTIMES
 
 

@@ -29,7 +29,7 @@ import platformdirs
 import tomli_w
 
 from app.errors import SettingsError
-from backends.sampling import SamplingParams
+from backends.sampling.filters import SamplingParams
 
 APP_NAME = "draftpen"
 HOME_ENV = "DRAFTPEN_HOME"
@@ -129,7 +129,7 @@ class Settings:
     drafter: DrafterChoice = "auto"
     # Greedy output bit-identical to plain decoding: the target is loaded with kernels
     # whose small batches round like one-token decoding (slower prompt reading on a CPU),
-    # and auto verifies only in batches measured to do so (see backends/calibration.py).
+    # and auto verifies only in batches measured to do so (see backends/speculation/calibration.py).
     # Off, speculation uses the fastest kernels and may flip a near-tie.
     exact_output: bool = False
     # Let models that reason aloud (Qwen3, ...) think before they answer. Off turns it off

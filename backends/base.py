@@ -195,7 +195,7 @@ class SequenceState:
 class SavesSequenceState(Protocol):
     """A model whose KV cache can be copied out and put back (an optional capability).
 
-    The engine keeps several conversations this way (``backends/conversation_cache.py``):
+    The engine keeps several conversations this way (``backends/caches/conversation_cache.py``):
     a request that continues a kept conversation reads only its new tokens.
     """
 

@@ -13,26 +13,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backends.acceptance import AcceptanceEstimate, ConfidenceFloor
 from backends.base import ChatMessage, Model, ToolSpec, rollback_limit
-from backends.calibration import measure_costs
-from backends.chat_template import model_chat_template
-from backends.constraints import GrammarState, GrammarVocabulary, grammar_for
-from backends.controller import AdaptiveDraftPolicy
-from backends.conversation_cache import ConversationCache
-from backends.cost_model import CostModel
-from backends.draft_policy import DraftPolicy, FixedDraftPolicy
-from backends.drafters import Drafter, ModelDrafter, PredictionDrafter
+from backends.caches.conversation_cache import ConversationCache
 from backends.errors import BackendError
 from backends.generation_events import MAX_TOP_LOGPROBS, GenerationEvent
-from backends.mtp_drafter import MtpDrafter
-from backends.ngram_drafter import NgramDrafter
-from backends.output_constraints import ConstraintSpec
+from backends.output.chat_template import model_chat_template
+from backends.output.constraints import GrammarState, GrammarVocabulary, grammar_for
+from backends.output.output_constraints import ConstraintSpec
+from backends.output.reasoning import ReasoningFormat, reasoning_format, thinking_variables
+from backends.output.repeated_calls import RepeatedCallStop
 from backends.pair_check import check_pair
-from backends.reasoning import ReasoningFormat, reasoning_format, thinking_variables
-from backends.repeated_calls import RepeatedCallStop
-from backends.sampling import SamplingParams
-from backends.speculative import speculative_generate
+from backends.sampling.filters import SamplingParams
+from backends.speculation.acceptance import AcceptanceEstimate, ConfidenceFloor
+from backends.speculation.calibration import measure_costs
+from backends.speculation.controller import AdaptiveDraftPolicy
+from backends.speculation.cost_model import CostModel
+from backends.speculation.draft_policy import DraftPolicy, FixedDraftPolicy
+from backends.speculation.drafters import Drafter, ModelDrafter, PredictionDrafter
+from backends.speculation.loop import speculative_generate
+from backends.speculation.mtp_drafter import MtpDrafter
+from backends.speculation.ngram_drafter import NgramDrafter
 
 DRAFTER_CHOICES = ("auto", "model", "mtp", "ngram", "none")
 
@@ -176,7 +176,7 @@ class Engine:
         """The conversation rendered by the target's chat template, as text.
 
         ``thinking`` False turns reasoning off through the template's own switch where it
-        has one (None: the template's default); see :mod:`backends.reasoning`.
+        has one (None: the template's default); see :mod:`backends.output.reasoning`.
         """
         options: dict[str, Any] = {}
         if tools:

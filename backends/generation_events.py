@@ -1,6 +1,6 @@
 """What a generation yields: one event per round, with its text, provenance and stats.
 
-The loop (``backends/speculative.py``) builds these; the TUI, the engine, the client
+The loop (``backends/speculation/loop.py``) builds these; the TUI, the engine, the client
 and bench read them. Also the running totals behind :class:`SpeculativeStats`, whose
 decode time less the runtimes' own is the loop's host cost.
 """

@@ -98,7 +98,7 @@ def load_vocabulary(path: Path, *, runtime: str) -> Vocabulary | None:
     The caller closes it (``close()``) when done.
     """
     if runtime == "llamacpp":
-        from backends.llamacpp_vocab import LlamaCppVocabulary
+        from backends.llamacpp.vocab import LlamaCppVocabulary
 
         return LlamaCppVocabulary(path)
     return None
@@ -110,14 +110,14 @@ def load_model(
     """Load one model (a GGUF file for llama.cpp, an MLX directory for mlx) with ``runtime``.
 
     ``exact_kernels`` asks llama.cpp for kernels whose small verify batches round like
-    one-token decoding (see backends/llamacpp.py); MLX has no such choice to make.
+    one-token decoding (see backends/llamacpp/model.py); MLX has no such choice to make.
     """
     if runtime == "llamacpp":
-        from backends.llamacpp import LlamaCppModel
+        from backends.llamacpp.model import LlamaCppModel
 
         return LlamaCppModel(path, n_ctx=n_ctx, name=name, exact_kernels=exact_kernels)
     if runtime == "mlx":
-        from backends.mlx_lm_backend import MlxModel
+        from backends.mlx.model import MlxModel
 
         return MlxModel(path, n_ctx=n_ctx, name=name)
     raise RuntimeUnavailableError(f"Runtime {runtime!r} is not available in this build.")

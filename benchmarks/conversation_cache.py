@@ -38,11 +38,15 @@ from app.settings import conversation_cache_bytes
 from backends.base import ChatMessage
 from backends.engine import Engine, GenerationRequest
 from backends.generation_events import SpeculativeStats
-from backends.sampling import SamplingParams
+from backends.sampling.filters import SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent
 # Source code the agent "read" with a tool: real text of the kind agents send.
-SOURCES = ("backends/speculative.py", "backends/controller.py", "backends/drafters.py")
+SOURCES = (
+    "backends/speculation/loop.py",
+    "backends/speculation/controller.py",
+    "backends/speculation/drafters.py",
+)
 SYSTEM = (
     "You are a coding agent. You read files with tools and answer with short, precise "
     "findings about the code."

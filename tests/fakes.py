@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from backends.base import ChatMessage, SequenceState, ToolSpec, VocabInfo
-from backends.draft_policy import DraftPolicy, RoundOutcome, RoundPlan
-from backends.drafters import EMPTY_PROPOSAL, DraftProposal
 from backends.errors import DecodeError
 from backends.generation_events import GenerationEvent, SpeculativeStats
-from backends.sampling import SamplingParams
-from backends.speculative import speculative_generate
+from backends.sampling.filters import SamplingParams
+from backends.speculation.draft_policy import DraftPolicy, RoundOutcome, RoundPlan
+from backends.speculation.drafters import EMPTY_PROPOSAL, DraftProposal
+from backends.speculation.loop import speculative_generate
 
 EOS = 0
 BOS = 1

@@ -26,11 +26,11 @@ Token = TypeVar("Token")
 def load_model(runtime: str, key: str, *, exact_kernels: bool = False) -> Model:
     """A real model on ``runtime`` (the runtime module is imported only here)."""
     if runtime == "llamacpp":
-        from backends.llamacpp import LlamaCppModel
+        from backends.llamacpp.model import LlamaCppModel
 
         return LlamaCppModel(require_model(key), n_ctx=CONTEXT, exact_kernels=exact_kernels)
     directory = require_mlx_model(key)
-    from backends.mlx_lm_backend import MlxModel
+    from backends.mlx.model import MlxModel
 
     return MlxModel(directory, n_ctx=CONTEXT)
 

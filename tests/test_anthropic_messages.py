@@ -26,7 +26,7 @@ import pytest
 from app.engine.queue import DEFAULT_QUEUE_LIMIT
 from app.engine.runner import AgentServer
 from app.settings import Settings
-from backends.output_constraints import ConstraintSpec
+from backends.output.output_constraints import ConstraintSpec
 from tests.byte_model import ScriptedByteModel
 from tests.test_server_tools import (
     ANSWER,

@@ -18,8 +18,8 @@ from app.bench.modes import (
 from app.bench.report import projected_speedup
 from app.bench.suite import BenchPrompt, load_prompt_suite
 from app.errors import DraftpenError
-from backends.cost_model import CostModel
 from backends.engine import Engine
+from backends.speculation.cost_model import CostModel
 from tests.fakes import HashModel, draft_model_for
 from tests.model_files import SMOLLM2_KEY, require_model
 from tests.test_cli_generate import run_draftpen

@@ -7,13 +7,13 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from backends.calibration import (
+from backends.errors import ContextOverflowError
+from backends.speculation.calibration import (
     CALIBRATION_SIZES,
     EXACTNESS_CHECKED_UP_TO,
     MEASURED_POSITION,
     measure_costs,
 )
-from backends.errors import ContextOverflowError
 from tests.fakes import HashModel, draft_model_for
 
 

@@ -9,8 +9,8 @@ from app.calibration_store import (
     load_costs,
     save_costs,
 )
-from backends.cost_model import CostModel
 from backends.engine import Engine
+from backends.speculation.cost_model import CostModel
 from tests.fakes import HashModel, draft_model_for
 
 

@@ -13,7 +13,7 @@ from app.main import build_parser
 from app.options import chat_settings
 from backends.base import ChatMessage
 from backends.engine import GenerationRequest
-from backends.sampling import SamplingParams
+from backends.sampling.filters import SamplingParams
 from tests.thinking_model import thinking_engine, thinking_reply
 from tests.tui_helpers import EngineForApp
 

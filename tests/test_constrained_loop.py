@@ -15,14 +15,14 @@ import math
 import numpy as np
 import pytest
 
-from backends.constraints import GrammarSpec, GrammarVocabulary
-from backends.draft_policy import FixedDraftPolicy
-from backends.drafters import ModelDrafter, PredictionDrafter
 from backends.engine import Engine, GenerationRequest
-from backends.ngram_drafter import NgramDrafter
-from backends.output_constraints import ConstraintSpec, JsonOutput
-from backends.sampling import SamplingParams, distribution
-from backends.speculative import speculative_generate
+from backends.output.constraints import GrammarSpec, GrammarVocabulary
+from backends.output.output_constraints import ConstraintSpec, JsonOutput
+from backends.sampling.filters import SamplingParams, distribution
+from backends.speculation.draft_policy import FixedDraftPolicy
+from backends.speculation.drafters import ModelDrafter, PredictionDrafter
+from backends.speculation.loop import speculative_generate
+from backends.speculation.ngram_drafter import NgramDrafter
 from tests.fakes import HashModel, draft_model_for
 from tests.model_files import DRAFT_KEY, TARGET_KEY
 

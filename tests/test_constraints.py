@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from backends.base import ToolSpec
-from backends.call_syntax import HERMES, LLAMA3_JSON
-from backends.constraints import (
+from backends.output.call_syntax import HERMES, LLAMA3_JSON
+from backends.output.constraints import (
     GrammarError,
     GrammarSpec,
     GrammarVocabulary,
     grammar_for,
     mask_logits,
 )
-from backends.output_constraints import ConstraintSpec, JsonOutput, ToolCallOutput
+from backends.output.output_constraints import ConstraintSpec, JsonOutput, ToolCallOutput
 from tests.byte_model import EOS as EOS_BYTE_MODEL
 from tests.byte_model import ScriptedByteModel
 from tests.fakes import EOS, HashModel

@@ -22,7 +22,7 @@ from app.options import chat_settings
 from app.settings import Settings
 from backends.base import ChatMessage
 from backends.engine import Engine
-from backends.sampling import SamplingParams
+from backends.sampling.filters import SamplingParams
 from tests.byte_model import BYTE_OFFSET
 from tests.engine_fixtures import scripted_engine_server
 from tests.tui_helpers import (

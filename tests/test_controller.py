@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.acceptance import AcceptanceEstimate, ConfidenceFloor
-from backends.controller import MODEL_PROBE_INTERVAL, AdaptiveDraftPolicy
-from backends.cost_model import CostModel
-from backends.draft_policy import RoundOutcome
-from backends.drafters import DraftProposal, ModelDrafter
 from backends.engine import Engine, GenerationRequest
-from backends.ngram_drafter import NgramDrafter
-from backends.sampling import SamplingParams
+from backends.sampling.filters import SamplingParams
+from backends.speculation.acceptance import AcceptanceEstimate, ConfidenceFloor
+from backends.speculation.controller import MODEL_PROBE_INTERVAL, AdaptiveDraftPolicy
+from backends.speculation.cost_model import CostModel
+from backends.speculation.draft_policy import RoundOutcome
+from backends.speculation.drafters import DraftProposal, ModelDrafter
+from backends.speculation.ngram_drafter import NgramDrafter
 from tests.fakes import HashModel, draft_model_for
 
 # Measured on a 2-core CPU with the starter pair: verify is nearly linear in n and the
@@ -39,7 +39,7 @@ class StubModelDrafter:
 @pytest.fixture(autouse=True)
 def _treat_stub_as_model_drafter(monkeypatch: pytest.MonkeyPatch):
     # The policy charges draft-model steps to drafters that are ModelDrafters.
-    import backends.controller as controller
+    import backends.speculation.controller as controller
 
     monkeypatch.setattr(controller, "ModelDrafter", StubModelDrafter)
 

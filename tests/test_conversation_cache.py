@@ -20,10 +20,10 @@ from app.settings import (
     settings_from_mapping,
 )
 from backends.base import SavesSequenceState
-from backends.conversation_cache import MIN_KEPT_TOKENS, MIN_RESTORE_GAIN, ConversationCache
+from backends.caches.conversation_cache import MIN_KEPT_TOKENS, MIN_RESTORE_GAIN, ConversationCache
 from backends.engine import Engine, GenerationRequest
 from backends.generation_events import SpeculativeStats
-from backends.sampling import SamplingParams
+from backends.sampling.filters import SamplingParams
 from tests.fakes import EOS, HashModel, StatefulHashModel, draft_model_for
 from tests.test_cli_generate import assert_clean_error, run_draftpen
 

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from backends.base import ChatMessage, Model, SavesSequenceState
-from backends.conversation_cache import ConversationCache
+from backends.caches.conversation_cache import ConversationCache
 from backends.engine import Engine, GenerationRequest
 from backends.generation_events import SpeculativeStats
-from backends.sampling import SamplingParams
+from backends.sampling.filters import SamplingParams
 from tests.model_files import DRAFT_KEY, SMOLLM2_KEY, TARGET_KEY
 from tests.real_runtimes import load_model
 

@@ -44,7 +44,7 @@ from app.client.wire import API_VERSION
 from app.settings import Settings
 from backends.base import ChatMessage
 from backends.generation_events import GenerationEvent
-from backends.sampling import SamplingParams
+from backends.sampling.filters import SamplingParams
 from tests.engine_fixtures import scripted_engine_server, wait_until
 from tests.model_files import SMOLLM2_KEY, require_model
 from tests.test_cli_generate import assert_clean_error, run_draftpen

@@ -24,8 +24,8 @@ from app.engine.command import parse_duration
 from app.errors import DraftpenError
 from backends.base import ChatMessage
 from backends.generation_events import GenerationEvent
-from backends.reasoning import ReasoningFormat
-from backends.sampling import SamplingParams
+from backends.output.reasoning import ReasoningFormat
+from backends.sampling.filters import SamplingParams
 from tests.engine_fixtures import reply_of, scripted_engine_server, wait_until
 from tests.test_cli_generate import assert_clean_error, run_draftpen
 from tests.thinking_model import ThinkingByteModel, thinking_reply

@@ -3,7 +3,7 @@
 Tiny random-weight ``qwen35`` models (Gated DeltaNet + attention, written by
 tests/tiny_hybrid.py with SmolLM2's tokenizer): a target, and a draft model that is
 the target with noise on its weights, so rounds accept some drafts and reject others.
-A recurrent state cannot be cut back like a KV cache; backends/llamacpp_rollback.py
+A recurrent state cannot be cut back like a KV cache; backends/llamacpp/rollback.py
 does it with llama.cpp's snapshots, checkpoints and replay. Greedy speculation must
 write exactly what plain decoding writes, whatever had to be rolled back.
 """
@@ -21,17 +21,17 @@ import numpy as np
 import pytest
 
 from backends.base import ChatMessage
-from backends.conversation_cache import ConversationCache
-from backends.cost_model import CostModel
+from backends.caches.conversation_cache import ConversationCache
 from backends.engine import Engine, GenerationRequest
 from backends.errors import DecodeError
 from backends.generation_events import GenerationEvent, SpeculativeStats
+from backends.speculation.cost_model import CostModel
 from tests.model_files import SMOLLM2_KEY, require_model
 from tests.tiny_hybrid import perturbed, tiny_qwen35_tensors, write_tiny_qwen35
 
 pytestmark = pytest.mark.real_model
 
-llamacpp = pytest.importorskip("backends.llamacpp")
+llamacpp = pytest.importorskip("backends.llamacpp.model")
 LlamaCppModel = llamacpp.LlamaCppModel
 
 CONTEXT = 1024

@@ -10,12 +10,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME_MODULES = ("llama_cpp", "mlx", "mlx_lm")
-# Modules allowed to import a runtime: their own backend module only (llama.cpp's is
-# split in parts: llamacpp.py and the llamacpp_*.py beside it).
+# Modules allowed to import a runtime: their own runtime package only.
 RUNTIME_HOMES = {
-    "llama_cpp": "llamacpp*.py",
-    "mlx": "mlx_lm_backend.py",
-    "mlx_lm": "mlx_lm_backend.py",
+    "llama_cpp": "llamacpp/*.py",
+    "mlx": "mlx/*.py",
+    "mlx_lm": "mlx/*.py",
 }
 
 
@@ -30,19 +29,19 @@ def test_the_algorithm_imports_where_no_runtime_is_installed() -> None:
 import json, sys
 for name in ("llama_cpp", "mlx", "mlx_lm"):
     sys.modules[name] = None  # any import of it now raises ImportError
-import backends.speculative, backends.sampling, backends.drafters, backends.base
-import backends.sparse_distribution, backends.row_scans, backends.nucleus
-import backends.rejection, backends.top_logits
-import backends.draft_policy, backends.verification, backends.generation_events
-import backends.stop_strings
-import backends.conversation_cache, backends.engine
-import backends.errors, backends.penalties
+import backends.base, backends.engine, backends.errors, backends.generation_events
+import backends.speculation.loop, backends.speculation.drafters, backends.speculation.rejection
+import backends.speculation.draft_policy, backends.speculation.verification
+import backends.sampling.filters, backends.sampling.sparse_distribution
+import backends.sampling.row_scans, backends.sampling.nucleus, backends.sampling.top_logits
+import backends.sampling.penalties, backends.output.stop_strings
+import backends.caches.conversation_cache
 print(json.dumps(sorted(sys.modules)))
 """
     result = run_python(code)
     assert result.returncode == 0, result.stderr
     loaded = json.loads(result.stdout)
-    assert "backends.speculative" in loaded
+    assert "backends.speculation.loop" in loaded
 
 
 def test_importing_backends_never_imports_app() -> None:
@@ -52,9 +51,9 @@ for name in ("llama_cpp", "mlx", "mlx_lm"):
     sys.modules[name] = None
 import backends
 failed = {}
-for module in pkgutil.iter_modules(backends.__path__):
+for module in pkgutil.walk_packages(backends.__path__, "backends."):
     try:
-        importlib.import_module(f"backends.{module.name}")
+        importlib.import_module(module.name)
     except Exception as error:  # a runtime backend may refuse without its runtime
         failed[module.name] = repr(error)
 print(json.dumps({"modules": sorted(sys.modules), "failed": failed}))
@@ -64,10 +63,10 @@ print(json.dumps({"modules": sorted(sys.modules), "failed": failed}))
     report = json.loads(result.stdout)
     app_modules = [name for name in report["modules"] if name == "app" or name.startswith("app.")]
     assert app_modules == []
-    core = {"base", "sampling", "penalties", "drafters", "speculative", "errors"}
-    core |= {"sparse_distribution", "row_scans", "nucleus", "rejection", "top_logits"}
-    core |= {"draft_policy", "verification", "generation_events", "stop_strings"}
-    assert not core & set(report["failed"]), report["failed"]
+    # Only the runtimes may refuse to import where their runtime is missing.
+    refused_rooms = {room_of(name) for name in report["failed"]}
+    assert refused_rooms <= {"llamacpp", "mlx"}, report["failed"]
+    assert "backends.speculation.loop" in report["modules"]
 
 
 def imported_names(path: Path) -> set[str]:
@@ -104,10 +103,10 @@ LOWER_PACKAGES = ("models", "chats")
 ENTRY_POINT = "app.main"
 
 
-def app_modules() -> dict[str, Path]:
-    """Every module under app/, by dotted name (packages by their own name)."""
+def app_modules(package: str = "app") -> dict[str, Path]:
+    """Every module under app/ (or ``package``), by dotted name (packages by their own name)."""
     modules = {}
-    for path in sorted((REPO / "app").rglob("*.py")):
+    for path in sorted((REPO / package).rglob("*.py")):
         parts = path.relative_to(REPO).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -115,15 +114,16 @@ def app_modules() -> dict[str, Path]:
     return modules
 
 
-def app_imports(path: Path, known: set[str]) -> set[str]:
-    """The app modules a file imports, anywhere in it (TYPE_CHECKING blocks and
-    function bodies too): ``from app.cli import doctor`` counts as ``app.cli.doctor``."""
+def app_imports(path: Path, known: set[str], package: str = "app") -> set[str]:
+    """The app (or ``package``) modules a file imports, anywhere in it (TYPE_CHECKING
+    blocks and function bodies too): ``from app.cli import doctor`` counts as
+    ``app.cli.doctor``."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name.startswith("app"))
+            found.update(alias.name for alias in node.names if alias.name.startswith(package))
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if not (node.module == "app" or node.module.startswith("app.")):
+            if not (node.module == package or node.module.startswith(package + ".")):
                 continue
             for alias in node.names:
                 submodule = f"{node.module}.{alias.name}"
@@ -131,10 +131,10 @@ def app_imports(path: Path, known: set[str]) -> set[str]:
     return found & known
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = app_modules()
+def import_graph(package: str = "app") -> dict[str, set[str]]:
+    modules = app_modules(package)
     known = set(modules)
-    return {name: app_imports(path, known) - {name} for name, path in modules.items()}
+    return {name: app_imports(path, known, package) - {name} for name, path in modules.items()}
 
 
 def part_of(module: str) -> str:
@@ -223,6 +223,63 @@ def test_the_circle_finder_finds_a_circle() -> None:
     # The negative control: a loop of three and a self-contained chain.
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert strongly_connected(graph) == [["a", "b", "c"]]
+
+
+# -- the house inside backends/: the floor's doors at the top, rooms by purpose below ------
+
+# The doors every room may stand on.
+GROUND = {"base", "errors", "generation_events"}
+# The rooms each room may import besides itself: sampling imports nothing above it, the
+# loop never a runtime, a runtime never the loop. The doors engine, select and pair_check
+# sit on top and may import any room.
+BACKENDS_MAY_IMPORT = {
+    "sampling": {"base", "errors"},
+    "output": GROUND | {"sampling"},
+    "speculation": GROUND | {"sampling", "output"},
+    "caches": GROUND | {"sampling", "output", "speculation"},
+    "llamacpp": GROUND | {"sampling", "output"},
+    "mlx": GROUND | {"sampling", "output"},
+}
+
+
+def room_of(module: str) -> str:
+    """``backends.sampling.rows`` -> ``sampling``; a door is its own room (``base``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "backends"
+
+
+def rooms_imported_against_the_plan(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a room of backends/ to one its plan does not allow."""
+    return [
+        f"{module} imports {target}"
+        for module, targets in sorted(graph.items())
+        if room_of(module) in BACKENDS_MAY_IMPORT
+        for target in sorted(targets)
+        if room_of(target) != room_of(module)
+        and room_of(target) not in BACKENDS_MAY_IMPORT[room_of(module)]
+    ]
+
+
+def test_backends_rooms_import_only_what_their_plan_allows() -> None:
+    graph = import_graph("backends")
+    assert {room_of(module) for module in graph} >= set(BACKENDS_MAY_IMPORT)
+    assert rooms_imported_against_the_plan(graph) == []
+
+
+def test_the_plan_check_finds_an_import_against_it() -> None:
+    # The negative control: sampling reaching up to the loop, the loop to a runtime.
+    graph = {
+        "backends.sampling.rows": {"backends.speculation.loop", "backends.base"},
+        "backends.speculation.loop": {"backends.llamacpp.model", "backends.sampling.rows"},
+    }
+    assert rooms_imported_against_the_plan(graph) == [
+        "backends.sampling.rows imports backends.speculation.loop",
+        "backends.speculation.loop imports backends.llamacpp.model",
+    ]
+
+
+def test_backends_has_no_import_circles() -> None:
+    assert strongly_connected(import_graph("backends")) == []
 
 
 # -- the engine and its clients: front ends reach the engine only over the socket ---------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backends.errors import DecodeError
-from backends.llamacpp import LlamaCppModel
+from backends.llamacpp.model import LlamaCppModel
 from tests.model_files import require_model
 
 pytestmark = pytest.mark.real_model

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from backends.errors import ModelLoadError
-from backends.llamacpp import LlamaCppModel
+from backends.llamacpp.model import LlamaCppModel
 from tests.model_files import SMOLLM2_KEY, TARGET_KEY, require_model
 
 pytestmark = pytest.mark.real_model

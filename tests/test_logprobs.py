@@ -19,14 +19,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backends.constraints import GrammarSpec, GrammarState, GrammarVocabulary
-from backends.draft_policy import FixedDraftPolicy
-from backends.drafters import ModelDrafter
 from backends.engine import Engine, GenerationRequest
 from backends.generation_events import GenerationEvent, TokenLogprob
-from backends.row_scans import log_normaliser, top_ids
-from backends.sampling import SamplingParams, distribution
-from backends.speculative import speculative_generate
+from backends.output.constraints import GrammarSpec, GrammarState, GrammarVocabulary
+from backends.sampling.filters import SamplingParams, distribution
+from backends.sampling.row_scans import log_normaliser, top_ids
+from backends.speculation.draft_policy import FixedDraftPolicy
+from backends.speculation.drafters import ModelDrafter
+from backends.speculation.loop import speculative_generate
 from tests.fakes import HashModel, chat_prompt, draft_model_for
 from tests.model_files import DRAFT_KEY, TARGET_KEY, require_model
 from tests.test_server_tools import PARIS_CALL, WEATHER_TOOL, scripted_server
@@ -227,7 +227,7 @@ def test_starter_greedy_logprobs_equal_the_targets_plain_forward_with_the_draft_
 
     target_path = require_model(TARGET_KEY)
     draft_path = require_model(DRAFT_KEY)
-    # Exact kernels: verify batches round like one-token decoding (see backends/llamacpp.py);
+    # Exact kernels: verify batches round like one-token decoding (see backends/llamacpp/model.py);
     # without them a batch's row differs from the one-token row by ~1e-2 in a logprob,
     # which is the runtime's arithmetic, not the loop's bookkeeping.
     target = load_model(target_path, runtime="llamacpp", n_ctx=1024, exact_kernels=True)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from backends.errors import DecodeError, ModelLoadError
-from backends.sampling import SamplingParams, distribution
-from backends.top_logits import distribution_from_top
+from backends.sampling.filters import SamplingParams, distribution
+from backends.sampling.top_logits import distribution_from_top
 from tests.model_files import SMOLLM2_KEY, require_mlx_model
 
 pytestmark = pytest.mark.real_model
@@ -57,7 +57,7 @@ def _tiny_llama(directory: Path, *, layer_types: list[str]) -> Path:
 
 def test_sliding_window_models_are_refused_saying_why(tmp_path: Path):
     pytest.importorskip("mlx_lm")
-    from backends.mlx_lm_backend import MlxModel
+    from backends.mlx.model import MlxModel
 
     directory = _tiny_llama(
         tmp_path / "sliding", layer_types=["sliding_attention", "full_attention"]
@@ -70,7 +70,7 @@ def test_sliding_window_models_are_refused_saying_why(tmp_path: Path):
 
 def test_a_full_attention_model_loads_and_rejects_out_of_range_tokens(tmp_path: Path):
     pytest.importorskip("mlx_lm")
-    from backends.mlx_lm_backend import MlxModel
+    from backends.mlx.model import MlxModel
 
     model = MlxModel(_tiny_llama(tmp_path / "full", layer_types=["full_attention"] * 2), n_ctx=64)
     assert model.forward([1, 2, 3]).shape == (3, 49152)
@@ -99,7 +99,7 @@ DEVICE_PARAMS = [
 def smollm2_pair_on_device():
     """SmolLM2 twice, as target and as its own draft (separate caches)."""
     pytest.importorskip("mlx_lm")
-    from backends.mlx_lm_backend import MlxModel
+    from backends.mlx.model import MlxModel
 
     directory = require_mlx_model(SMOLLM2_KEY)
     pair = tuple(MlxModel(directory, n_ctx=512, device_sampling=True) for _ in range(2))
@@ -145,9 +145,9 @@ def test_device_rows_answer_as_the_host_filters_the_same_rows(smollm2_on_device)
 def test_greedy_speculation_with_device_sampling_equals_plain_decoding(
     smollm2_pair_on_device,
 ) -> None:
-    from backends.draft_policy import FixedDraftPolicy
-    from backends.drafters import ModelDrafter
-    from backends.speculative import speculative_generate
+    from backends.speculation.draft_policy import FixedDraftPolicy
+    from backends.speculation.drafters import ModelDrafter
+    from backends.speculation.loop import speculative_generate
 
     model, draft = smollm2_pair_on_device
     prompt = model.tokenize("def fibonacci(n):\n")
@@ -168,9 +168,9 @@ def test_greedy_speculation_with_device_sampling_equals_plain_decoding(
 def test_sampling_with_device_rows_is_reproducible_and_drafts_are_judged(
     smollm2_pair_on_device,
 ) -> None:
-    from backends.draft_policy import FixedDraftPolicy
-    from backends.drafters import ModelDrafter
-    from backends.speculative import speculative_generate
+    from backends.speculation.draft_policy import FixedDraftPolicy
+    from backends.speculation.drafters import ModelDrafter
+    from backends.speculation.loop import speculative_generate
 
     model, draft = smollm2_pair_on_device
     prompt = model.tokenize("Once upon a time")

@@ -4,7 +4,7 @@ Tiny random-weight Qwen3.5 models built here with mlx-lm's own ``qwen3_5`` class
 DeltaNet layers with an ``ArraysCache``, full attention every 2nd layer with a
 ``KVCache``) and SmolLM2's converted tokenizer: a target, and a draft model that is
 the target with noise on its weights, so rounds accept some drafts and reject others.
-mlx-lm cannot trim the DeltaNet state; backends/mlx_rollback.py restores a snapshot and
+mlx-lm cannot trim the DeltaNet state; backends/mlx/rollback.py restores a snapshot and
 replays the accepted tokens. Greedy speculation must write exactly what plain decoding
 writes, however deep the rollbacks.
 """
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from backends.base import ChatMessage
-from backends.conversation_cache import ConversationCache
-from backends.cost_model import CostModel
+from backends.caches.conversation_cache import ConversationCache
 from backends.engine import Engine, GenerationRequest
+from backends.speculation.cost_model import CostModel
 from tests.model_files import SMOLLM2_KEY, require_mlx_model
 from tests.test_hybrid_targets import cut_back_a_batch, deepest_rejection, greedy
 
@@ -118,7 +118,7 @@ def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def load(path: Path):  # -> MlxModel
-    from backends.mlx_lm_backend import MlxModel
+    from backends.mlx.model import MlxModel
 
     return MlxModel(path, n_ctx=CONTEXT)
 
@@ -204,7 +204,7 @@ def trim_only(self, tokens: list[int], n_keep: int) -> list[int]:
 def test_negative_control_without_restoring_the_recurrent_state_the_output_differs(
     tiny_dirs, monkeypatch
 ):
-    from backends.mlx_rollback import RecurrentSnapshots
+    from backends.mlx.rollback import RecurrentSnapshots
 
     monkeypatch.setattr(RecurrentSnapshots, "rollback", trim_only)
     model = load(tiny_dirs[0])
@@ -267,7 +267,7 @@ def test_mtp_drafting_on_mlx_still_says_it_is_unsupported(engine):
 def test_sliding_window_layers_beside_recurrent_ones_are_still_refused():
     from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
-    from backends.mlx_rollback import untrimmable_cache_reason
+    from backends.mlx.rollback import untrimmable_cache_reason
 
     kinds = {"sliding": RotatingKVCache, "recurrent": ArraysCache}
     assert untrimmable_cache_reason([ArraysCache(2), KVCache()], **kinds) is None
@@ -278,7 +278,7 @@ def test_sliding_window_layers_beside_recurrent_ones_are_still_refused():
 def test_sampled_speculation_on_a_hybrid_target_is_reproducible(engine: Engine):
     """At temperature 0.7 with a seed, rounds are rolled back and replayed the same way
     each time: the same reply twice."""
-    from backends.sampling import SamplingParams
+    from backends.sampling.filters import SamplingParams
 
     prompt = engine.chat_prompt(PROMPT)
     replies = []

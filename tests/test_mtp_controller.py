@@ -1,7 +1,7 @@
 """The MTP drafter and the rollback limit in the loop and the controller, on fakes.
 
 No runtime: the "head" is a seeded-noise copy of the HashModel target (tests/fakes.py)
-read through the :class:`~backends.mtp_drafter.DraftHead` protocol, so it drafts with
+read through the :class:`~backends.speculation.mtp_drafter.DraftHead` protocol, so it drafts with
 partial acceptance like a real head. The llama.cpp head itself is tested on tiny
 GGUFs in tests/test_mtp_drafter.py.
 """
@@ -13,15 +13,15 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from backends.controller import AdaptiveDraftPolicy, CostModel
-from backends.draft_policy import FixedDraftPolicy, RoundOutcome
 from backends.engine import Engine, GenerationRequest
 from backends.errors import BackendError
-from backends.mtp_drafter import MtpDrafter
-from backends.ngram_drafter import NgramDrafter
-from backends.rows import HostRows
-from backends.sampling import SamplingParams, distribution
-from backends.speculative import speculative_generate
+from backends.sampling.filters import SamplingParams, distribution
+from backends.sampling.rows import HostRows
+from backends.speculation.controller import AdaptiveDraftPolicy, CostModel
+from backends.speculation.draft_policy import FixedDraftPolicy, RoundOutcome
+from backends.speculation.loop import speculative_generate
+from backends.speculation.mtp_drafter import MtpDrafter
+from backends.speculation.ngram_drafter import NgramDrafter
 from tests.fakes import HashModel, chat_prompt, draft_model_for, run_generation
 
 GPU_LIKE = {1: 0.010, 2: 0.0102, 4: 0.0106, 8: 0.011, 16: 0.012}
@@ -147,7 +147,7 @@ def test_a_runtime_without_mtp_heads_says_so():
 def test_the_head_reads_forced_tokens_then_drafts_and_changes_nothing():
     """Under a grammar, the forced stretch and the head's guesses after it share one
     verify: the head reads the forced tokens (past the target's cache) before it drafts."""
-    from backends.constraints import GrammarSpec, GrammarVocabulary
+    from backends.output.constraints import GrammarSpec, GrammarVocabulary
 
     stretches = GrammarSpec(
         "regex", "(the|an|re)(ing|ed|er) qxz (on|at|re)(ing|ed|es) qxz (the|an)(ing|ed)"

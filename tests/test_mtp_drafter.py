@@ -19,20 +19,20 @@ import numpy as np
 import pytest
 
 from backends.base import ChatMessage
-from backends.cost_model import CostModel
 from backends.engine import Engine, GenerationRequest
 from backends.errors import BackendError
 from backends.generation_events import GenerationEvent
-from backends.mtp_drafter import MtpDrafter
-from backends.rejection import verify_draft_token
-from backends.sampling import SamplingParams, distribution
-from backends.sparse_distribution import SparseDistribution
+from backends.sampling.filters import SamplingParams, distribution
+from backends.sampling.sparse_distribution import SparseDistribution
+from backends.speculation.cost_model import CostModel
+from backends.speculation.mtp_drafter import MtpDrafter
+from backends.speculation.rejection import verify_draft_token
 from tests.model_files import SMOLLM2_KEY, require_model
 from tests.tiny_hybrid import mtp_only, tiny_qwen35_tensors, write_tiny_qwen35
 
 pytestmark = pytest.mark.real_model
 
-llamacpp = pytest.importorskip("backends.llamacpp")
+llamacpp = pytest.importorskip("backends.llamacpp.model")
 LlamaCppModel = llamacpp.LlamaCppModel
 
 CONTEXT = 1024

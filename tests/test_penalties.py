@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 
 from backends.base import ChatMessage
-from backends.draft_policy import FixedDraftPolicy
-from backends.drafters import ModelDrafter
 from backends.engine import Engine, GenerationRequest
-from backends.penalties import TokenCounts
-from backends.sampling import SamplingParams, distribution
-from backends.speculative import speculative_generate
+from backends.sampling.filters import SamplingParams, distribution
+from backends.sampling.penalties import TokenCounts
+from backends.speculation.draft_policy import FixedDraftPolicy
+from backends.speculation.drafters import ModelDrafter
+from backends.speculation.loop import speculative_generate
 from tests.fakes import HashModel, draft_model_for
 from tests.model_files import DRAFT_KEY, TARGET_KEY
 

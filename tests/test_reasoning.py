@@ -7,10 +7,10 @@ import random
 import pytest
 
 from backends.base import ChatMessage
-from backends.chat_template import CHATML_TEMPLATE
 from backends.engine import GenerationRequest
 from backends.generation_events import TextSegment
-from backends.reasoning import (
+from backends.output.chat_template import CHATML_TEMPLATE
+from backends.output.reasoning import (
     ReasoningFormat,
     ReasoningSplit,
     ReasoningSplitter,
@@ -19,7 +19,7 @@ from backends.reasoning import (
     template_reasoning_tags,
     thinking_variables,
 )
-from backends.sampling import SamplingParams
+from backends.sampling.filters import SamplingParams
 from tests.thinking_model import EMPTY_THINK, QWEN3_TEMPLATE, thinking_engine, thinking_reply
 
 REPLY = (

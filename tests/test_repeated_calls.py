@@ -12,14 +12,14 @@ from collections.abc import Sequence
 import pytest
 
 from backends.base import ToolSpec
-from backends.call_syntax import HERMES, LLAMA3_JSON, ToolCallSyntax
 from backends.engine import Engine, GenerationRequest, repeated_call_stop
 from backends.generation_events import FINISH_LENGTH, FINISH_STOP, TextSegment
-from backends.output_constraints import ConstraintSpec, ToolCallOutput
-from backends.reasoning import ReasoningFormat
-from backends.repeated_calls import RepeatedCallStop
-from backends.tool_call_pieces import ParsedReply
-from backends.tool_calls import ToolCallParser
+from backends.output.call_syntax import HERMES, LLAMA3_JSON, ToolCallSyntax
+from backends.output.output_constraints import ConstraintSpec, ToolCallOutput
+from backends.output.reasoning import ReasoningFormat
+from backends.output.repeated_calls import RepeatedCallStop
+from backends.output.tool_call_pieces import ParsedReply
+from backends.output.tool_calls import ToolCallParser
 from tests.byte_model import ScriptedByteModel
 
 TOOLS = ("get_weather", "get_time")

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from backends.base import ChatMessage, IncrementalDetokenizer, Model
-from backends.cost_model import CostModel
 from backends.engine import Engine, GenerationRequest
 from backends.errors import IncompatiblePairError
 from backends.generation_events import FINISH_STOP, GenerationEvent
+from backends.output.reasoning import ReasoningSplit, ReasoningSplitter
 from backends.pair_check import check_pair
-from backends.reasoning import ReasoningSplit, ReasoningSplitter
+from backends.speculation.cost_model import CostModel
 from tests.model_files import DRAFT_KEY, SMOLLM2_KEY, TARGET_KEY
 from tests.real_runtimes import (
     assert_parts_only_at_a_near_tie,

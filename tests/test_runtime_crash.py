@@ -52,7 +52,7 @@ from app.settings import Settings
 from app.tui.app import DraftpenApp
 from backends.base import ChatMessage
 from backends.generation_events import GenerationEvent
-from backends.sampling import SamplingParams
+from backends.sampling.filters import SamplingParams
 from tests.engine_fixtures import wait_until
 from tests.model_files import SMOLLM2_KEY, require_model
 from tests.test_cli_generate import REPO, run_draftpen

@@ -14,9 +14,10 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from backends import row_scans, sampling, sparse_distribution, top_logits
-from backends.sampling import SamplingParams, distribution, greedy_token
-from backends.sparse_distribution import SparseDistribution
+from backends.sampling import filters as sampling
+from backends.sampling import row_scans, sparse_distribution, top_logits
+from backends.sampling.filters import SamplingParams, distribution, greedy_token
+from backends.sampling.sparse_distribution import SparseDistribution
 
 
 def reference_filter(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:

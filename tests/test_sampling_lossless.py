@@ -37,10 +37,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from backends import rejection
-from backends.rejection import residual, verify_draft_token
-from backends.sampling import SamplingParams, distribution
-from backends.sparse_distribution import SparseDistribution
+from backends.sampling.filters import SamplingParams, distribution
+from backends.sampling.sparse_distribution import SparseDistribution
+from backends.speculation import rejection
+from backends.speculation.rejection import residual, verify_draft_token
 
 VOCAB = 12
 N_REFERENCE = 400_000

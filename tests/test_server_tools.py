@@ -23,8 +23,8 @@ import pytest
 from app.engine.runner import AgentServer
 from app.settings import Settings
 from backends.base import ChatMessage, ToolSpec
-from backends.chat_template import render_chat
-from backends.output_constraints import ConstraintSpec
+from backends.output.chat_template import render_chat
+from backends.output.output_constraints import ConstraintSpec
 from tests.byte_model import BYTE_OFFSET, ScriptedByteModel
 from tests.model_files import DRAFT_KEY, TARGET_KEY, require_model
 from tests.test_server import RunningServer, start_server

@@ -19,8 +19,6 @@ import numpy as np
 import pytest
 
 from backends.base import Model
-from backends.draft_policy import FixedDraftPolicy
-from backends.drafters import Drafter, ModelDrafter, PredictionDrafter
 from backends.errors import ContextOverflowError, DecodeError
 from backends.generation_events import (
     FINISH_CANCELLED,
@@ -30,9 +28,11 @@ from backends.generation_events import (
     SpeculativeStats,
     speedup_over_plain_rounds,
 )
-from backends.ngram_drafter import NgramDrafter
-from backends.sampling import SamplingParams, distribution
-from backends.speculative import PREFILL_SLICE, speculative_generate
+from backends.sampling.filters import SamplingParams, distribution
+from backends.speculation.draft_policy import FixedDraftPolicy
+from backends.speculation.drafters import Drafter, ModelDrafter, PredictionDrafter
+from backends.speculation.loop import PREFILL_SLICE, speculative_generate
+from backends.speculation.ngram_drafter import NgramDrafter
 from tests.fakes import (
     BOS,
     E_ACUTE_HEAD,

@@ -8,15 +8,15 @@ import json
 import pytest
 
 from backends.base import ToolCall
-from backends.call_syntax import HERMES, LLAMA3_JSON, ToolCallSyntax, tool_call_syntax
-from backends.tool_call_pieces import (
+from backends.output.call_syntax import HERMES, LLAMA3_JSON, ToolCallSyntax, tool_call_syntax
+from backends.output.tool_call_pieces import (
     ArgumentsPiece,
     ContentPiece,
     ParsedPiece,
     ParsedReply,
     ToolCallStart,
 )
-from backends.tool_calls import ToolCallParser
+from backends.output.tool_calls import ToolCallParser
 
 TOOLS = ("get_weather", "get_time")
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from backends.base import ChatMessage, ToolSpec
-from backends.chat_template import render_chat
 from backends.engine import Engine
+from backends.output.chat_template import render_chat
 from tests.byte_model import ASSISTANT, EOS, N_VOCAB, ScriptedByteModel
 
 QWEN3_TEMPLATE = (Path(__file__).parent / "templates" / "qwen3.jinja").read_text(encoding="utf-8")

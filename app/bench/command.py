@@ -41,9 +41,9 @@ from app.errors import DraftpenError
 from app.machine import machine_description
 from app.options import add_model_options
 from app.settings import Settings
-from backends.calibration import measure_costs
-from backends.cost_model import CostModel
 from backends.engine import Engine
+from backends.speculation.calibration import measure_costs
+from backends.speculation.cost_model import CostModel
 
 FORWARD_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16)
 
@@ -265,7 +265,7 @@ def _load_yardsticks(engine: Engine, n_ctx: int) -> list[Yardstick]:
     if path is None or path.suffix != ".gguf":
         return []  # the yardsticks are llama.cpp's, and read GGUF files only
     try:
-        from backends.llamacpp_reference import LlamaCppReference
+        from backends.llamacpp.reference import LlamaCppReference
     except ImportError:
         return []
     print("loading llama-cpp-python's own decoders as yardsticks ...", file=sys.stderr)

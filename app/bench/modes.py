@@ -15,11 +15,11 @@ from typing import Any, Protocol
 
 from app.bench.suite import BenchPrompt
 from app.errors import DraftpenError
-from backends.acceptance import AcceptanceEstimate, ConfidenceFloor
 from backends.engine import Engine, GenerationRequest
 from backends.generation_events import speedup_over_plain_rounds
-from backends.output_constraints import ConstraintSpec
-from backends.sampling import SamplingParams
+from backends.output.output_constraints import ConstraintSpec
+from backends.sampling.filters import SamplingParams
+from backends.speculation.acceptance import AcceptanceEstimate, ConfidenceFloor
 
 # llama-cpp-python's LlamaPromptLookupDecoding proposes 10 tokens; match it.
 NGRAM_DRAFT_TOKENS = 10

@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from app.bench.modes import MIN_OWN_PLAIN_ROUNDS, ModeTotals, paired_ratios
-from backends.cost_model import CostModel
+from backends.speculation.cost_model import CostModel
 
 COST_REPEATS = 3
 

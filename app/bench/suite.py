@@ -1,7 +1,7 @@
 """The prompt suite bench runs: ``prompts.toml``, by category.
 
 A prompt may carry a JSON ``schema`` its reply must follow, or ``tools`` it must call
-one of: those prompts decode under a grammar (see :mod:`backends.constraints`).
+one of: those prompts decode under a grammar (see :mod:`backends.output.constraints`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 from app.errors import DraftpenError
 from backends.base import ChatMessage, ToolSpec
-from backends.call_syntax import tool_call_syntax
 from backends.engine import Engine
-from backends.output_constraints import ConstraintSpec, JsonOutput, ToolCallOutput
+from backends.output.call_syntax import tool_call_syntax
+from backends.output.output_constraints import ConstraintSpec, JsonOutput, ToolCallOutput
 
 
 @dataclass(frozen=True)

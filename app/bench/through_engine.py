@@ -20,7 +20,7 @@ from app.client import ChatTurn, EngineClient, Loading, Waiting
 from app.errors import DraftpenError
 from backends.base import ChatMessage
 from backends.generation_events import GenerationEvent
-from backends.sampling import SamplingParams
+from backends.sampling.filters import SamplingParams
 
 
 class EngineDecoder:

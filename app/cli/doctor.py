@@ -80,7 +80,7 @@ def _mlx_device(facts: RuntimeFacts) -> str | None:
     if not facts.mlx_version:
         return None
     try:
-        from backends.mlx_lm_backend import uses_gpu
+        from backends.mlx.model import uses_gpu
 
         return "gpu" if uses_gpu() else "cpu"
     except Exception:  # as above

@@ -22,8 +22,8 @@ from app.settings import Settings
 from backends.base import ChatMessage
 from backends.engine import GenerationRequest
 from backends.generation_events import FINISH_CANCELLED, GenerationEvent
-from backends.reasoning import ReasoningFormat
-from backends.sampling import SamplingParams
+from backends.output.reasoning import ReasoningFormat
+from backends.sampling.filters import SamplingParams
 
 EXIT_INTERRUPTED = 130
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from backends.generation_events import GenerationEvent
-from backends.reasoning import ReasoningFormat, ReasoningSplit, ReasoningSplitter
+from backends.output.reasoning import ReasoningFormat, ReasoningSplit, ReasoningSplitter
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 

@@ -38,8 +38,8 @@ from app.client.wire import (
 )
 from backends.base import ChatMessage
 from backends.generation_events import GenerationEvent, TextSegment
-from backends.reasoning import ReasoningFormat
-from backends.sampling import SamplingParams
+from backends.output.reasoning import ReasoningFormat
+from backends.sampling.filters import SamplingParams
 
 # No line for this long on a stream the engine keeps alive (it sends a comment every
 # second while a request waits) means the engine is stuck or gone.

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.settings import runtime_dir
 from backends.generation_events import SpeculativeStats, TextSegment
-from backends.reasoning import ReasoningFormat
+from backends.output.reasoning import ReasoningFormat
 
 # Bumped whenever a change on one end breaks the other; a client refuses an engine
 # that speaks another version (and says how to replace it).
@@ -94,7 +94,7 @@ class LoadRequest(_Strict):
 
 
 class ConversationCacheReport(_Lenient):
-    """The loaded pair's kept conversations (``backends.conversation_cache``'s figures)."""
+    """The loaded pair's kept conversations (``backends.caches.conversation_cache``'s figures)."""
 
     budget_bytes: int
     used_bytes: int

@@ -27,7 +27,7 @@ from app.client.wire import encode_reasoning, encode_segments
 from app.engine.schema import ApiError
 from app.engine.tally import GenerationTally
 from backends.generation_events import GenerationEvent, TokenLogprob
-from backends.reasoning import ReasoningFormat
+from backends.output.reasoning import ReasoningFormat
 
 
 class ResponseFormat:

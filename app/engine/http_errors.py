@@ -14,8 +14,8 @@ from app.engine.schema import (
     ApiError,
 )
 from app.errors import DraftpenError
-from backends.constraints import GrammarError
 from backends.errors import BackendError, ContextOverflowError
+from backends.output.constraints import GrammarError
 
 
 def generation_error(error: BaseException) -> ApiError:

@@ -29,13 +29,17 @@ from app.engine.queue import Prepared, Preparer
 from app.engine.schema import ApiError, GenerationFields
 from app.settings import Settings
 from backends.base import ToolSpec
-from backends.call_syntax import tool_call_syntax
-from backends.chat_template import ChatTemplateError, model_chat_template, template_takes_tools
 from backends.engine import Engine, GenerationRequest
-from backends.output_constraints import ConstraintSpec, JsonOutput, ToolCallOutput
-from backends.reasoning import ReasoningFormat
-from backends.sampling import SamplingParams
-from backends.tool_calls import ToolCallParser
+from backends.output.call_syntax import tool_call_syntax
+from backends.output.chat_template import (
+    ChatTemplateError,
+    model_chat_template,
+    template_takes_tools,
+)
+from backends.output.output_constraints import ConstraintSpec, JsonOutput, ToolCallOutput
+from backends.output.reasoning import ReasoningFormat
+from backends.output.tool_calls import ToolCallParser
+from backends.sampling.filters import SamplingParams
 
 # A chat answer's shape: ChatFormat, or another dialect's subclass taking its arguments.
 ChatFormatFactory = type[ChatFormat]

@@ -1,7 +1,7 @@
 """What a generation has produced so far: its text, logprobs, statistics and prediction counts.
 
 For a model that reasons aloud, the tally splits each event's text into reasoning and
-answer (:mod:`backends.reasoning`): ``pieces`` and ``text`` are the answer only, which is
+answer (:mod:`backends.output.reasoning`): ``pieces`` and ``text`` are the answer only, which is
 all that tool-call parsing and ``content`` ever see.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends.generation_events import GenerationEvent, TokenLogprob
-from backends.reasoning import ReasoningFormat, ReasoningSplit, ReasoningSplitter
+from backends.output.reasoning import ReasoningFormat, ReasoningSplit, ReasoningSplitter
 
 
 class GenerationTally:
@@ -83,7 +83,7 @@ class GenerationTally:
         if self.last is None:
             return {}
         fitted = {"left_out_messages": self.left_out_messages} if self.left_out_messages else {}
-        # The reply ended where it began to repeat a tool call (backends/repeated_calls.py).
+        # The reply ended where it began to repeat a tool call (backends/output/repeated_calls.py).
         repeated = {"stopped_at_repeated_call": True} if self.last.repeated_call else {}
         return {
             **fitted,

@@ -15,6 +15,6 @@ and its signal says what went wrong.
 - ``__main__``: ``python -m app.runtime_check``, the installer's step;
   ``install_record`` keeps its result in the environment for ``draftpen doctor``.
 
-May import ``backends`` (the child loads the model through ``backends.llamacpp``) and
+May import ``backends`` (the child loads the model through ``backends.llamacpp.model``) and
 ``app.errors``; never a front end.
 """

@@ -83,7 +83,8 @@ def _finite_rows(logits: np.ndarray) -> int:
 def run(model_path: Path) -> None:
     """Load ``model_path`` and decode; each stage is printed as it completes."""
     started = time.perf_counter()
-    from backends import llamacpp, llamacpp_library
+    from backends.llamacpp import library as llamacpp_library
+    from backends.llamacpp import model as llamacpp
 
     _emit(
         "imported",

@@ -29,7 +29,7 @@ from app.errors import DraftpenError
 from app.tui.reply import merge_segments
 from app.tui.widgets.message_view import MessageView
 from backends.generation_events import GenerationEvent
-from backends.reasoning import ReasoningSplit, ReasoningSplitter
+from backends.output.reasoning import ReasoningSplit, ReasoningSplitter
 
 
 @dataclass

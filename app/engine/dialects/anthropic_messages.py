@@ -44,7 +44,12 @@ from app.engine.dialects.responder import ChatResponder
 from app.engine.schema import ApiError
 from app.engine.tally import GenerationTally
 from backends.generation_events import FINISH_LENGTH, GenerationEvent
-from backends.tool_call_pieces import ArgumentsPiece, ContentPiece, ParsedPiece, ToolCallStart
+from backends.output.tool_call_pieces import (
+    ArgumentsPiece,
+    ContentPiece,
+    ParsedPiece,
+    ToolCallStart,
+)
 
 # Anthropic's error type for each status draftpen answers with.
 _ERROR_TYPES = {

@@ -2,7 +2,7 @@
 
 :class:`ChatFormat` is the chat answer every dialect starts from (Messages and Responses
 subclass it). A reply to a request with tools runs through a
-:class:`~backends.tool_calls.ToolCallParser`, streaming or not: its calls become
+:class:`~backends.output.tool_calls.ToolCallParser`, streaming or not: its calls become
 ``tool_calls`` (``delta.tool_calls`` in a stream, as OpenAI sends them: index, id, type
 and name first, then ``arguments`` fragments), and ``finish_reason`` is
 ``"tool_calls"``. A thinking model's reasoning goes to ``reasoning_content``, never
@@ -18,15 +18,15 @@ from typing import Any
 from app.engine.chunks import ResponseFormat, wire_logprob
 from app.engine.tally import GenerationTally
 from backends.generation_events import GenerationEvent, TokenLogprob
-from backends.reasoning import ReasoningFormat
-from backends.tool_call_pieces import (
+from backends.output.reasoning import ReasoningFormat
+from backends.output.tool_call_pieces import (
     ArgumentsPiece,
     ContentPiece,
     ParsedPiece,
     ParsedReply,
     ToolCallStart,
 )
-from backends.tool_calls import ToolCallParser
+from backends.output.tool_calls import ToolCallParser
 
 
 class ChatFormat(ResponseFormat):

@@ -32,7 +32,12 @@ from app.engine.dialects.responses_store import ResponsesStore, StoredResponse
 from app.engine.schema import ApiError
 from app.engine.tally import GenerationTally
 from backends.generation_events import FINISH_LENGTH, FINISH_STOP, GenerationEvent
-from backends.tool_call_pieces import ArgumentsPiece, ContentPiece, ParsedPiece, ToolCallStart
+from backends.output.tool_call_pieces import (
+    ArgumentsPiece,
+    ContentPiece,
+    ParsedPiece,
+    ToolCallStart,
+)
 
 
 def new_item_id(prefix: str) -> str:

@@ -1,0 +1,134 @@
+"""Measuring what a forward pass costs on this machine, for this pair.
+
+The numbers decide whether speculation can pay: the time of a target forward of n
+tokens for n up to 8 (and 16), and of one draft-model step. Every size up to 8 is
+measured because the cost curve is not smooth: llama.cpp switches kernels at
+batch-size thresholds, so a batch of 4 can cost less than a batch of 3.
+
+The same pass checks exactness: the logits of each batch are compared, bit for bit,
+with the logits of the same tokens decoded one at a time. Kernels for larger batches
+may add up in another order and round differently (measured on our CPU: up to 0.5 in
+a logit from 8 tokens on, from 4 with repacked weights), and a verify batch that
+rounds differently can flip a near-tie, so greedy output would no longer equal plain
+decoding. ``exact_batch_limit`` is the largest batch whose every row matched.
+
+Kernels also switch on the context length: llama.cpp's CPU attention splits a
+one-token decode across threads once the cache view reaches 512 cells, while a batch
+keeps the one-pass kernel (measured: from there even a batch of 2 differed by 0.45 in
+a logit with the default F16 V cache; backends/llamacpp/model.py avoids it). So the target
+is measured past 512 tokens of context, where both kinds of switch show, and where a
+chat with some history really decodes. Batch-size switches do not depend on the
+position, so one position is enough.
+
+It takes about 20 seconds on a 2-core CPU with a 1.5B target, most of it filling
+that context (a fraction of a second on a GPU); callers cache the result (see
+app/calibration_store.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from backends.base import Model
+from backends.errors import ContextOverflowError
+from backends.speculation.cost_model import CostModel
+
+CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16)
+EXACTNESS_CHECKED_UP_TO = 8  # larger verify batches are never trusted to be exact
+DRAFT_STEP_SAMPLES = 4
+# The target is measured this far into the context: past 512 cache cells, where
+# llama.cpp's CPU attention changes how it decodes a single token.
+MEASURED_POSITION = 520
+DRAFT_POSITION = 64  # a draft step barely depends on the position; keep it cheap
+# Ordinary text, so the forwards run with varied tokens.
+_CONTEXT_TEXT = (
+    "measure the cost of a forward pass at a realistic position in the context. "
+    "the quick brown fox jumps over the lazy dog, then writes a short function "
+    "that returns the sum of a list of numbers, and explains each line in plain words. "
+)
+
+
+def time_forward(model: Model, tokens: Sequence[int]) -> tuple[float, np.ndarray]:
+    """Seconds for one forward of ``tokens`` and a copy of its logits; then roll back."""
+    base = len(model.cached_tokens)
+    started = time.perf_counter()
+    rows = model.forward(tokens)
+    seconds = time.perf_counter() - started
+    copied = np.array(rows, copy=True)
+    model.rollback(base)
+    return seconds, copied
+
+
+def measure_costs(
+    target: Model,
+    draft: Model | None = None,
+    *,
+    sizes: Sequence[int] = CALIBRATION_SIZES,
+    repeats: int = 3,
+) -> CostModel:
+    """Time target forwards of ``sizes`` tokens and a draft step; check batch exactness.
+
+    Both models' caches are left empty.
+    """
+    longest = max(max(sizes), EXACTNESS_CHECKED_UP_TO)
+    # A model whose context cannot reach the usual position is measured as deep as it goes.
+    position = min(MEASURED_POSITION, target.n_ctx - longest - 1)
+    if position < DRAFT_POSITION:
+        raise ContextOverflowError(
+            f"A {target.n_ctx}-token context is too short to calibrate the auto drafter "
+            f"(it needs {DRAFT_POSITION + longest + 1}). Raise the context length, or "
+            "choose the model, n-gram or no drafter."
+        )
+    sentence = target.tokenize(_CONTEXT_TEXT, add_special=False)
+    context = (sentence * (-(-(position + longest) // len(sentence))))[: position + longest]
+    prefix, probe = context[:position], context[position:]
+
+    target.rollback(0)
+    target.prefill(prefix)
+    time_forward(target, probe[:1])  # warm up
+    # One token at a time: the plain-decoding cost, and the reference logits.
+    single_seconds, single_rows = [], []
+    base = len(target.cached_tokens)
+    for token in probe[:EXACTNESS_CHECKED_UP_TO]:
+        started = time.perf_counter()
+        row = target.forward([token])
+        single_seconds.append(time.perf_counter() - started)
+        single_rows.append(np.array(row[0], copy=True))
+    target.rollback(base)
+
+    target_seconds = {1: statistics.median(single_seconds)}
+    exact = {1: True}
+    for size in sorted(s for s in sizes if s > 1):
+        # The first forward of a new batch size pays one-time costs (on a GPU, kernel
+        # selection and buffers for the new shape: measured on an H100, a 2-token
+        # forward took 2.2x a one-token one the first time), which decoding never sees.
+        time_forward(target, probe[:size])
+        samples = []
+        for repeat in range(max(1, repeats)):
+            seconds, rows = time_forward(target, probe[:size])
+            samples.append(seconds)
+            if repeat == 0 and size <= EXACTNESS_CHECKED_UP_TO:
+                exact[size] = all(
+                    np.array_equal(rows[index], single_rows[index]) for index in range(size)
+                )
+        target_seconds[size] = statistics.median(samples)
+    target.rollback(0)
+
+    exact_limit = 1
+    while exact.get(exact_limit + 1, False):
+        exact_limit += 1
+
+    draft_seconds: float | None = None
+    if draft is not None:
+        draft.rollback(0)
+        draft.prefill(context[:DRAFT_POSITION])
+        time_forward(draft, probe[:1])  # warm up
+        draft_seconds = statistics.median(
+            time_forward(draft, probe[index : index + 1])[0] for index in range(DRAFT_STEP_SAMPLES)
+        )
+        draft.rollback(0)
+    return CostModel(target_seconds, draft_seconds, exact_batch_limit=exact_limit)

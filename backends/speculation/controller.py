@@ -1,0 +1,383 @@
+"""The adaptive draft policy: which drafter and how many tokens, round by round.
+
+Speculation pays only when accepted tokens cost less than plain ones, and that
+depends on the machine. On a compute-bound CPU a verify of n tokens costs nearly n
+single steps, so short drafts cannot win and a draft model that costs 2/3 of a
+target step loses outright; on a GPU a verify of a few tokens costs about one step
+and the same draft model wins. So the controller measures instead of assuming:
+
+- a :class:`CostModel` (backends/speculation/cost_model.py): the time of a target forward of n
+  tokens (measured at load for a few n, interpolated, refined by every round) and of
+  one draft-model step;
+- acceptance per drafter and per draft position (exponentially smoothed, so recent
+  text weighs more; backends/speculation/acceptance.py);
+
+and before each round picks the drafter and K that maximise expected tokens per
+second, ``E[tokens | K] / (verify(K + 1) + draft(K))``, with K = 0 (plain decoding)
+as the baseline it must beat. A draft model whose cache lags the context (a new
+prompt, or rounds it sat out) is charged for reading what it missed, spread over the
+reply still to come. With ``exact`` K stays below the largest
+verify batch that calibration found bit-identical to one-token decoding, so greedy
+output equals plain decoding exactly, not just up to rounding. The n-gram drafter is
+also *shadowed* while it is not used: its proposal is compared with what plain
+decoding then wrote, which costs nothing, so speed comes back when the text turns
+repetitive. Draft-model rounds stop early where the draft's confidence in its next
+token falls below a floor learned from what the target accepted (:class:`ConfidenceFloor`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from backends.sampling.filters import SamplingParams
+from backends.speculation.acceptance import AcceptanceEstimate, ConfidenceFloor
+from backends.speculation.cost_model import CostModel
+from backends.speculation.draft_policy import RoundOutcome, RoundPlan
+from backends.speculation.drafters import Drafter, ModelDrafter, common_prefix_length
+from backends.speculation.mtp_drafter import MtpDrafter
+from backends.speculation.ngram_drafter import NgramDrafter
+
+DEFAULT_MAX_DRAFT = 16
+# Priors, overruled by a few rounds of evidence. N-gram matches are tracked per match
+# length: a 2-token match is often chance, a 4-token one often a real repeat, and an
+# 8-token one usually a stretch being copied (in a code edit, it ran on for ~10
+# tokens on average), so that one earns long drafts without dragging the others up.
+PRIOR_ACCEPTANCE = {
+    "model": 0.7,
+    # Published for Qwen3.6's own head: ~70% of drafted tokens accepted.
+    "mtp": 0.7,
+    "prediction": 0.8,
+    "ngram:2": 0.3,
+    "ngram:3": 0.5,
+    "ngram:4": 0.6,
+    "ngram:6": 0.65,
+    "ngram:8": 0.7,
+}
+NGRAM_LONGEST_BUCKET = 8
+MIN_PAYING_SPEEDUP = 1.02  # choose speculation only when it is expected to pay this much
+MODEL_PROBE_INTERVAL = 64  # rounds without the draft model before trying it again
+MODEL_PROBE_LENGTH = 2
+MODEL_PROBE_MAX_CATCH_UP = 8  # a probe may cost at most this many plain steps of catch-up
+# An MTP step before one is measured, as a share of a target step: one decoder block
+# and the LM head (~6% of a 27B model's step, half of a tiny model's).
+MTP_STEP_PRIOR = 0.2
+# A draft model that sat out (or a new prompt) must first read what it has not seen.
+# That is paid once and then serves every later round, so the choice spreads it over
+# about this many tokens of the reply still to come.
+CATCH_UP_HORIZON_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the controller chose and why, for the UI and the API."""
+
+    drafter: str
+    draft_tokens: int
+    estimated_speedup: float
+    reason: str
+
+
+class AdaptiveDraftPolicy:
+    """Chooses drafter and K per round from measured costs and running acceptance."""
+
+    def __init__(
+        self,
+        drafters: Sequence[Drafter],
+        costs: CostModel,
+        *,
+        max_draft_tokens: int = DEFAULT_MAX_DRAFT,
+        params: SamplingParams | None = None,
+        acceptance: dict[str, AcceptanceEstimate] | None = None,
+        confidence_floor: ConfidenceFloor | None = None,
+        exact: bool = False,
+        rollback_limit: int | None = None,
+        mtp_confidence_floor: ConfidenceFloor | None = None,
+    ) -> None:
+        self.drafters = {drafter.name: drafter for drafter in drafters}
+        self.costs = costs
+        # Exact output: verify only in batches this machine computes bit for bit like
+        # one-token decoding, so greedy output equals plain decoding exactly.
+        self.max_draft_tokens = max_draft_tokens
+        if exact and costs.exact_batch_limit is not None:
+            self.max_draft_tokens = min(max_draft_tokens, costs.exact_batch_limit - 1)
+        # A target with a recurrent state rolls back for free only as deep as its
+        # snapshots reach (backends/base.py rollback_limit): never draft deeper.
+        if rollback_limit is not None:
+            self.max_draft_tokens = min(self.max_draft_tokens, rollback_limit)
+        self.params = params or SamplingParams()
+        # Shared across generations when the caller passes its own dict: what was
+        # learned about this conversation carries over to the next reply.
+        self.acceptance = acceptance if acceptance is not None else {}
+        self._rounds_without_model = 0
+        # The draft model through a view whose confidence floor this policy learns.
+        model = self.drafters.get("model")
+        view = getattr(model, "with_confidence_floor", None)
+        self._floored_model: ModelDrafter | None = view() if view is not None else None
+        # Shared across generations like ``acceptance``, when the caller passes its own.
+        self.confidence_floor = (
+            confidence_floor if confidence_floor is not None else ConfidenceFloor()
+        )
+        # The MTP head likewise, with a floor of its own (its confidence means otherwise).
+        mtp = self.drafters.get("mtp")
+        mtp_view = getattr(mtp, "with_confidence_floor", None)
+        self._floored_mtp: MtpDrafter | None = mtp_view() if mtp_view is not None else None
+        self.mtp_confidence_floor = (
+            mtp_confidence_floor if mtp_confidence_floor is not None else ConfidenceFloor()
+        )
+        self.decision = Decision("none", 0, 1.0, "not started")
+        self._model_can_pay_at = -1  # the costs' version _model_could_pay was worked out at
+        self._model_could_pay = False
+        self._round_key = ""  # the acceptance estimate the current round draws on
+        self._shadows: list[tuple[int, list[int], str]] = []
+
+    # -- DraftPolicy ---------------------------------------------------------
+
+    def begin(self, prompt_tokens: Sequence[int]) -> None:
+        """A new generation: reset drafters; keep what was learned about the text."""
+        for drafter in self.drafters.values():
+            drafter.begin(prompt_tokens)
+        self._shadows = []
+
+    def plan(self, context: Sequence[int]) -> RoundPlan:
+        """Pick the drafter and K with the best expected tokens per second.
+
+        Runs before every round, so on a GPU its cost is paid on top of each step:
+        what depends only on the costs (the verify times for each K, whether the draft
+        model could pay at all) is derived once per observation, not per drafter.
+        """
+        self._score_shadow(context)
+        verify = self.costs.verify_table(self.max_draft_tokens + 1)
+        plain_seconds = verify[1]
+        plain_rate = 1.0 / plain_seconds
+        best: Decision | None = None  # None: plain decoding, its reason said below
+        best_rate = plain_rate * MIN_PAYING_SPEEDUP
+        best_key = ""
+        catch_up_reason = ""
+        # What the draft model has not read yet: counted once, used by both choices below.
+        missed = self._catch_up_tokens(context)
+        catch_up_seconds = self._catch_up_seconds(missed)
+        for name in self.drafters:
+            key = self._estimate_key(name, context)
+            if key is None:
+                continue
+            catch_up = catch_up_seconds if name == "model" else 0.0
+            draft_tokens, rate = self._best_length(name, key, verify, catch_up)
+            if (
+                catch_up > 0
+                and best is None
+                and rate <= best_rate
+                and self._best_length(name, key, verify)[1] > best_rate
+            ):
+                # Say why when the catch-up alone keeps the draft model out.
+                catch_up_reason = (
+                    f"speculation off: the draft model would first have to read "
+                    f"{missed} tokens it missed"
+                )
+            if draft_tokens > 0 and rate > best_rate:
+                best_rate, best_key = rate, key
+                best = Decision(
+                    name,
+                    draft_tokens,
+                    rate / plain_rate,
+                    f"{name}: {rate / plain_rate:.2f}x expected at K={draft_tokens}",
+                )
+        if best is not None and best.drafter == "model":
+            self._rounds_without_model = 0
+        else:
+            self._rounds_without_model += 1
+            if (
+                self._rounds_without_model >= MODEL_PROBE_INTERVAL
+                and self._model_can_pay()
+                and catch_up_seconds < MODEL_PROBE_MAX_CATCH_UP * plain_seconds
+            ):
+                # Acceptance may have changed since the model was last tried.
+                self._rounds_without_model = 0
+                probe_length = min(MODEL_PROBE_LENGTH, self.max_draft_tokens)
+                best = Decision("model", probe_length, 1.0, "probing the draft model")
+                best_key = "model"
+        if best is None:
+            best = Decision("none", 0, 1.0, catch_up_reason or self._plain_reason())
+        self.decision = best
+        self._round_key = best_key
+        if best.drafter == "none":
+            self._start_shadow(context)
+            return RoundPlan(None, 0, 1.0, best.reason)
+        drafter = self.drafters[best.drafter]
+        reason = best.reason
+        floored = {"model": self._floored_model, "mtp": self._floored_mtp}.get(best.drafter)
+        if floored is not None:
+            floors = {"model": self.confidence_floor, "mtp": self.mtp_confidence_floor}
+            floor = floors[best.drafter].floor(
+                self._break_even_acceptance(best.draft_tokens, best.drafter)
+            )
+            floored.min_confidence = floor
+            drafter = floored
+            if floor > 0:
+                reason += f", stops below p {floor:.1f}"
+        return RoundPlan(drafter, best.draft_tokens, best.estimated_speedup, reason)
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        """Learn acceptance and costs from a finished round."""
+        # Grammar-forced tokens ride in the same batch and cost like any other.
+        batch = outcome.drafted + outcome.other_verified + 1
+        self.costs.observe_verify(batch, outcome.verify_seconds)
+        if outcome.drafted and outcome.drafter == self.decision.drafter and self._round_key:
+            self._estimate(self._round_key).observe(outcome.drafted, outcome.accepted)
+            if outcome.drafter == "model" and outcome.draft_step_seconds is not None:
+                self.costs.observe_draft_step(outcome.draft_step_seconds)
+            if outcome.drafter == "model" and outcome.draft_confidences:
+                self.confidence_floor.observe(outcome.draft_confidences, outcome.accepted)
+            if outcome.drafter == "mtp" and outcome.draft_step_seconds is not None:
+                self.costs.observe_mtp_step(outcome.draft_step_seconds)
+            if outcome.drafter == "mtp" and outcome.draft_confidences:
+                self.mtp_confidence_floor.observe(outcome.draft_confidences, outcome.accepted)
+
+    # -- internals -------------------------------------------------------------
+
+    def _draft_step_cost(self, name: str) -> float:
+        """Seconds per drafted token for this drafter."""
+        if isinstance(self.drafters[name], ModelDrafter):
+            step = self.costs.draft_step_seconds
+            return step if step is not None else self.costs.verify(1)
+        if isinstance(self.drafters[name], MtpDrafter):
+            step = self.costs.mtp_step_seconds
+            return step if step is not None else MTP_STEP_PRIOR * self.costs.verify(1)
+        return 0.0  # n-gram lookups and predictions cost microseconds
+
+    def _estimate(self, key: str) -> AcceptanceEstimate:
+        if key not in self.acceptance:
+            self.acceptance[key] = AcceptanceEstimate(PRIOR_ACCEPTANCE.get(key, 0.5))
+        return self.acceptance[key]
+
+    def _estimate_key(self, name: str, context: Sequence[int]) -> str | None:
+        """Which acceptance estimate applies to this drafter now (None: it has nothing)."""
+        drafter = self.drafters[name]
+        if isinstance(drafter, NgramDrafter):
+            _, size = drafter.lookup(context, 1)
+            if size < drafter.min_match:
+                return None
+            return f"ngram:{min(size, NGRAM_LONGEST_BUCKET)}"
+        return name
+
+    def _best_length(
+        self, name: str, key: str, verify: Sequence[float], catch_up_seconds: float = 0.0
+    ) -> tuple[int, float]:
+        """The K with the best expected tokens per second, and that rate.
+
+        ``verify`` holds the target's forward time per batch size
+        (:meth:`CostModel.verify_table`). ``catch_up_seconds`` (the draft model reading
+        context it missed) is charged in proportion to the tokens a round brings, as a
+        share of the horizon it serves.
+        """
+        estimate = self._estimate(key)
+        catch_up_per_token = catch_up_seconds / CATCH_UP_HORIZON_TOKENS
+        draft_step = self._draft_step_cost(name)
+        best_k, best_rate = 0, 0.0
+        expected, survive = 1.0, 1.0  # expected tokens per round, built up K by K
+        for draft_tokens in range(1, self.max_draft_tokens + 1):
+            survive *= estimate.at(draft_tokens - 1)
+            expected += survive
+            seconds = (
+                verify[draft_tokens + 1] + draft_step * draft_tokens + catch_up_per_token * expected
+            )
+            rate = expected / seconds
+            if rate > best_rate:
+                best_k, best_rate = draft_tokens, rate
+        return best_k, best_rate
+
+    def _break_even_acceptance(self, draft_tokens: int, name: str = "model") -> float:
+        """Acceptance at which one more token of drafter ``name`` pays for itself.
+
+        It costs a draft step plus its share of the verify batch, and brings a token
+        that would otherwise cost a plain step.
+        """
+        plain = self.costs.verify(1)
+        marginal_verify = (self.costs.verify(draft_tokens + 1) - plain) / max(1, draft_tokens)
+        step = self._draft_step_cost(name) or plain
+        return min(0.95, max(0.05, (step + marginal_verify) / plain))
+
+    def _catch_up_seconds(self, missing: int) -> float:
+        """Estimated time for the idle draft model to evaluate what it has not seen.
+
+        While the draft model sits out, its cache falls behind; the next round that uses
+        it first pays for evaluating the missing tokens (in batches, so at the target's
+        batch efficiency).
+        ``missing`` comes from :meth:`_catch_up_tokens`.
+        """
+        if missing == 0:
+            return 0.0
+        batch_efficiency = self.costs.verify(16) / (16 * self.costs.verify(1))
+        step = self.costs.draft_step_seconds or self.costs.verify(1)
+        return missing * step * batch_efficiency
+
+    def _catch_up_tokens(self, context: Sequence[int]) -> int:
+        """Tokens of ``context`` the draft model has not read, beyond the pending one.
+
+        The pending token is read by every round's first draft step, so it is no catch-up.
+        """
+        drafter = self.drafters.get("model")
+        model = getattr(drafter, "model", None)
+        if model is None:
+            return 0
+        return max(0, len(context) - 1 - common_prefix_length(model.cached_tokens, context))
+
+    def _model_can_pay(self) -> bool:
+        """Would the draft model pay here even if every draft token were accepted?
+
+        It depends on the costs alone: worked out again only after they change.
+        """
+        if "model" not in self.drafters or self.max_draft_tokens < 1:
+            return False
+        if self._model_can_pay_at == self.costs.version:
+            return self._model_could_pay
+        step = self.costs.draft_step_seconds or 0.0
+        verify = self.costs.verify_table(self.max_draft_tokens + 1)
+        always_right = max(
+            (k + 1) / (verify[k + 1] + k * step) for k in range(1, self.max_draft_tokens + 1)
+        )
+        self._model_could_pay = always_right * verify[1] > MIN_PAYING_SPEEDUP
+        self._model_can_pay_at = self.costs.version
+        return self._model_could_pay
+
+    def _plain_reason(self) -> str:
+        if self.max_draft_tokens < 1:
+            return (
+                "speculation off: no verify batch rounds like one-token decoding with "
+                "these kernels (load with exact_output = true, or turn exact off)"
+            )
+        if "model" in self.drafters and not self._model_can_pay():
+            return "speculation off: draft model too slow on this machine"
+        return "speculation off: drafts not accepted often enough to pay here"
+
+    def _start_shadow(self, context: Sequence[int]) -> None:
+        """Ask the n-gram drafter what it would propose; score it as plain decoding writes.
+
+        A new shadow starts every plain round (lookups cost microseconds), so a
+        repetitive stretch is noticed within a few tokens.
+        """
+        ngram = self.drafters.get("ngram")
+        if not isinstance(ngram, NgramDrafter):
+            return
+        tokens, size = ngram.lookup(context, self.max_draft_tokens)
+        if tokens and size >= ngram.min_match:
+            key = f"ngram:{min(size, NGRAM_LONGEST_BUCKET)}"
+            self._shadows.append((len(context), list(tokens), key))
+
+    def _score_shadow(self, context: Sequence[int]) -> None:
+        """Score every shadow proposal whose outcome the written tokens now decide."""
+        pending: list[tuple[int, list[int], str]] = []
+        for start, proposed, key in self._shadows:
+            written = context[start : start + len(proposed)]
+            matched = common_prefix_length(proposed, written)
+            if matched == len(written) and len(written) < len(proposed):
+                pending.append((start, proposed, key))  # agrees so far; not decided yet
+                continue
+            self._estimate(key).observe(min(len(proposed), matched + 1), matched)
+        self._shadows = pending
+
+
+# The n-gram drafter ignores randomness; the controller never samples with this.
+_NO_RANDOMNESS = np.random.default_rng(0)

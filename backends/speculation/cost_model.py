@@ -1,0 +1,90 @@
+"""The cost model the adaptive policy decides with: seconds for a target forward of n
+tokens (measured at load for a few n by backends/speculation/calibration.py, interpolated, refined
+by every round) and for one step of the draft model or of the target's MTP head."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+SMOOTHING = 0.15  # weight of the newest measured cost in the running estimate
+
+
+@dataclass
+class CostModel:
+    """Seconds for a target forward of n tokens, and for one draft-model step.
+
+    ``target_seconds`` maps batch sizes to measured times; other sizes are linearly
+    interpolated (and extrapolated from the last two points). ``exact_batch_limit``
+    is the largest forward whose logits were measured bit-identical to one-token
+    decoding (None: not measured).
+    """
+
+    target_seconds: dict[int, float]
+    draft_step_seconds: float | None = None
+    exact_batch_limit: int | None = None
+    # One step of the target's own MTP head (measured while it drafts; not calibrated).
+    mtp_step_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if 1 not in self.target_seconds:
+            raise ValueError("the cost model needs the time of a 1-token forward")
+        self._sizes = sorted(self.target_seconds)
+        self._table: list[float] = []
+        # Bumped by every observation, so what was derived from the costs is redone.
+        self.version = 0
+
+    def verify(self, batch: int) -> float:
+        """Estimated seconds for a target forward of ``batch`` tokens."""
+        sizes, times = self._sizes, self.target_seconds
+        if batch in times:
+            return times[batch]
+        index = bisect.bisect_left(sizes, batch)
+        if index == 0:
+            return times[sizes[0]]
+        if index >= len(sizes):
+            low, high = (sizes[-2], sizes[-1]) if len(sizes) > 1 else (sizes[-1], sizes[-1])
+        else:
+            low, high = sizes[index - 1], sizes[index]
+        if high == low:
+            return times[low] * batch / low
+        slope = (times[high] - times[low]) / (high - low)
+        return max(times[low] + slope * (batch - low), times[1])
+
+    def verify_table(self, largest: int) -> list[float]:
+        """``verify(batch)`` at index ``batch`` for every batch up to ``largest`` (index 0
+        unused), kept until the next observation: the controller reads it every round."""
+        if len(self._table) <= largest:
+            self._table = [0.0] + [self.verify(batch) for batch in range(1, largest + 1)]
+        return self._table
+
+    def observe_verify(self, batch: int, seconds: float) -> None:
+        """Refine the estimate for ``batch`` with a measured forward."""
+        previous = self.target_seconds.get(batch)
+        self.target_seconds[batch] = (
+            seconds if previous is None else previous + SMOOTHING * (seconds - previous)
+        )
+        if previous is None:
+            self._sizes = sorted(self.target_seconds)
+        self._table = []
+        self.version += 1
+
+    def observe_draft_step(self, seconds: float) -> None:
+        """Refine the per-step cost of the draft model."""
+        previous = self.draft_step_seconds
+        self.draft_step_seconds = (
+            seconds if previous is None else previous + SMOOTHING * (seconds - previous)
+        )
+        self.version += 1
+
+    def observe_mtp_step(self, seconds: float) -> None:
+        """Refine the per-step cost of the target's MTP head."""
+        previous = self.mtp_step_seconds
+        self.mtp_step_seconds = (
+            seconds if previous is None else previous + SMOOTHING * (seconds - previous)
+        )
+        self.version += 1
+
+    def ceiling(self, draft_tokens: int) -> float:
+        """Speedup of a free drafter that is always right, at this K."""
+        return (draft_tokens + 1) * self.verify(1) / self.verify(draft_tokens + 1)

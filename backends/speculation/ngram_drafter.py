@@ -1,0 +1,101 @@
+"""The n-gram drafter (prompt lookup): finds the latest earlier occurrence of the
+context's last n tokens and proposes what followed it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from backends.sampling.filters import SamplingParams
+from backends.speculation.drafters import EMPTY_PROPOSAL, DraftProposal
+
+
+class NgramIndex:
+    """Latest end position of every n-gram (n in ``sizes``) of a growing token list.
+
+    Incremental: ``extend`` indexes only new positions. The n-gram that ends at the
+    last token is never indexed, so a lookup of the context's suffix finds an
+    *earlier* occurrence with at least one token after it.
+    """
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = tuple(sorted(set(sizes), reverse=True))
+        self._latest_end: dict[tuple[int, ...], int] = {}
+        self._tokens: list[int] = []
+        self._indexed_until = 0  # n-grams ending before this position are indexed
+
+    def reset(self, tokens: Sequence[int]) -> None:
+        """Start over with ``tokens``."""
+        self._latest_end.clear()
+        self._tokens = list(tokens)
+        self._indexed_until = 0
+        self._index_up_to(len(self._tokens) - 1)
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Follow a context that grew by appends (rebuild if it changed otherwise)."""
+        known = len(self._tokens)
+        if len(tokens) < known or list(tokens[max(0, known - 8) : known]) != self._tokens[-8:]:
+            self.reset(tokens)
+            return
+        self._tokens.extend(tokens[known:])
+        self._index_up_to(len(self._tokens) - 1)
+
+    def _index_up_to(self, stop: int) -> None:
+        tokens = self._tokens
+        for end in range(self._indexed_until, max(stop, 0)):
+            for size in self.sizes:
+                if end + 1 >= size:
+                    self._latest_end[tuple(tokens[end + 1 - size : end + 1])] = end
+        self._indexed_until = max(self._indexed_until, stop)
+
+    def continuation(self, max_tokens: int) -> tuple[list[int], int]:
+        """What followed the latest earlier occurrence of the longest matching suffix.
+
+        Returns the tokens and the n of the match (0 when nothing matched).
+        """
+        tokens = self._tokens
+        for size in self.sizes:
+            if len(tokens) < size + 1:
+                continue
+            end = self._latest_end.get(tuple(tokens[-size:]))
+            if end is not None:
+                return tokens[end + 1 : end + 1 + max_tokens], size
+        return [], 0
+
+
+class NgramDrafter:
+    """Prompt-lookup drafting over prompt + output; nearly free, point-mass ``q``."""
+
+    name = "ngram"
+
+    def __init__(self, sizes: Sequence[int] = (8, 6, 4, 3, 2), min_match: int = 2) -> None:
+        self.index = NgramIndex(sizes)
+        self.min_match = min_match
+        self.last_match_size = 0
+
+    def begin(self, prompt_tokens: Sequence[int]) -> None:
+        """Index the prompt."""
+        self.index.reset(prompt_tokens)
+
+    def propose(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> DraftProposal:
+        """Propose the continuation of the longest earlier match of the suffix."""
+        if max_tokens <= 0:
+            return EMPTY_PROPOSAL
+        tokens, size = self.lookup(context, max_tokens)
+        if size < self.min_match:
+            return EMPTY_PROPOSAL
+        return DraftProposal(tokens=tokens)
+
+    def lookup(self, context: Sequence[int], max_tokens: int) -> tuple[list[int], int]:
+        """The continuation of the longest earlier match and that match's n (0: none)."""
+        self.index.sync(context)
+        tokens, size = self.index.continuation(max_tokens)
+        self.last_match_size = size
+        return tokens, size
