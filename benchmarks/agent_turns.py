@@ -56,9 +56,9 @@ import openai
 REPO = Path(__file__).resolve().parent.parent
 # Real text of the kind agents send: source files, then their docs.
 SOURCES = (
-    "backends/speculative.py",
-    "backends/controller.py",
-    "backends/drafters.py",
+    "backends/speculation/loop.py",
+    "backends/speculation/controller.py",
+    "backends/speculation/drafters.py",
     "backends/engine.py",
     "app/engine/api.py",
     "app/engine/queue.py",
@@ -67,7 +67,7 @@ PREAMBLE = (
     "You are a coding agent working in the draftpen repository. You answer in one or two "
     "short sentences. The files you have read so far follow.\n\n"
 )
-FIRST_QUESTION = "In one sentence: what does backends/speculative.py do?"
+FIRST_QUESTION = "In one sentence: what does backends/speculation/loop.py do?"
 SECOND_QUESTION = "And which file decides how many tokens to draft? Name it only."
 # Code is about 4.2 characters a token for Qwen's tokenizer; the report says the real count.
 CHARACTERS_PER_TOKEN = 4.2
@@ -250,7 +250,7 @@ def runtime_read_seconds(
     cache already holding the shared prefix. (Only the counts and positions matter for
     the time, so the tokens are this prompt's text, not the chat template's.)
     """
-    from backends.llamacpp_library import llama_cpp, physical_cores
+    from backends.llamacpp.library import llama_cpp, physical_cores
 
     threads = physical_cores()
     llm = llama_cpp.Llama(

@@ -15,9 +15,9 @@ import sys
 import time
 
 from backends.base import ToolSpec
-from backends.call_syntax import HERMES
-from backends.constraints import GrammarVocabulary, grammar_for
-from backends.output_constraints import ConstraintSpec, ToolCallOutput
+from backends.output.call_syntax import HERMES
+from backends.output.constraints import GrammarVocabulary, grammar_for
+from backends.output.output_constraints import ConstraintSpec, ToolCallOutput
 from backends.select import load_model
 
 TEXT = (

@@ -38,8 +38,8 @@ from collections.abc import Callable
 import numpy as np
 
 from app.models.pair_files import pair_files
-from backends.llamacpp import LlamaCppModel
-from backends.sampling import SamplingParams, distribution, greedy_token
+from backends.llamacpp.model import LlamaCppModel
+from backends.sampling.filters import SamplingParams, distribution, greedy_token
 
 PROMPT = "Write a Python function that reverses a list, and explain how it works."
 SETTINGS: dict[str, SamplingParams] = {

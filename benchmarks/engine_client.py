@@ -36,7 +36,7 @@ from app.settings import load_settings
 from backends.base import ChatMessage
 from backends.engine import Engine, GenerationRequest
 from backends.generation_events import GenerationEvent
-from backends.sampling import SamplingParams
+from backends.sampling.filters import SamplingParams
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea, in plain prose."
 GREEDY = SamplingParams(temperature=0.0)

@@ -21,7 +21,7 @@ from typing import Any
 
 from backends.base import ChatMessage
 from backends.engine import Engine, GenerationRequest
-from backends.sampling import SamplingParams
+from backends.sampling.filters import SamplingParams
 from backends.select import load_model
 
 PROMPT = (

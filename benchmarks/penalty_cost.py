@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from backends.penalties import TokenCounts
-from backends.sampling import SamplingParams, distribution, greedy_token
+from backends.sampling.filters import SamplingParams, distribution, greedy_token
+from backends.sampling.penalties import TokenCounts
 
 
 def per_row_us(function, rows: np.ndarray, repeats: int) -> float:

@@ -1,7 +1,7 @@
 """What splitting reasoning from the answer costs per event (host time, no model).
 
 Feeds a long Qwen3-style reply (``<think>`` ... ``</think>`` then the answer) to
-:class:`backends.reasoning.ReasoningSplitter` in pieces the size of a speculative round's
+:class:`backends.output.reasoning.ReasoningSplitter` in pieces the size of a speculative round's
 text, and reports microseconds per event and per character. The loop's own host cost is
 ~0.1-1 ms per token on the machines in README.md, so this is the figure to compare with.
 
@@ -15,7 +15,7 @@ import statistics
 import time
 
 from backends.generation_events import TextSegment
-from backends.reasoning import ReasoningFormat, ReasoningSplit, ReasoningSplitter
+from backends.output.reasoning import ReasoningFormat, ReasoningSplit, ReasoningSplitter
 
 REASONING_WORDS = "Let me think about whether the list is sorted before I answer. " * 120
 ANSWER_WORDS = "Use `sorted(items)`; it returns a new list and leaves the old one alone. " * 30

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from backends.sampling import SamplingParams, distribution, greedy_token
+from backends.sampling.filters import SamplingParams, distribution, greedy_token
 
 N_VOCAB = 151_936
 

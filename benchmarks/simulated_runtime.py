@@ -1,8 +1,8 @@
 """How fast would the loop run on a GPU? The real loop against a runtime that sleeps.
 
-A benchmark, not a test. It runs ``backends.speculative.speculative_generate`` with
+A benchmark, not a test. It runs ``backends.speculation.loop.speculative_generate`` with
 the real drafters and the real ``auto`` controller (calibrated by
-``backends.calibration`` like the app does) against :class:`SimulatedModel`, a
+``backends.speculation.calibration`` like the app does) against :class:`SimulatedModel`, a
 runtime implementing the ``backends.base.Model`` protocol whose forward calls take
 GPU-like times (default: target 8 ms + 0.3 ms per extra token, draft 2 ms) and return
 logits over a 151,936-token vocabulary shaped like a real model's (``--rows``), so
@@ -47,11 +47,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.base import ChatMessage, VocabInfo
-from backends.draft_policy import DraftPolicy, FixedDraftPolicy
-from backends.drafters import ModelDrafter
 from backends.engine import Engine, GenerationRequest
-from backends.sampling import SamplingParams
-from backends.speculative import speculative_generate
+from backends.sampling.filters import SamplingParams
+from backends.speculation.draft_policy import DraftPolicy, FixedDraftPolicy
+from backends.speculation.drafters import ModelDrafter
+from backends.speculation.loop import speculative_generate
 
 N_VOCAB = 151_936
 BOS, EOS = 1, 2  # EOS is never favoured: every run writes exactly --tokens tokens
