@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def source_tokens(engine: Engine, count: int) -> list[int]:
     """``count`` tokens of this repository's own source, as a long prompt would be."""
-    source = "\n\n".join(path.read_text() for path in sorted((REPO / "backends").glob("*.py")))
+    source = "\n\n".join(path.read_text() for path in sorted((REPO / "backends").rglob("*.py")))
     tokens = engine.target.tokenize(source, add_special=False)
     while len(tokens) < count:
         tokens = tokens + tokens
