@@ -34,6 +34,7 @@ from app.options import add_model_options
 
 if TYPE_CHECKING:
     from app.client.api_key import ApiKey
+    from app.engine.scheduler import LoadOptions, PairLoader, PairScheduler
     from app.settings import Settings
 
 # Ollama's default keep-alive, and how long an engine started by a front end waits for
@@ -206,23 +207,16 @@ def run_serve(args: argparse.Namespace) -> int:
     defaults = LoadOptions(
         context_length=args.context or settings.context_length, exact=settings.exact_output
     )
-    scheduler = PairScheduler(
-        catalog_loader(runtime, conversation_cache_bytes=cache_bytes),
-        defaults,
-        keep_alive=keep_alive,
-    )
+    loader = catalog_loader(runtime, conversation_cache_bytes=cache_bytes)
+    scheduler = PairScheduler(loader, defaults, keep_alive=keep_alive)
 
     # SIGTERM (systemd, launchd, kill) means "stop cleanly": while serving, uvicorn
     # handles it; before that, this flag stops the server as soon as it starts.
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    preload = _preloader(args.pair, loader, defaults, scheduler) if args.pair else None
     server: AgentServer | None = None
     try:
-        if args.pair:
-            engine = catalog_loader(runtime, conversation_cache_bytes=cache_bytes)(
-                args.pair, defaults, _progress
-            )
-            scheduler.adopt(args.pair, engine, defaults)
         server = AgentServer(
             socket_path=socket_path,
             settings=settings,
@@ -234,6 +228,7 @@ def run_serve(args: argparse.Namespace) -> int:
             idle_exit=idle_exit,
             api_key=api_key.value if api_key else None,
             tcp_without_key=args.no_api_key,
+            preload=preload,
         )
         if not stop.is_set():
             show_key = sys.stderr.isatty() and not args.log_file
@@ -246,6 +241,17 @@ def run_serve(args: argparse.Namespace) -> int:
             scheduler.unload("the engine stopped")
         crash_record.stop_recording()
     return 0
+
+
+def _preloader(
+    pair: str, loader: PairLoader, options: LoadOptions, scheduler: PairScheduler
+) -> Callable[[], None]:
+    """``serve --pair``: load the pair and hand it to the scheduler (run on the worker)."""
+
+    def preload() -> None:
+        scheduler.adopt(pair, loader(pair, options, _progress), options)
+
+    return preload
 
 
 def _tcp_api_key(args: argparse.Namespace, tcp: tuple[str, int] | None) -> ApiKey | None:

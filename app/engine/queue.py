@@ -7,15 +7,14 @@ not in memory (so however many clients ask for a pair at once, it is loaded once
 first job loads it, the others find it loaded), then builds the job's generation request
 against the loaded engine (``prepare``: the chat template, the context checks) and runs
 ``engine.generate(request, cancel)``. A load job (``POST /draftpen/load``) only loads.
-Nothing else touches the models, so keep-alive unloads happen here too, when the queue
-has been empty for ``keep_alive`` seconds.
+Nothing else touches the models (keep-alive unloads and ``serve --pair`` run here too).
 
-The HTTP handlers live on the asyncio event loop: a job hands its items (queue and
-loading notices, the prepared request's extras, each
-:class:`~backends.generation_events.GenerationEvent`, then an end marker or an exception) to
-its handler through an ``asyncio.Queue`` fed with ``loop.call_soon_threadsafe``. A
-handler whose client went away sets the job's ``threading.Event``, which the loop checks
-before every round. Waiting jobs are told their place whenever it changes.
+The HTTP handlers live on the asyncio event loop: a job hands its items (notices, the
+prepared request's extras, each :class:`~backends.generation_events.GenerationEvent`,
+then an end marker or an exception) to its handler through an ``asyncio.Queue`` fed
+with ``loop.call_soon_threadsafe``. A handler whose client went away sets the job's
+``threading.Event``, which the loop checks before every round. Waiting jobs are told
+their place whenever it changes.
 
 Every generation job ends with exactly one event whose ``finish_reason`` is set (or an
 exception), so a handler never has to guess how a generation ended: a job cancelled
@@ -30,8 +29,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from app.client.wire import QueueNotice, waiting_label
 from app.engine.crash_record import generating
@@ -46,6 +46,8 @@ DEFAULT_QUEUE_LIMIT = 16
 
 # Marks the end of a job's items in its inbox.
 END = object()
+
+T = TypeVar("T")
 
 
 class QueueFullError(Exception):
@@ -65,10 +67,8 @@ class LoadingNotice:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A generation job's request, built against the loaded engine, and its extras.
-
-    ``extras`` is the handler's own (the response format): the queue only passes it on.
-    """
+    """A generation job's request, built against the loaded engine, and its extras
+    (the handler's own, as the response format: the queue only passes them on)."""
 
     request: GenerationRequest
     extras: Any = None
@@ -188,11 +188,26 @@ class GenerationQueue:
         self._cancelled = 0
         self._failed = 0
         self._idle_since: float | None = time.monotonic()
+        # Work handed to the worker thread by run_on_worker, taken before any job.
+        self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._thread = threading.Thread(target=self._work, name="draftpen-engine", daemon=True)
 
     def start(self) -> None:
         """Start the worker thread."""
         self._thread.start()
+
+    def run_on_worker(self, work: Callable[[], T]) -> T:
+        """Run ``work`` on the worker thread, ahead of any job; its result or its error.
+
+        All model work belongs on this one thread, loading (which calibrates) included:
+        see ``backends/llamacpp/library.py`` for why a second thread slows llama.cpp."""
+        future: Future[T] = Future()
+        with self._condition:
+            if not self._accepting:
+                raise ShuttingDownError
+            self._calls.append((work, future))
+            self._condition.notify()
+        return future.result()
 
     def submit(self, job: EngineJob) -> EngineJob:
         """Queue a job; its items arrive through it on its loop.
@@ -241,7 +256,10 @@ class GenerationQueue:
         with self._condition:
             self._accepting = False
             jobs = [*self._waiting, *([self._running] if self._running else [])]
+            calls, self._calls = list(self._calls), deque()
             self._condition.notify_all()
+        for _, future in calls:
+            future.set_exception(ShuttingDownError())
         for job in jobs:
             self.cancel(job, reason)
 
@@ -286,9 +304,10 @@ class GenerationQueue:
             ahead.append(job.label)
 
     def _next_job(self) -> EngineJob | object | None:
-        """The next job; :data:`_KEEP_ALIVE_EXPIRED` to unload; None once shut down."""
+        """The next job; :data:`_KEEP_ALIVE_EXPIRED` to unload; a call from
+        :meth:`run_on_worker`; None once shut down."""
         with self._condition:
-            while not self._waiting:
+            while not self._waiting and not self._calls:
                 if not self._accepting:
                     return None
                 deadline = self.scheduler.unload_deadline()
@@ -299,6 +318,8 @@ class GenerationQueue:
                 if remaining <= 0:
                     return _KEEP_ALIVE_EXPIRED
                 self._condition.wait(remaining)
+            if self._calls:
+                return self._calls.popleft()
             job = self._waiting.popleft()
             self._running = job
             self._tell_positions()
@@ -312,6 +333,13 @@ class GenerationQueue:
             if job is _KEEP_ALIVE_EXPIRED:
                 keep_alive = self.scheduler.keep_alive
                 self.scheduler.unload(f"idle for {keep_alive:g}s (keep-alive)")
+                continue
+            if isinstance(job, tuple):
+                work, future = job
+                try:
+                    future.set_result(work())
+                except BaseException as error:  # handed to the caller, who re-raises it
+                    future.set_exception(error)
                 continue
             assert isinstance(job, EngineJob)
             outcome = self._run(job)

@@ -110,6 +110,7 @@ class AgentServer:
         idle_exit: float | None = None,
         api_key: str | None = None,
         tcp_without_key: bool = False,
+        preload: Callable[[], None] | None = None,
     ) -> None:
         if tcp is not None and not api_key and not tcp_without_key:
             raise ValueError("TCP needs an api_key (or tcp_without_key=True, said out loud)")
@@ -122,6 +123,8 @@ class AgentServer:
         if scheduler is None or pairs is None:
             raise ValueError("AgentServer needs an engine, or a scheduler and its pairs")
         self.scheduler = scheduler
+        # Loads a pair before the socket opens (``serve --pair``), on the worker thread.
+        self.preload = preload
         self.socket_path = socket_path
         self.tcp = tcp
         self.idle_exit = idle_exit
@@ -167,13 +170,22 @@ class AgentServer:
                 return
 
     def run(self, announce: Callable[[str], None] | None = None) -> None:
-        """Listen, serve until stopped, then clean up; ``announce`` gets each address."""
+        """Load the preload on the worker thread, then listen, serve until stopped, and
+        clean up; ``announce`` gets each address."""
+        self.queue.start()
+        self.worker_stopped = False
+        if self.preload is not None:
+            try:
+                # On the worker thread, as every later generation: one thread computes.
+                self.queue.run_on_worker(self.preload)
+            except BaseException:
+                self.queue.shutdown("the pair given at start did not load")
+                self.worker_stopped = self.queue.join(_WORKER_STOP_SECONDS)
+                raise
         listener = bind_unix_socket(self.socket_path)
         info = self.socket_path.stat()
         identity = (info.st_dev, info.st_ino)
         sockets = [listener]
-        self.queue.start()
-        self.worker_stopped = False
         try:
             if self.tcp is not None:
                 tcp_listener = bind_tcp_socket(*self.tcp)

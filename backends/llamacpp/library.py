@@ -2,13 +2,14 @@
 init, the log it writes (warnings and errors kept, so a failed load can say why), what
 this build supports, and the check that a file is a GGUF before llama.cpp reads it.
 
-The other ``llamacpp_*`` modules take ``llama_cpp`` from here, so that a missing runtime
-always says how to install it.
+The other modules of this package take ``llama_cpp`` from here, so that a missing
+runtime always says how to install it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import threading
 from collections import deque
@@ -53,6 +54,37 @@ def ensure_backend() -> None:
             llama_cpp.llama_log_set(log_callback, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _backend_ready = True
+
+
+# llama.cpp's CPU kernels, in the OpenMP build that install.sh makes on Linux, want one
+# thread per process to run them. Each thread that computes a graph becomes the master of
+# an OpenMP team of its own; once libgomp manages more threads than the process may use
+# CPUs, it waits at barriers with a ~100-spin "throttled" count instead of ~3 ms of
+# spinning, so the barrier between every two operations of the graph sleeps in the
+# kernel. Measured on 2 cores (issue 34): plain decoding 0.75x, from the second thread
+# on, for every thread. The engine runs all of its llama.cpp work on its worker thread;
+# these threads are recorded so that a second one is said in the log.
+_decoding_threads: set[int] = set()
+logger = logging.getLogger("draftpen.llamacpp")
+
+
+def note_decoding_thread() -> None:
+    """Record the thread about to run a graph; warn once when a second one does."""
+    thread = threading.get_ident()
+    if thread in _decoding_threads:
+        return
+    _decoding_threads.add(thread)
+    if len(_decoding_threads) == 2:
+        logger.warning(
+            "llama.cpp now computes on a second thread of this process: its OpenMP "
+            "threads outnumber the CPUs and wait without spinning, which slows every "
+            "forward pass (about 25%% on 2 cores). Keep one thread for llama.cpp."
+        )
+
+
+def decoding_threads() -> int:
+    """How many threads of this process have run a llama.cpp graph."""
+    return len(_decoding_threads)
 
 
 def last_llama_error() -> str:

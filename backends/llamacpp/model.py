@@ -33,6 +33,7 @@ from backends.llamacpp.library import (
     ensure_backend,
     last_llama_error,
     llama_cpp,
+    note_decoding_thread,
     physical_cores,
     recent_errors,
 )
@@ -209,6 +210,7 @@ class LlamaCppModel(LlamaCppTokens):
         wants_logits = self._batch_wants_logits
         wants_logits[:logits_from] = 0
         wants_logits[logits_from:count] = 1
+        note_decoding_thread()
         status = llama_cpp.llama_decode(self._context, batch)
         if status != 0:
             if status == 1:

@@ -37,6 +37,7 @@ import numpy as np
 from llama_cpp import llama_cpp_ext
 
 from backends.errors import DecodeError, ModelLoadError
+from backends.llamacpp.library import note_decoding_thread
 from backends.sampling.rows import HostRows
 
 # Target rows waiting beyond this many are fed to the MTP context at once (a prompt,
@@ -254,6 +255,7 @@ class LlamaCppMtpHead:
         self._batch_wants[:count] = 0
         if logits:
             self._batch_wants[count - 1] = 1
+        note_decoding_thread()
         status = llama_cpp.llama_decode(self._context, batch)
         self.decodes += 1
         if status != 0:
