@@ -86,8 +86,9 @@ def add_sampling_options(parser: argparse.ArgumentParser, *, temperature: float 
         action=argparse.BooleanOptionalAction,
         default=default(False),
         help="greedy output bit-identical to plain decoding: exact kernels (on a CPU "
-        "a 2k-token prompt reads 2.4x slower) and auto verifies only in batches that round "
-        "like one-token decoding; --no-exact (default) uses the fastest kernels",
+        "~0.86x decoding, an 8k-token prompt up to 2x slower) and drafts verified only in "
+        "batches that round like one-token decoding (on CUDA none do: plain decoding); "
+        "--no-exact (default) uses the fastest kernels",
     )
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument(
