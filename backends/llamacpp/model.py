@@ -8,10 +8,10 @@ logits rows as a zero-copy numpy view of llama.cpp's own buffer, asking for logi
 only where the caller needs them (never for a prefilled prompt).
 
 This module holds ``LlamaCppModel`` (loading, evaluation, rollback, saved states); the
-``llamacpp_*.py`` modules beside it hold its parts, and they alone import ``llama_cpp``:
-the library and its log (llamacpp_library), load settings (llamacpp_params), the
-tokenizer (llamacpp_vocab), recurrent rollback (llamacpp_rollback), the MTP head
-(llamacpp_mtp) and bench's yardstick (llamacpp_reference).
+modules beside it in ``backends/llamacpp/`` hold its parts, and they alone import
+``llama_cpp``: the library and its log (``library``), load settings (``params``), the
+tokenizer (``vocab``), recurrent rollback (``rollback``), the MTP head (``mtp``) and
+bench's yardstick (``reference``).
 """
 
 from __future__ import annotations
