@@ -174,15 +174,15 @@ class AgentServer:
         clean up; ``announce`` gets each address."""
         self.queue.start()
         self.worker_stopped = False
-        if self.preload is not None:
-            try:
+        try:
+            if self.preload is not None:
                 # On the worker thread, as every later generation: one thread computes.
                 self.queue.run_on_worker(self.preload)
-            except BaseException:
-                self.queue.shutdown("the pair given at start did not load")
-                self.worker_stopped = self.queue.join(_WORKER_STOP_SECONDS)
-                raise
-        listener = bind_unix_socket(self.socket_path)
+            listener = bind_unix_socket(self.socket_path)
+        except BaseException:
+            self.queue.shutdown("the engine did not start")
+            self.worker_stopped = self.queue.join(_WORKER_STOP_SECONDS)
+            raise
         info = self.socket_path.stat()
         identity = (info.st_dev, info.st_ino)
         sockets = [listener]
