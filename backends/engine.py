@@ -234,13 +234,6 @@ class Engine:
             draft_tokens = (
                 request.draft_tokens if limit is None else min(request.draft_tokens, limit)
             )
-            if request.exact and draft_tokens > 0:
-                # Bit for bit holds for a fixed drafter too: verify only batches that
-                # this machine computes like one-token decoding (none on the CUDA build
-                # measured: plain decoding, as auto does under exact).
-                exact_limit = (self.costs or self.calibrate()).exact_batch_limit
-                if exact_limit is not None:
-                    draft_tokens = min(draft_tokens, exact_limit - 1)
             if prediction is not None:
                 return FixedDraftPolicy(prediction, draft_tokens)
             return FixedDraftPolicy(self.drafter_named(request.drafter), draft_tokens)

@@ -283,23 +283,3 @@ def test_an_eight_token_match_is_judged_apart_from_a_chance_three_token_one():
     chance = [*line, 7, 55, 56, *line[:3]]  # only 3 tokens repeat
     policy.begin(chance)
     assert policy.plan(chance).drafter is None
-
-
-@pytest.mark.parametrize(
-    ("exact", "exact_batch_limit", "draft_length"),
-    [(True, 3, 2), (True, 1, 0), (False, 1, 6), (True, None, 6)],
-)
-def test_a_fixed_drafter_under_exact_output_verifies_only_exact_batches(
-    exact: bool, exact_batch_limit: int | None, draft_length: int
-) -> None:
-    # --exact means bit for bit with `--drafter model --draft-tokens 6` too, not only
-    # with auto: K is cut to the batches measured to round like one-token decoding
-    # (none: plain decoding); without exact, or where exactness was not measured, K
-    # stays as asked.
-    target = HashModel()
-    costs = CostModel(dict(GPU_COSTS), GPU_DRAFT_STEP, exact_batch_limit=exact_batch_limit)
-    engine = Engine(target, draft_model_for(target), costs=costs)
-    request = GenerationRequest((1, 2, 3), drafter="model", draft_tokens=6, exact=exact)
-    policy = engine.policy_for(request)
-    policy.begin([1, 2, 3])
-    assert policy.plan([1, 2, 3]).draft_length == draft_length
