@@ -86,7 +86,7 @@ def add_sampling_options(parser: argparse.ArgumentParser, *, temperature: float 
         action=argparse.BooleanOptionalAction,
         default=default(False),
         help="greedy output bit-identical to plain decoding: exact kernels (on a CPU "
-        "~0.86x decoding, an 8k-token prompt up to 2x slower) and drafts verified only in "
+        "~0.86x decoding, an 8k-token prompt up to 2x slower) and auto verifies only in "
         "batches that round like one-token decoding (on CUDA none do: plain decoding); "
         "--no-exact (default) uses the fastest kernels",
     )
