@@ -16,20 +16,12 @@ from typing import Any
 
 import pytest
 
+from tests.test_anthropic_messages import WEATHER_TOOL
 from tests.test_server_tools import scripted_server
 from tests.tool_call_dialects import DIALECTS, ask, assert_no_call_markup
 
 PARIS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ROME = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
-WEATHER = {
-    "name": "get_weather",
-    "description": "The current weather in a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 # How each dialect says "the reply called tools" and "the reply was cut off".
 CALLED = {"messages": "tool_use", "chat": "tool_calls", "responses": "completed"}
 CUT_OFF = {"messages": "max_tokens", "chat": "length", "responses": "incomplete"}
@@ -43,7 +35,7 @@ def conversation(**fields: Any) -> dict[str, Any]:
         "max_tokens": 400,
         "temperature": 0,
         "messages": [{"role": "user", "content": "Weather in Paris?"}],
-        "tools": [WEATHER],
+        "tools": [WEATHER_TOOL],
         **fields,
     }
 

@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.model_files import DRAFT_KEY, TARGET_KEY, require_model
-from tests.test_server import RunningServer, start_server
+from tests.test_server import RunningServer, start_starter_server
 from tests.tool_call_dialects import DIALECTS, ask, assert_no_call_markup
 
 # A byte-for-byte copy of shared/repro/forced_write_messages.json.
@@ -31,12 +30,7 @@ CALLED = {"messages": "tool_use", "chat": "tool_calls", "responses": "completed"
 @pytest.fixture(scope="module")
 def starter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """``draftpen serve --pair starter`` on a socket, shared by the module's requests."""
-    require_model(TARGET_KEY)
-    require_model(DRAFT_KEY)
-    home = tmp_path_factory.mktemp("forced-write")
-    running = start_server(home, home / "starter.sock", pair="starter")
-    yield running
-    running.stop()
+    yield from start_starter_server(tmp_path_factory, "forced-write")
 
 
 def repro_request() -> dict[str, Any]:

@@ -40,7 +40,7 @@ from app.errors import ServerAlreadyRunningError
 from app.settings import Settings
 from backends.engine import Engine
 from tests.fakes import HashModel
-from tests.model_files import SMOLLM2_KEY, models_dir, require_model
+from tests.model_files import DRAFT_KEY, SMOLLM2_KEY, TARGET_KEY, models_dir, require_model
 from tests.real_runtimes import assert_parts_only_at_a_near_tie
 from tests.test_cli_generate import REPO, assert_clean_error, run_draftpen
 
@@ -118,6 +118,18 @@ def start_server(home: Path, socket_path: Path, *options: str, pair: str = PAIR)
         pytest.fail(f"draftpen serve did not start: {line!r}\n{log_path.read_text()}")
     assert line.strip() == f"{LISTENING}{socket_path}"
     return RunningServer(process, socket_path, log_path)
+
+
+def start_starter_server(
+    tmp_path_factory: pytest.TempPathFactory, home_name: str
+) -> Iterator[RunningServer]:
+    """``draftpen serve --pair starter`` in a new home, for a module's fixture to yield."""
+    require_model(TARGET_KEY)
+    require_model(DRAFT_KEY)
+    home = tmp_path_factory.mktemp(home_name)
+    running = start_server(home, home / "starter.sock", pair="starter")
+    yield running
+    running.stop()
 
 
 @pytest.fixture(scope="module")

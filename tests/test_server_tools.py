@@ -26,8 +26,7 @@ from backends.base import ChatMessage, ToolSpec
 from backends.output.chat_template import render_chat
 from backends.output.output_constraints import ConstraintSpec
 from tests.byte_model import BYTE_OFFSET, ScriptedByteModel
-from tests.model_files import DRAFT_KEY, TARGET_KEY, require_model
-from tests.test_server import RunningServer, start_server
+from tests.test_server import RunningServer, start_starter_server
 from tests.tui_helpers import RecordingEngine
 
 # A Hermes-style template in the byte model's own turn markers: it shows the tools,
@@ -429,12 +428,7 @@ WEATHER_SYSTEM = (
 @pytest.fixture(scope="module")
 def starter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """``draftpen serve --pair starter`` on a socket."""
-    require_model(TARGET_KEY)
-    require_model(DRAFT_KEY)
-    home = tmp_path_factory.mktemp("starter-home")
-    running = start_server(home, home / "starter.sock", pair="starter")
-    yield running
-    running.stop()
+    yield from start_starter_server(tmp_path_factory, "starter-home")
 
 
 def weather_turn(server: RunningServer, messages: list[dict[str, Any]], **fields: Any) -> Any:

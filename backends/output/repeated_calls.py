@@ -107,13 +107,17 @@ class RepeatedCallStop:
     def _safe_end(self, answer_at: int) -> int:
         """How far the text may be shown: up to where a possible repeat begins."""
         parser = self._parser
-        answer = self._text[answer_at:]
+        text = self._text
         # Text the parser has not decided yet may begin a call (``<tool_`` ...).
         safe = parser.decided
         since = parser.call_since
         if since is not None and parser.call_spans:
-            written = answer[since:]
-            if any(answer[start:end].startswith(written) for start, end in parser.call_spans):
+            # Only the call being written is sliced, not the whole answer, each round.
+            written = text[answer_at + since :]
+            if any(
+                len(written) <= end - start and text.startswith(written, answer_at + start)
+                for start, end in parser.call_spans
+            ):
                 safe = min(safe, since)
         return max(answer_at + safe, self._shown)
 
