@@ -12,6 +12,8 @@ from collections.abc import Callable
 from app.calibration_store import ensure_calibrated
 from app.models.pair_files import ResolvedPair, pair_files
 from backends.caches.conversation_cache import ConversationCache
+from backends.caches.disk_prefixes import DiskPrefixes
+from backends.caches.prefix_store import PrefixStore
 from backends.engine import DRAFTER_CHOICES, Engine
 from backends.select import choose_runtime, load_model
 
@@ -27,6 +29,7 @@ def load_engine(
     calibrate: bool = True,
     exact_output: bool = False,
     conversation_cache_bytes: int = 0,
+    prefix_store: PrefixStore | None = None,
     on_progress: Callable[[str], None] | None = None,
 ) -> Engine:
     """Load a downloaded pair; raises a DraftpenError/BackendError that says what to do.
@@ -35,7 +38,8 @@ def load_engine(
     measured in seconds), which the "auto" drafter needs. ``exact_output`` loads the
     target with kernels whose verify batches round like plain decoding.
     ``conversation_cache_bytes`` > 0 lets the engine keep that much of conversations'
-    KV state in RAM (the engine process does; one-shot commands need none).
+    KV state in RAM (the engine process does; one-shot commands need none). With a
+    ``prefix_store`` prompts' prefixes are saved to disk and loaded from it.
     """
     chosen_runtime = choose_runtime(runtime)
     resolved = pair_files(pair_name, chosen_runtime)
@@ -57,7 +61,8 @@ def load_engine(
         conversations = (
             ConversationCache(conversation_cache_bytes) if conversation_cache_bytes > 0 else None
         )
-        engine = Engine(target, draft, conversations=conversations)
+        prefixes = DiskPrefixes(prefix_store) if prefix_store is not None else None
+        engine = Engine(target, draft, conversations=conversations, prefixes=prefixes)
         if with_draft and resolved.variant.uses_mtp:
             _use_mtp_head(engine, resolved, report)
         if calibrate:

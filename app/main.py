@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from app.bench import command as bench_command
+from app.cli import cache as cache_command
 from app.cli import doctor, generate, launch
 from app.cli import models as cli_models
 from app.engine import command as server_command
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     server_command.register(commands)
     doctor.register(commands)
     launch.register(commands)
+    cache_command.register(commands)
     return parser
 
 

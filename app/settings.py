@@ -140,6 +140,10 @@ class Settings:
     # taking turns do not re-read each other's prompts: "auto" (an eighth of this
     # machine's RAM), "0" (keep none), or a size such as "2GiB" or "512MB".
     conversation_cache: str = "auto"
+    # Disk the engine may use to keep prompts' prefixes (an agent's system prompt and
+    # tools) across engines, so a new session loads them instead of reading them:
+    # "auto" (a fifth of the free disk, at most 20 GiB), "0" (off), or a size.
+    prefix_cache: str = "auto"
 
     def __post_init__(self) -> None:
         problem = _range_problem(self)
@@ -175,12 +179,19 @@ def _range_problem(settings: Settings) -> str | None:
             parse_byte_size(settings.conversation_cache) is not None,
             f"conversation_cache must be {BYTE_SIZE_HINT}, not {settings.conversation_cache!r}",
         ),
+        (
+            parse_byte_size(settings.prefix_cache) is not None,
+            f"prefix_cache must be {BYTE_SIZE_HINT}, not {settings.prefix_cache!r}",
+        ),
     ]
     return next((message for ok, message in checks if not ok), None)
 
 
 # "auto" keeps conversations in this share of the machine's RAM.
 AUTO_CONVERSATION_CACHE_SHARE = 1 / 8
+# "auto" keeps prompt prefixes in this share of the free disk, up to the cap.
+AUTO_PREFIX_CACHE_SHARE = 1 / 5
+AUTO_PREFIX_CACHE_CAP = 20 << 30
 BYTE_SIZE_HINT = '"auto", "0" (off) or a size such as "2GiB", "512MB" or "1500000000"'
 _SIZE_UNITS = {
     "": 1,
@@ -237,6 +248,30 @@ def conversation_cache_bytes(value: str, total_ram: int | None = None) -> int:
             total_ram = int(psutil.virtual_memory().total)
         return int(total_ram * AUTO_CONVERSATION_CACHE_SHARE)
     return size
+
+
+def prefix_cache_bytes(value: str, free_disk: int | None = None) -> int:
+    """The byte budget a ``prefix_cache`` value names ("auto": a share of the free disk
+    under the cache directory, with a cap). Raises :class:`SettingsError` for text
+    that is not a size."""
+    size = parse_byte_size(value)
+    if size is None:
+        raise SettingsError(f"prefix cache size must be {BYTE_SIZE_HINT}, not {value!r}")
+    if size == "auto":
+        if free_disk is None:
+            import shutil
+
+            place = cache_dir()
+            while not place.exists() and place != place.parent:
+                place = place.parent
+            free_disk = shutil.disk_usage(place).free
+        return min(int(free_disk * AUTO_PREFIX_CACHE_SHARE), AUTO_PREFIX_CACHE_CAP)
+    return size
+
+
+def prefix_cache_dir() -> Path:
+    """Where saved prompt prefixes live (they hold prompts' content: kept private)."""
+    return cache_dir() / "prefixes"
 
 
 def _field_types() -> dict[str, type]:

@@ -9,9 +9,9 @@ a runtime may return a view into its own buffer, valid only until its next call 
 from __future__ import annotations
 
 import codecs
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -209,6 +209,39 @@ class SavesSequenceState(Protocol):
         Raises ``ValueError`` for a state another model saved; on a runtime failure
         the cache is left empty (never half-restored) and ``DecodeError`` is raised.
         """
+        ...
+
+
+@dataclass(frozen=True)
+class SavePoint:
+    """Where the loop should pause reading a prompt so the target's state can be kept
+    (``backends/caches/disk_prefixes.py``): ``reached()`` is called once the target
+    holds exactly the prompt's first ``position`` tokens."""
+
+    position: int
+    reached: Callable[[], None]
+
+
+@runtime_checkable
+class PersistsSequenceState(SavesSequenceState, Protocol):
+    """A model whose saved states can be written to a file and read back by a later
+    process (an optional capability; ``backends/caches/disk_prefixes.py`` uses it)."""
+
+    def state_identity(self) -> Mapping[str, object]:
+        """Everything that must match before a state saved by another process may be
+        loaded here: the runtime build, cache types, kernels, and under ``weights`` the
+        path of the model's file or directory (the cache fingerprints its content)."""
+        ...
+
+    def write_state(self, state: SequenceState, file: BinaryIO) -> None:
+        """Write ``state``'s runtime data to ``file``. Runs on the cache's writer thread,
+        so it must not touch the runtime: only the copy ``save_state`` made."""
+        ...
+
+    def read_state(self, tokens: Sequence[int], file: BinaryIO, nbytes: int) -> SequenceState:
+        """Read ``nbytes`` written by ``write_state`` back as a state this model can
+        restore (``tokens`` are its positions). Raises ``ValueError`` for data it cannot
+        use; a runtime that refuses it at restore raises ``DecodeError`` there."""
         ...
 
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backends.base import ChatMessage, Model, ToolSpec, rollback_limit
+from backends.base import ChatMessage, Model, SavePoint, ToolSpec, rollback_limit
 from backends.caches.conversation_cache import ConversationCache
+from backends.caches.disk_prefixes import DiskPrefixes
 from backends.errors import BackendError
 from backends.generation_events import MAX_TOP_LOGPROBS, GenerationEvent
 from backends.output.chat_template import model_chat_template
@@ -93,7 +94,8 @@ class Engine:
 
     With ``conversations`` (a :class:`ConversationCache`) the engine keeps several
     conversations' KV state: a request that continues a kept conversation reads only
-    its new tokens, whatever ran in between.
+    its new tokens, whatever ran in between. With ``prefixes`` (:class:`DiskPrefixes`)
+    prompts' prefixes are saved to disk and loaded by later engines.
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class Engine:
         *,
         costs: CostModel | None = None,
         conversations: ConversationCache | None = None,
+        prefixes: DiskPrefixes | None = None,
     ) -> None:
         if draft is not None:
             check_pair(target, draft).raise_if_incompatible(target.name, draft.name)
@@ -110,6 +113,7 @@ class Engine:
         self.draft = draft
         self.costs = costs
         self.conversations = conversations
+        self.prefixes = prefixes
         self._model_drafter = ModelDrafter(draft) if draft is not None else None
         # The target's own multi-token-prediction head, where its file and runtime have one.
         own_head = getattr(target, "mtp_head", None)
@@ -279,11 +283,12 @@ class Engine:
     ) -> Iterator[GenerationEvent]:
         """Run the speculative loop for ``request`` (under its grammar, if it has one).
 
-        With a conversation cache, the models' caches are prepared first: the state
-        left by the last generation is kept if this prompt would overwrite it, and the
-        kept conversation this prompt continues is brought back.
+        With a conversation cache or a prefix cache on disk, the models' caches are
+        prepared first: the state left by the last generation is kept if this prompt
+        would overwrite it, and the kept or saved state this prompt continues is
+        brought back. After the reply the draft's state may be saved to disk.
         """
-        return speculative_generate(
+        events = speculative_generate(
             self.target,
             request.prompt_tokens,
             policy=self.policy_for(request),
@@ -296,30 +301,59 @@ class Engine:
             prepare_cache=self._cache_preparer(request),
             repeated_calls=repeated_call_stop(request.constraint, request.reasoning),
         )
+        draft = self._draft_in_use(request)
+        if self.prefixes is None or draft is None:
+            return events
+        return _then_save_draft(events, self.prefixes, draft)
 
-    def _cache_preparer(self, request: GenerationRequest) -> Callable[[Sequence[int]], None] | None:
-        """What brings kept conversations back before the loop reads ``request``'s prompt."""
-        conversations = self.conversations
-        if conversations is None:
-            return None
-        # The draft model's cache matters only where this request may draft with it
-        # (a caller's prediction replaces the drafter when one is named).
+    def _draft_in_use(self, request: GenerationRequest) -> Model | None:
+        """The draft model, where this request may draft with it (a caller's
+        prediction replaces the drafter when one is named)."""
         uses_draft = self.draft is not None and (
             request.drafter == "auto" or (request.drafter == "model" and not request.prediction)
         )
-        draft = self.draft if uses_draft else None
+        return self.draft if uses_draft else None
 
-        def prepare(prompt: Sequence[int]) -> None:
-            conversations.prepare("target", self.target, prompt)
-            if draft is not None:
-                conversations.prepare("draft", draft, prompt)
+    def _cache_preparer(
+        self, request: GenerationRequest
+    ) -> Callable[[Sequence[int]], SavePoint | None] | None:
+        """What brings kept or saved states back before the loop reads ``request``'s
+        prompt, and says where reading it should pause to save the target's state."""
+        conversations, prefixes = self.conversations, self.prefixes
+        if conversations is None and prefixes is None:
+            return None
+        draft = self._draft_in_use(request)
+        roles = [("target", self.target)] + ([("draft", draft)] if draft is not None else [])
+
+        def prepare(prompt: Sequence[int]) -> SavePoint | None:
+            for role, model in roles:
+                if conversations is not None:
+                    conversations.prepare(role, model, prompt)
+                if prefixes is not None:
+                    prefixes.load(role, model, prompt)
+            return prefixes.save_point("target", self.target, prompt) if prefixes else None
 
         return prepare
 
     def close(self) -> None:
-        """Free both models and the conversations kept for them."""
+        """Finish writing prefixes to disk, then free both models and the conversations
+        kept for them."""
+        if self.prefixes is not None:
+            self.prefixes.close()
         if self.conversations is not None:
             self.conversations.clear()
         self.target.close()
         if self.draft is not None:
             self.draft.close()
+
+
+def _then_save_draft(
+    events: Iterator[GenerationEvent], prefixes: DiskPrefixes, draft: Model
+) -> Iterator[GenerationEvent]:
+    """``events``, then (once the reply is whole and delivered) the draft's state saved.
+
+    Only a reply that ran to its end: a consumer that stops early closes the generator
+    and nothing is saved for it.
+    """
+    yield from events
+    prefixes.save_after_reply("draft", draft)

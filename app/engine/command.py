@@ -19,9 +19,11 @@ Ctrl+C).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import signal
+import sqlite3
 import sys
 import threading
 from collections.abc import Callable
@@ -32,10 +34,13 @@ from app.engine.queue import DEFAULT_QUEUE_LIMIT
 from app.errors import DraftpenError
 from app.options import add_model_options
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from app.client.api_key import ApiKey
     from app.engine.scheduler import LoadOptions, PairLoader, PairScheduler
     from app.settings import Settings
+    from backends.caches.prefix_store import PrefixStore
 
 # Ollama's default keep-alive, and how long an engine started by a front end waits for
 # work once the last front end has gone.
@@ -143,6 +148,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "2GiB (default: the conversation_cache setting, auto)",
     )
     serve.add_argument(
+        "--prefix-cache",
+        default=None,
+        metavar="SIZE",
+        help="disk for keeping prompts' prefixes (an agent's system prompt and tools) "
+        "across engines, so a new session loads them instead of reading them: auto (a "
+        "fifth of the free disk, at most 20 GiB), 0 (off) or a size such as 8GiB "
+        "(default: the prefix_cache setting, auto); `draftpen cache` lists and clears it",
+    )
+    serve.add_argument(
         "--log-file",
         default=None,
         metavar="PATH",
@@ -207,7 +221,11 @@ def run_serve(args: argparse.Namespace) -> int:
     defaults = LoadOptions(
         context_length=args.context or settings.context_length, exact=settings.exact_output
     )
-    loader = catalog_loader(runtime, conversation_cache_bytes=cache_bytes)
+    loader = catalog_loader(
+        runtime,
+        conversation_cache_bytes=cache_bytes,
+        prefix_store=_prefix_store(args.prefix_cache, settings),
+    )
     scheduler = PairScheduler(loader, defaults, keep_alive=keep_alive)
 
     # SIGTERM (systemd, launchd, kill) means "stop cleanly": while serving, uvicorn
@@ -283,6 +301,27 @@ def _refuse_if_taken(socket_path: Path) -> None:
         raise ServeError(str(error)) from error
     if running is not None:
         raise ServerAlreadyRunningError(str(socket_path))
+
+
+def _prefix_store(option: str | None, settings: Settings) -> PrefixStore | None:
+    """The disk cache of prompt prefixes ``--prefix-cache`` (else the setting) asks
+    for; None when it is off or its directory cannot be made (logged: the engine runs
+    without it)."""
+    from app.settings import BYTE_SIZE_HINT, prefix_cache_bytes, prefix_cache_dir
+    from backends.caches.prefix_store import PrefixStore
+
+    try:
+        budget = prefix_cache_bytes(option if option is not None else settings.prefix_cache)
+    except DraftpenError:
+        raise DraftpenError(f"--prefix-cache wants {BYTE_SIZE_HINT}, not {option!r}.") from None
+    if budget == 0:
+        return None
+    directory = prefix_cache_dir()
+    try:
+        return PrefixStore(directory, budget)
+    except (OSError, sqlite3.Error) as error:
+        log.warning("prefix cache off: %s cannot be used (%s)", directory, error)
+        return None
 
 
 def _conversation_cache_bytes(option: str | None, settings: Settings) -> int:

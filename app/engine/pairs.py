@@ -17,6 +17,7 @@ from app.engine.crash_record import load_watched
 from app.engine.scheduler import LoadOptions, PairLoader
 from app.engine.schema import ApiError
 from app.errors import DraftpenError
+from backends.caches.prefix_store import PrefixStore
 from backends.engine import Engine
 
 
@@ -89,11 +90,17 @@ class CatalogPairs:
             raise model_not_found(f"{error} Downloaded pairs: {known}.") from None
 
 
-def catalog_loader(runtime: str | None, *, conversation_cache_bytes: int = 0) -> PairLoader:
+def catalog_loader(
+    runtime: str | None,
+    *,
+    conversation_cache_bytes: int = 0,
+    prefix_store: PrefixStore | None = None,
+) -> PairLoader:
     """Loads a catalog pair with its draft model and this machine's measured costs.
 
     ``conversation_cache_bytes`` > 0: the engine keeps that much of conversations' KV
-    state, so interleaved conversations do not re-read their prompts.
+    state, so interleaved conversations do not re-read their prompts. ``prefix_store``:
+    prompts' prefixes are kept on disk for later engines too.
     """
 
     def load(name: str, options: LoadOptions, report: Callable[[str], None]) -> Engine:
@@ -108,6 +115,7 @@ def catalog_loader(runtime: str | None, *, conversation_cache_bytes: int = 0) ->
                 runtime=runtime,
                 exact_output=options.exact,
                 conversation_cache_bytes=conversation_cache_bytes,
+                prefix_store=prefix_store,
                 on_progress=report,
             ),
         )

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from backends.llamacpp.rollback import (
     flush_replay,
     holds_recurrent_state,
 )
+from backends.llamacpp.state_files import read_payload, state_identity, write_payload
 from backends.llamacpp.vocab import LlamaCppTokens
 
 
@@ -82,6 +83,8 @@ class LlamaCppModel(LlamaCppTokens):
         if gpu_layers is None:
             gpu_layers = 999 if self.gpu_offload else 0
         self.exact_kernels = exact_kernels
+        self.gpu_layers = gpu_layers
+        self.bf16_v_cache = exact_kernels and gpu_layers == 0
         params = model_params(gpu_layers=gpu_layers, load_mtp=load_mtp, exact_kernels=exact_kernels)
         recent_errors.clear()
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
@@ -105,7 +108,7 @@ class LlamaCppModel(LlamaCppTokens):
             n_batch=n_batch,
             threads=threads,
             recurrent_snapshots=snapshots if self.recurrent else None,
-            bf16_v_cache=exact_kernels and gpu_layers == 0,
+            bf16_v_cache=self.bf16_v_cache,
         )
         # Flash attention stays at llama.cpp's default (auto, on for the CPU): without it
         # the first row of a verify batch differs from a single-token decode (measured:
@@ -345,6 +348,25 @@ class LlamaCppModel(LlamaCppTokens):
         self._tokens = list(state.tokens)
         if self._recurrent is not None:
             self._recurrent.reset(len(self._tokens))
+
+    def state_identity(self) -> Mapping[str, object]:
+        """What a state saved by another process must match to be loaded here."""
+        return state_identity(
+            self.path,
+            n_batch=self.n_batch,
+            gpu_layers=self.gpu_layers,
+            exact_kernels=self.exact_kernels,
+            bf16_v_cache=self.bf16_v_cache,
+            mtp_layers=self.mtp_layers,
+        )
+
+    def write_state(self, state: SequenceState, file: BinaryIO) -> None:
+        """Write a saved state's bytes (touches only the copy, not the runtime)."""
+        write_payload(state.payload, file)
+
+    def read_state(self, tokens: Sequence[int], file: BinaryIO, nbytes: int) -> SequenceState:
+        """A state written by ``write_state``, for ``restore_state``."""
+        return SequenceState(tuple(tokens), nbytes, read_payload(file, nbytes), owner=self)
 
     def _live_context(self) -> Any:
         if not self._context:

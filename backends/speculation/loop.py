@@ -31,7 +31,13 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from backends.base import IncrementalDetokenizer, Model, reusable_prefix, rollback_limit
+from backends.base import (
+    IncrementalDetokenizer,
+    Model,
+    SavePoint,
+    reusable_prefix,
+    rollback_limit,
+)
 from backends.errors import ContextOverflowError
 from backends.generation_events import (
     FINISH_CANCELLED,
@@ -69,7 +75,7 @@ def speculative_generate(
     cancel: threading.Event | None = None,
     constraint: GrammarState | None = None,
     logprobs: int | None = None,
-    prepare_cache: Callable[[Sequence[int]], None] | None = None,
+    prepare_cache: Callable[[Sequence[int]], SavePoint | None] | None = None,
     repeated_calls: RepeatedCallStop | None = None,
 ) -> Iterator[GenerationEvent]:
     """Generate from ``prompt_tokens``, yielding one event per round.
@@ -84,7 +90,9 @@ def speculative_generate(
     The target's cache is reused where it already holds a prefix of the prompt (a
     chat's earlier turns); ``prepare_cache(prompt_tokens)``, when given, runs first and
     may put a better starting state into the caches (a kept conversation, see
-    ``backends/caches/conversation_cache.py``); its time counts as reading the prompt.
+    ``backends/caches/conversation_cache.py``; a prefix saved on disk,
+    ``disk_prefixes.py``); its time counts as reading the prompt. It may return a
+    :class:`SavePoint`: reading the prompt pauses there while the state is kept.
 
     Stops at an end-of-generation token, a stop string (which is not shown),
     ``max_tokens``, a full context, or when ``cancel`` is set (checked between
@@ -110,8 +118,7 @@ def speculative_generate(
     rng = np.random.default_rng(params.seed)
     stats = StatsAccumulator(prompt_tokens=len(prompt_tokens))
     started = time.perf_counter()
-    if prepare_cache is not None:
-        prepare_cache(prompt_tokens)
+    save_point = prepare_cache(prompt_tokens) if prepare_cache is not None else None
 
     # Prefill everything but the last prompt token, without logits; that token is the
     # first round's "pending" token, evaluated together with the first drafts.
@@ -121,7 +128,7 @@ def speculative_generate(
     # is read again (counted as read, not as reused).
     stats.cached_prompt_tokens = reusable_prefix(target, reuse)
     target.rollback(reuse)
-    read_whole = _prefill(target, prompt_tokens[reuse:-1], cancel)
+    read_whole = _read_prompt(target, prompt_tokens, reuse, save_point, cancel)
     stats.prefill_seconds = time.perf_counter() - started
     stats.decode_started = time.perf_counter()
     previous_round_end = stats.decode_started
@@ -285,6 +292,24 @@ def speculative_generate(
         )
         if finish is not None:
             return
+
+
+def _read_prompt(
+    target: Model,
+    prompt_tokens: Sequence[int],
+    reuse: int,
+    save_point: SavePoint | None,
+    cancel: threading.Event | None,
+) -> bool:
+    """Read the prompt from ``reuse`` up to its last token, pausing at ``save_point``
+    (when it lies ahead) so the state there can be kept; False if cancelled."""
+    end = len(prompt_tokens) - 1
+    if save_point is not None and reuse <= save_point.position <= end:
+        if not _prefill(target, prompt_tokens[reuse : save_point.position], cancel):
+            return False
+        save_point.reached()
+        reuse = save_point.position
+    return _prefill(target, prompt_tokens[reuse:end], cancel)
 
 
 def _prefill(target: Model, tokens: Sequence[int], cancel: threading.Event | None) -> bool:

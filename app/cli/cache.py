@@ -1,0 +1,114 @@
+"""``draftpen cache``: what the engine keeps of prompts on disk, and clearing it.
+
+The engine saves the state of long prompts' prefixes (an agent's system prompt and
+tools) under ``<cache dir>/prefixes`` so a later engine loads them instead of reading
+them (``backends/caches/disk_prefixes.py``). They hold the prompts' content; this
+command lists them (model, tokens, size, last used) and deletes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+import time
+from typing import TextIO
+
+from app.errors import DraftpenError
+from app.models.disk import format_bytes
+from app.settings import load_settings, prefix_cache_bytes, prefix_cache_dir
+from backends.caches.prefix_store import PrefixStore, StoredPrefix
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``cache`` (list) and ``cache clear``."""
+    cache = subparsers.add_parser(
+        "cache",
+        help="list or clear the prompt prefixes the engine keeps on disk",
+        description="The engine keeps the state of long prompts' prefixes on disk, so a "
+        "new session loads them instead of reading them again. They hold your prompts' "
+        "content. The prefix_cache setting (or serve --prefix-cache) sets their budget.",
+    )
+    cache.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    cache.set_defaults(func=list_command)
+    commands = cache.add_subparsers(dest="cache_command", metavar="COMMAND")
+    clear = commands.add_parser("clear", help="delete every kept prefix")
+    clear.set_defaults(func=clear_command)
+
+
+def list_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Print what is kept, newest first, and the budget."""
+    store = _open_store()
+    entries = store.entries()
+    budget = prefix_cache_bytes(load_settings().prefix_cache)
+    if getattr(args, "json", False):
+        json.dump(
+            {
+                "directory": str(store.directory),
+                "budget_bytes": budget,
+                "used_bytes": store.used_bytes(),
+                "entries": [_as_dict(entry) for entry in entries],
+            },
+            out,
+            indent=2,
+        )
+        out.write("\n")
+        return 0
+    out.write(f"Prompt prefixes kept in {store.directory}\n")
+    if not entries:
+        out.write("none yet: the engine saves a prompt's prefix once it has read 1,024 tokens\n")
+    else:
+        out.write(f"{'model':<48} {'tokens':>8} {'size':>10}  last used\n")
+        now = time.time()
+        for entry in entries:
+            out.write(
+                f"{entry.label:<48} {entry.tokens:>8,} {format_bytes(entry.nbytes):>10}  "
+                f"{_ago(now - entry.last_used)}\n"
+            )
+    off = " (off: prefix_cache is 0)" if budget == 0 else ""
+    out.write(
+        f"{format_bytes(store.used_bytes())} used of {format_bytes(budget)}{off}; "
+        "`draftpen cache clear` deletes them\n"
+    )
+    return 0
+
+
+def clear_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Delete every kept prefix (a running engine simply saves new ones)."""
+    store = _open_store()
+    freed = store.used_bytes()
+    count = store.clear()
+    out.write(f"Deleted {count} kept prompt prefixes ({format_bytes(freed)}).\n")
+    return 0
+
+
+def _open_store() -> PrefixStore:
+    directory = prefix_cache_dir()
+    try:
+        # The budget matters only when saving; listing and clearing never evict.
+        return PrefixStore(directory, budget_bytes=1 << 62)
+    except (OSError, sqlite3.Error) as error:
+        raise DraftpenError(
+            f"The prompt prefix cache in {directory} cannot be opened ({error}). "
+            "Check its permissions, or delete the directory: it holds nothing that "
+            "cannot be rebuilt."
+        ) from error
+
+
+def _as_dict(entry: StoredPrefix) -> dict[str, object]:
+    return {
+        "model": entry.label,
+        "tokens": entry.tokens,
+        "bytes": entry.nbytes,
+        "created": entry.created,
+        "last_used": entry.last_used,
+    }
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return "just now"
