@@ -628,8 +628,13 @@ def test_fields_and_headers_claude_code_sends_are_accepted(tmp_path: Path):
         params = served.engine.requests[0].params
     assert response.status_code == 200, response.text
     assert response.json()["content"] == [{"type": "text", "text": ANSWER}]
-    assert "x-anthropic-billing-header: cc_version=2.1\nYou are an agent." in shown
-    assert "Available agent types: none." in shown
+    # The per-session billing header is dropped: it would end the prefix that every
+    # session shares before the tools (the disk prefix cache would never be used).
+    assert "x-anthropic-billing-header" not in shown and "You are an agent." in shown
+    # The system turn sent after the first question stands before it, so the next
+    # session's question comes after everything the sessions share.
+    assert shown.index("Available agent types: none.") < shown.index("hi")
+    assert shown.index("You are an agent.") < shown.index("Available agent types: none.")
     assert (params.temperature, params.top_p, params.top_k) == (1.0, 0.9, 40)
 
 
@@ -649,3 +654,30 @@ def test_the_sdk_over_tcp_needs_the_key_as_x_api_key_or_bearer(tmp_path: Path):
     assert blocks(keyed) == blocks(bearer) == [{"type": "text", "text": ANSWER}]
     assert refused.value.status_code == 401
     assert refused.value.body["error"]["type"] == "authentication_error"
+
+
+def test_only_system_turns_before_the_first_reply_move_before_the_question():
+    from app.engine.dialects.anthropic_schema import MessagesRequest, parse_messages_request
+    from app.engine.dialects.anthropic_translation import chat_request
+
+    body = {
+        "model": "scripted",
+        "max_tokens": 16,
+        "system": "You are an agent.",
+        "messages": [
+            {"role": "user", "content": "first question"},
+            {"role": "system", "content": "agent types"},
+            {"role": "assistant", "content": "an answer"},
+            {"role": "system", "content": "a later note"},
+            {"role": "user", "content": "second question"},
+        ],
+    }
+    request = chat_request(parse_messages_request(MessagesRequest, body))
+    assert [(m.role, m.content) for m in request.messages] == [
+        ("system", "You are an agent."),
+        ("system", "agent types"),
+        ("user", "first question"),
+        ("assistant", "an answer"),
+        ("system", "a later note"),
+        ("user", "second question"),
+    ]

@@ -98,6 +98,7 @@ def test_claude_code_gets_the_engine_in_its_environment_and_its_arguments_unchan
     for name in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL"):
         assert env[name] == "starter"
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
     # A CPU reads Claude Code's prompt for minutes before its first event.
     assert int(env["API_TIMEOUT_MS"]) >= 30 * 60 * 1000
     assert int(env["CLAUDE_STREAM_IDLE_TIMEOUT_MS"]) >= 30 * 60 * 1000

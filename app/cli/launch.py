@@ -14,8 +14,8 @@ Each CLI takes its settings its own way:
 
 - Claude Code (Anthropic Messages, ``/v1/messages``): ``ANTHROPIC_BASE_URL``,
   ``ANTHROPIC_AUTH_TOKEN`` (the key, as a bearer token), ``ANTHROPIC_MODEL`` and the
-  small/fast and per-tier model names (the pair), and
-  ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC``.
+  small/fast and per-tier model names (the pair),
+  ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC`` and ``CLAUDE_CODE_ATTRIBUTION_HEADER=0``.
 - Codex CLI (OpenAI Responses, ``/v1/responses``): ``-c`` overrides defining a
   ``draftpen`` model provider (``wire_api = "responses"``, its key read from
   ``DRAFTPEN_API_KEY``) and choosing it and the pair.
@@ -186,6 +186,10 @@ def agent_plan(
                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             }
         )
+        # No per-session attribution block at the top of the system prompt: it would
+        # make every session read the whole prompt again (the engine drops it too,
+        # for Claude Code started by hand).
+        environment.setdefault("CLAUDE_CODE_ATTRIBUTION_HEADER", "0")
         environment.setdefault("API_TIMEOUT_MS", str(SLOW_FIRST_TOKEN_MS))
         # Claude Code also drops a stream that sends no event for 5 minutes (SSE
         # comments do not count) and retries without streaming, reading the prompt again.

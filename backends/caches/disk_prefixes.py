@@ -88,6 +88,10 @@ class DiskPrefixStats:
 class _Identity:
     key: str
     label: str
+    # A KV cache under the fast kernels: a loaded state may be cut back anywhere. Under
+    # exact kernels only at a block boundary (the rest is then read in the batches a
+    # read from the start would use), and never a recurrent state.
+    cuts_anywhere: bool
 
 
 @dataclass(frozen=True)
@@ -143,15 +147,20 @@ class DiskPrefixes:
             log.warning("prefix cache: an entry's tokens do not match its index; deleted")
             self.store.discard(hit.entry)
             return live
+        kept = hit.tokens
+        if identity.cuts_anywhere and len(tokens) > hit.tokens:
+            # The saved state may share more than whole blocks (the prompt leaves it
+            # inside a block): keep all it shares.
+            kept = min(common_prefix_length(tokens, prompt), len(prompt) - 1)
         try:
             model.restore_state(state)
         except (DecodeError, ValueError) as error:
             log.warning("prefix cache: %s refused a saved state (%s); deleted", model.name, error)
             self.store.discard(hit.entry)
             return 0 if isinstance(error, DecodeError) else live
-        model.rollback(hit.tokens)
-        self._count(loaded=1, loaded_tokens=hit.tokens, load_seconds=time.perf_counter() - started)
-        return hit.tokens
+        model.rollback(kept)
+        self._count(loaded=1, loaded_tokens=kept, load_seconds=time.perf_counter() - started)
+        return kept
 
     def save_point(self, role: str, model: Model, prompt: Sequence[int]) -> SavePoint | None:
         """Where reading ``prompt`` should pause to save ``model``'s state, if its last
@@ -216,6 +225,11 @@ class DiskPrefixes:
         self._pending.put(None)
         self._writer.join(timeout=5)
 
+    def key_for(self, model: Model) -> str | None:
+        """The key ``model``'s states are saved under (None: it cannot save them)."""
+        identity = self._identity("", model)
+        return identity.key if identity is not None else None
+
     # -- the parts ---------------------------------------------------------------
 
     def _identity(self, role: str, model: Model) -> _Identity | None:
@@ -228,7 +242,11 @@ class DiskPrefixes:
         weights = identity.get("weights")
         if weights is not None:
             identity["weights"] = file_identity(str(weights))
-        made = _Identity(identity_key(identity), f"{getattr(model, 'name', '?')} ({role})")
+        cuts_anywhere = not getattr(model, "recurrent", False) and not identity.get(
+            "exact_kernels", False
+        )
+        label = f"{getattr(model, 'name', '?')} ({role})"
+        made = _Identity(identity_key(identity), label, cuts_anywhere)
         self._identities[id(model)] = made
         return made
 

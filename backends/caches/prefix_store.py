@@ -314,8 +314,7 @@ class PrefixStore:
     ) -> int:
         """Write one file; the bytes it takes."""
         header = json.dumps({"key": key, "label": label, "tokens": len(tokens)}).encode()
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as raw:
+        with _open_new(path) as raw:
             raw.write(MAGIC + struct.pack("<I", len(header)) + header)
             checked = _ChecksumFile(raw)  # type: ignore[arg-type]
             checked.write(np.asarray(tokens, dtype="<i4"))
@@ -386,6 +385,12 @@ def _read_header(raw: BinaryIO) -> dict[str, object]:
     if not isinstance(header, dict):
         raise CorruptPrefixError("its header is damaged")
     return header
+
+
+def _open_new(path: Path) -> BinaryIO:
+    """A new file only its owner can read (it will hold a prompt's content)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    return os.fdopen(descriptor, "wb")
 
 
 def _age(path: Path, now: float) -> float:

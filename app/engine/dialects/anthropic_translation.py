@@ -77,7 +77,7 @@ def _chat_messages(request: CountTokensRequest) -> tuple[list[dict[str, Any]], l
     origins: list[str] = []
     system = request.system
     if system:
-        text = system if isinstance(system, str) else "\n".join(block.text for block in system)
+        text = system if isinstance(system, str) else _system_text(system)
         messages.append({"role": "system", "content": text})
         origins.append("system")
     for index, message in enumerate(request.messages):
@@ -116,7 +116,53 @@ def _chat_messages(request: CountTokensRequest) -> tuple[list[dict[str, Any]], l
         if texts or not blocks:
             messages.append({"role": "user", "content": "\n".join(texts)})
             origins.append(where)
-    return messages, origins
+    return _context_before_the_question(messages, origins)
+
+
+# Claude Code's first system block names its version and a hash of the session's first
+# prompt ("x-anthropic-billing-header: cc_version=2.1.197.84c; ..."): attribution for
+# Anthropic's API, meaningless to a local model, and different in nearly every session.
+# Left in, it sits before the 18k tokens of tools and every new session reads them all
+# again; left out, the saved prefix of the last session serves the next
+# (backends/caches/disk_prefixes.py).
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _system_text(blocks: list[TextBlock]) -> str:
+    """The system prompt's blocks as one text, without the per-session billing header."""
+    kept = [block.text for block in blocks if not block.text.startswith(BILLING_HEADER)]
+    return "\n".join(kept)
+
+
+def _context_before_the_question(
+    messages: list[dict[str, Any]], origins: list[str]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """System turns sent between the first user message and the first reply, moved
+    just before that user message.
+
+    Claude Code sends its agent types and skills (~1,400 tokens) as a system turn after
+    the session's first question. Where they stand, each new session's question comes
+    before them and they are read again; before the question, they belong to the
+    prefix every session shares. Every request of a session moves them the same way,
+    so the model reads one conversation throughout it.
+    """
+    roles = [message["role"] for message in messages]
+    if "user" not in roles:
+        return messages, origins
+    first_user = roles.index("user")
+    end = next(
+        (i for i in range(first_user, len(roles)) if roles[i] in ("assistant", "tool")),
+        len(roles),
+    )
+    moved = [i for i in range(first_user, end) if roles[i] == "system"]
+    if not moved:
+        return messages, origins
+    order = (
+        list(range(first_user))
+        + moved
+        + [i for i in range(first_user, len(roles)) if i not in moved]
+    )
+    return [messages[i] for i in order], [origins[i] for i in order]
 
 
 def _block(raw: dict[str, Any], role: str, where: str) -> Lenient:
