@@ -65,13 +65,38 @@ class AgentsHome:
         return [line for line in self.engine_log.read_text().splitlines() if f"POST {path}" in line]
 
 
+# The agents' homes and projects live at the same paths on every run, and the prompt
+# prefixes the engine saved are kept from one run to the next (outside the clone, as
+# the model store is): the CLIs write their home and working directory into their
+# prompts, so fixed paths let a machine that ran these tests before load the agents'
+# prompts instead of reading them for minutes (backends/caches/disk_prefixes.py).
+AGENTS_ROOT = Path(
+    os.environ.get("DRAFTPEN_TEST_AGENTS_DIR", Path.home() / ".cache" / "draftpen-test-agents")
+)
+KEPT = Path("draftpen") / "cache" / "prefixes"
+
+
 @pytest.fixture(scope="module")
-def agents_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentsHome]:
+def agents_home() -> Iterator[AgentsHome]:
     require_model(TARGET_KEY)
     require_model(DRAFT_KEY)
-    home = AgentsHome(tmp_path_factory.mktemp("agents"))
+    home = AgentsHome(AGENTS_ROOT)
+    fresh_agents_root(home.root)
     yield home
     stop_launched_engine(home.draftpen)
+
+
+def fresh_agents_root(root: Path) -> None:
+    """Empty ``root`` of everything an earlier run left but the saved prompt prefixes."""
+    kept = root / KEPT
+    parked = root.with_name(root.name + "-kept-prefixes")
+    shutil.rmtree(parked, ignore_errors=True)
+    if kept.is_dir():
+        kept.rename(parked)
+    shutil.rmtree(root, ignore_errors=True)
+    kept.parent.mkdir(parents=True)
+    if parked.is_dir():
+        parked.rename(kept)
 
 
 def private_environment(agents: AgentsHome, name: str) -> dict[str, str]:
@@ -120,6 +145,8 @@ def launch(agents: AgentsHome, agent: str, arguments: list[str]) -> Launched:
     env = private_environment(agents, agent)
     project = agents.root / agent / "project"
     project.mkdir()
+    # opencode takes its working directory from $PWD, not from the process's own.
+    env["PWD"] = str(project)
     command = [sys.executable, "-m", "app.main", "launch", agent, "--pair", "starter"]
     started = time.monotonic()
     result = subprocess.run(

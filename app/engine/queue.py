@@ -422,9 +422,10 @@ class GenerationQueue:
         # The prompt's cached share says whether an agent's turn read only what was new.
         prompt = last.stats.prompt_tokens if last else 0
         cached = last.stats.cached_prompt_tokens if last else 0
+        reading = last.stats.prefill_seconds if last else 0.0
         logger.info(
             "%s: %d tokens in %.2fs after %.2fs in the queue, finish_reason %s; "
-            "prompt %d tokens, %d of them cached",
+            "prompt %d tokens, %d of them cached, read in %.2fs",
             job.id,
             tokens,
             seconds,
@@ -432,6 +433,7 @@ class GenerationQueue:
             last.finish_reason if last else None,
             prompt,
             cached,
+            reading,
         )
         return "completed"
 
