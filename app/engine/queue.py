@@ -420,9 +420,7 @@ class GenerationQueue:
             )
             return "cancelled"
         # The prompt's cached share says whether an agent's turn read only what was new.
-        prompt = last.stats.prompt_tokens if last else 0
-        cached = last.stats.cached_prompt_tokens if last else 0
-        reading = last.stats.prefill_seconds if last else 0.0
+        stats = last.stats if last else SpeculativeStats()
         logger.info(
             "%s: %d tokens in %.2fs after %.2fs in the queue, finish_reason %s; "
             "prompt %d tokens, %d of them cached, read in %.2fs",
@@ -431,9 +429,9 @@ class GenerationQueue:
             seconds,
             waited,
             last.finish_reason if last else None,
-            prompt,
-            cached,
-            reading,
+            stats.prompt_tokens,
+            stats.cached_prompt_tokens,
+            stats.prefill_seconds,
         )
         return "completed"
 
