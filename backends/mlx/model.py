@@ -10,7 +10,7 @@ MLX evaluates lazily, which gives a prefill without the output layer for free: t
 prompt goes through the model, but only the cache's keys and values are evaluated, so
 the vocabulary projection (the largest matmul for a 150k vocabulary) is never run.
 
-This is the only module that imports ``mlx`` and ``mlx_lm``.
+Only this module and state_files.py (saved caches in files) import ``mlx`` and ``mlx_lm``.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ try:
     import mlx.core as mx
     from mlx_lm.models.cache import ArraysCache, RotatingKVCache, make_prompt_cache
     from mlx_lm.utils import load as mlx_lm_load
+
+    from backends.mlx.state_files import MlxStateFiles
 except ImportError as error:  # pragma: no cover - exercised where mlx is absent
     raise RuntimeUnavailableError(
         "mlx and mlx-lm are not installed. On Apple Silicon run packaging/install.sh, or "
@@ -89,8 +91,11 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(code): byte for byte, code in zip(printable, codes, strict=True)}
 
 
-class MlxModel:
-    """An mlx-lm model with one prompt cache that rolls back (trimmed, or restored)."""
+class MlxModel(MlxStateFiles):
+    """An mlx-lm model with one prompt cache that rolls back (trimmed, or restored), whose
+    saved states can be written to files (``MlxStateFiles``)."""
+
+    prefill_chunk = PREFILL_CHUNK
 
     def __init__(
         self,
