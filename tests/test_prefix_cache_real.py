@@ -109,6 +109,23 @@ def test_fast_kernels_load_what_the_same_model_saved_and_cut_it_where_the_prompt
     assert cached == 700 and prefixes.stats().loaded == 1
 
 
+def test_fast_kernels_save_where_the_prompt_ends_and_the_next_session_keeps_its_prefix(
+    tmp_path,
+) -> None:
+    directory = tmp_path / "prefixes"
+    first = session(directory, smollm2(exact=False))
+    run(first, PROMPT, max_tokens=1)
+    first.close()
+    (entry,) = PrefixStore(directory, BUDGET).entries()
+    assert entry.tokens == len(PROMPT) - 1  # not cut to a block: the tail is kept too
+    # The next session asks another question at the end: all before it is loaded.
+    question = PROMPT[:-30] + [(i * 17) % 3000 + 300 for i in range(30)]
+    second = session(directory, smollm2(exact=False))
+    _, cached = run(second, question, max_tokens=1)
+    second.close()
+    assert cached == len(PROMPT) - 30
+
+
 def test_a_state_the_runtime_refuses_is_deleted_and_the_prompt_read(
     saved, tmp_path, caplog
 ) -> None:

@@ -6,18 +6,21 @@ reading it costs a second or two to write and to load. For each request:
 
 * before the prompt is read, :meth:`DiskPrefixes.load` puts the longest saved prefix of
   the prompt into the model, when it spares more than the model's cache already does;
-* while the target reads the prompt, it stops at the prompt's last block boundary
-  (:meth:`DiskPrefixes.save_point`, when that reaches past what is saved); there its
-  state is copied (in memory, on the request's path: a fraction of a second) and
-  written by a background thread (off the request's path);
+* while the target reads the prompt, it stops at its end (under exact kernels, or for
+  a recurrent state, at its last block boundary; :meth:`DiskPrefixes.save_point`,
+  when that reaches past what is saved); there its state is copied (in memory, on
+  the request's path: a fraction of a second) and written by a background thread (off
+  the request's path);
 * after the reply, the draft model's state is saved the same way
   (:meth:`DiskPrefixes.save_after_reply`): it read the prompt on its first draft.
 
-Saving at a block boundary the prompt is read up to, and loading the state saved there,
-reads the rest of the prompt in the same batches whether the prefix was read or
-loaded, so a reply from a loaded prefix is the reply from reading it (bit for bit under
-exact kernels). A model with a recurrent state cannot be cut back: its states are
-indexed only at their own end. A state is loaded only into a model whose identity
+Under exact kernels, saving at a block boundary the prompt is read up to, and loading
+the state saved there, reads the rest of the prompt in the same batches whether the
+prefix was read or loaded, so a reply from a loaded prefix is the reply from reading it
+bit for bit. Under the fast kernels a state is cut back to all a prompt shares with it
+(batch boundaries then differ from a read from the start, which may flip a near-tie, as
+the conversation cache's reuse may). A model with a recurrent state cannot be cut back:
+its states are indexed only at their own end. A state is loaded only into a model whose identity
 (weights, runtime build, cache types, kernels) is the one that saved it.
 """
 
@@ -54,6 +57,8 @@ log = logging.getLogger(__name__)
 # A save must reach this far past what is saved already: each save writes the whole
 # state again, so an agent's turns that add a little each are not each worth a file.
 MIN_NEW_TOKENS = 2 * BLOCK_TOKENS
+# A state that can be cut anywhere is saved again once a prompt goes this far past it.
+MIN_NEW_TAIL_TOKENS = BLOCK_TOKENS // 2
 # A load must spare reading at least this many tokens: loading costs a second or so
 # for an agent-sized state, about what reading this many costs a fast runtime.
 MIN_LOAD_GAIN = BLOCK_TOKENS
@@ -163,17 +168,31 @@ class DiskPrefixes:
         return kept
 
     def save_point(self, role: str, model: Model, prompt: Sequence[int]) -> SavePoint | None:
-        """Where reading ``prompt`` should pause to save ``model``'s state, if its last
-        block boundary reaches far enough past what is saved already."""
+        """Where reading ``prompt`` should pause to save ``model``'s state, if that
+        reaches far enough past what is saved already.
+
+        A KV cache under the fast kernels is saved where the prompt ends (the next
+        session, whose question differs near the end, cuts it back to all it shares);
+        one under exact kernels, or a recurrent state, at the prompt's last block
+        boundary (see the module's docstring).
+        """
         identity = self._identity(role, model)
         if identity is None or not isinstance(model, PersistsSequenceState):
             return None
-        names = block_names(identity.key, prompt, limit=len(prompt) - 1)
+        end = len(prompt) - 1  # the loop evaluates the last token itself
+        names = block_names(identity.key, prompt, limit=end)
         if not names:
             return None
-        position = block_end(len(names) - 1)
         hit = self.store.find(identity.key, names)
-        if position - (hit.tokens if hit else 0) < self.min_new_tokens:
+        if identity.cuts_anywhere:
+            position, threshold = end, MIN_NEW_TAIL_TOKENS
+            # A longer saved state is taken to share the prompt's tail too (reading
+            # its tokens to be sure would cost a file read on every request).
+            covered = min(hit.entry_tokens, end) if hit else 0
+        else:
+            position, threshold = block_end(len(names) - 1), self.min_new_tokens
+            covered = hit.tokens if hit else 0
+        if position - covered < threshold:
             return None
         cuttable = not getattr(model, "recurrent", False)
 
@@ -196,7 +215,12 @@ class DiskPrefixes:
         if not names:
             return
         hit = self.store.find(identity.key, names)
-        if block_end(len(names) - 1) - (hit.tokens if hit else 0) >= self.min_new_tokens:
+        tokens = len(model.cached_tokens)
+        if identity.cuts_anywhere:
+            covered = min(hit.entry_tokens, tokens) if hit else 0
+            if tokens - covered >= MIN_NEW_TAIL_TOKENS:
+                self._save(identity, model, names, cuttable=True)
+        elif block_end(len(names) - 1) - (hit.tokens if hit else 0) >= self.min_new_tokens:
             self._save(identity, model, names, cuttable=True)
 
     # -- after -----------------------------------------------------------------------

@@ -70,10 +70,12 @@ class CorruptPrefixError(Exception):
 
 @dataclass(frozen=True)
 class PrefixHit:
-    """A saved state that covers a prompt's first ``tokens`` tokens."""
+    """A saved state that covers a prompt's first ``tokens`` tokens (whole blocks); it
+    holds ``entry_tokens`` in all, which may go on sharing more of the prompt."""
 
     entry: str
     tokens: int
+    entry_tokens: int
 
 
 @dataclass(frozen=True)
@@ -143,19 +145,20 @@ class PrefixStore:
         wanted = list(names)
         with self._lock:
             rows = self._db.execute(
-                f"SELECT blocks.entry, blocks.tokens FROM blocks JOIN entries "
+                f"SELECT blocks.entry, blocks.tokens, entries.tokens FROM blocks JOIN entries "
                 f"ON entries.id = blocks.entry WHERE entries.key = ? AND blocks.name IN "
-                f"({','.join('?' * len(wanted))}) ORDER BY blocks.tokens DESC LIMIT 1",
+                f"({','.join('?' * len(wanted))}) "
+                f"ORDER BY blocks.tokens DESC, entries.tokens DESC LIMIT 1",
                 [key, *wanted],
             ).fetchall()
         if not rows:
             return None
-        entry, tokens = rows[0]
+        entry, tokens, entry_tokens = rows[0]
         # Only a hit on the chain itself counts: block i's name at block i's end.
         index = tokens // (block_end(0)) - 1
         if index >= len(wanted) or block_end(index) != tokens:
             return None
-        return PrefixHit(str(entry), int(tokens))
+        return PrefixHit(str(entry), int(tokens), int(entry_tokens))
 
     def read(
         self,
