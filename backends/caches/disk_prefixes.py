@@ -140,7 +140,11 @@ class DiskPrefixes:
         # The loop always evaluates the prompt's last token itself.
         names = block_names(identity.key, prompt, limit=len(prompt) - 1)
         hit = self.store.find(identity.key, names)
-        if hit is None or hit.tokens < live + self.min_gain:
+        if hit is None:
+            return live
+        # What it may spare: its whole blocks, or (cut anywhere) up to all it holds.
+        reach = min(hit.entry_tokens, len(prompt) - 1) if identity.cuts_anywhere else hit.tokens
+        if reach < live + self.min_gain:
             return live
         started = time.perf_counter()
         read = self.store.read(hit, identity.key, model.read_state)
@@ -157,6 +161,8 @@ class DiskPrefixes:
             # The saved state may share more than whole blocks (the prompt leaves it
             # inside a block): keep all it shares.
             kept = min(common_prefix_length(tokens, prompt), len(prompt) - 1)
+        if kept < live + self.min_gain:
+            return live  # its tail was not the prompt's: not worth replacing the cache
         try:
             model.restore_state(state)
         except (DecodeError, ValueError) as error:
