@@ -238,9 +238,11 @@ class Engine:
             draft_tokens = (
                 request.draft_tokens if limit is None else min(request.draft_tokens, limit)
             )
-            if prediction is not None:
-                return FixedDraftPolicy(prediction, draft_tokens)
-            return FixedDraftPolicy(self.drafter_named(request.drafter), draft_tokens)
+            # K as asked; under exact, forced tokens stay within the measured batches.
+            measured = self.costs if request.exact else None
+            exact_limit = measured.exact_batch_limit if measured is not None else None
+            drafter = prediction if prediction is not None else self.drafter_named(request.drafter)
+            return FixedDraftPolicy(drafter, draft_tokens, exact_limit)
         costs = self.costs if self.costs is not None else self.calibrate()
         drafters: list[Drafter] = [self._ngram_drafter]
         if prediction is not None:

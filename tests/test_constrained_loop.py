@@ -372,3 +372,34 @@ def test_a_prediction_drafts_after_forced_tokens_and_usage_counts_its_guesses(vo
     # Usage counts the prediction's own guesses, forced tokens apart, in every round.
     assert tally.prediction_drafted == stats.drafted > 0
     assert tally.prediction_accepted == stats.accepted > 0
+
+
+@pytest.mark.parametrize(("exact_batch_limit", "k"), [(1, 0), (3, 2)])
+def test_under_exact_output_forced_tokens_are_verified_in_exact_batches(
+    vocabulary, exact_batch_limit, k
+):
+    # Exact output verifies only the batches measured to round like one-token decoding.
+    # Forced tokens (a tool call's opening, a schema's keys) are drafts too: in one
+    # larger batch, their cache rounded otherwise than plain decoding's, and a long
+    # reply (a Write of a whole file) later parted from it at a near-tie (issue 39).
+    params = SamplingParams(temperature=0.0)
+    plain, _ = generate(
+        HashModel(), None, vocabulary.compile(STRETCHES).start(), params, max_tokens=40
+    )
+    target = HashModel()
+    drafter = ModelDrafter(draft_model_for(target, noise_scale=1.0)) if k else None
+    events = list(
+        speculative_generate(
+            target,
+            target.tokenize("<|user|>hello<|assistant|>"),
+            policy=FixedDraftPolicy(drafter, k, exact_batch_limit=exact_batch_limit),
+            params=params,
+            max_tokens=40,
+            constraint=vocabulary.compile(STRETCHES).start(),
+        )
+    )
+    assert [t for e in events for t in e.tokens] == plain
+    assert max(target.forward_batch_sizes) == exact_batch_limit
+    stats = events[-1].stats
+    # A limit of 1 (no batch measured exact, as on CUDA) is plain decoding.
+    assert (stats.grammar_forced > 0, stats.drafted > 0) == (exact_batch_limit > 1, k > 0)

@@ -283,3 +283,20 @@ def test_an_eight_token_match_is_judged_apart_from_a_chance_three_token_one():
     chance = [*line, 7, 55, 56, *line[:3]]  # only 3 tokens repeat
     policy.begin(chance)
     assert policy.plan(chance).drafter is None
+
+
+@pytest.mark.parametrize(
+    ("drafter", "exact", "exact_batch_limit", "carried"),
+    [("none", True, 3, 3), ("model", True, 3, 3), ("auto", True, 3, 3), ("none", False, 3, None)],
+)
+def test_every_policy_under_exact_output_carries_the_exact_batch_limit(
+    drafter: str, exact: bool, exact_batch_limit: int, carried: int | None
+) -> None:
+    # The loop keeps a round's grammar-forced tokens within it, whatever the drafter
+    # (a fixed K itself is verified as asked).
+    target = HashModel()
+    costs = CostModel(dict(GPU_COSTS), GPU_DRAFT_STEP, exact_batch_limit=exact_batch_limit)
+    engine = Engine(target, draft_model_for(target), costs=costs)
+    request = GenerationRequest((1, 2, 3), drafter=drafter, draft_tokens=6, exact=exact)
+    policy = engine.policy_for(request)
+    assert getattr(policy, "exact_batch_limit", None) == carried

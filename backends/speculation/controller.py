@@ -101,8 +101,10 @@ class AdaptiveDraftPolicy:
         # Exact output: verify only in batches this machine computes bit for bit like
         # one-token decoding, so greedy output equals plain decoding exactly.
         self.max_draft_tokens = max_draft_tokens
-        if exact and costs.exact_batch_limit is not None:
-            self.max_draft_tokens = min(max_draft_tokens, costs.exact_batch_limit - 1)
+        # The loop keeps the grammar's forced tokens within the same batches.
+        self.exact_batch_limit = costs.exact_batch_limit if exact else None
+        if self.exact_batch_limit is not None:
+            self.max_draft_tokens = min(max_draft_tokens, self.exact_batch_limit - 1)
         # A target with a recurrent state rolls back for free only as deep as its
         # snapshots reach (backends/base.py rollback_limit): never draft deeper.
         if rollback_limit is not None:

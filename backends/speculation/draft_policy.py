@@ -47,7 +47,10 @@ class DraftPolicy(Protocol):
     """Chooses the drafter and draft length for each round.
 
     A policy whose class sets ``LEARNS = False`` is not told about finished rounds
-    (``observe`` is not called): describing one costs host time every round.
+    (``observe`` is not called): describing one costs host time every round. A policy
+    with an ``exact_batch_limit`` (exact output: the largest verify batch measured to
+    round like one-token decoding) has the loop keep the grammar's forced tokens, and
+    the guesses after them, within it.
     """
 
     def begin(self, prompt_tokens: Sequence[int]) -> None:
@@ -64,14 +67,21 @@ class DraftPolicy(Protocol):
 
 
 class FixedDraftPolicy:
-    """Always the same drafter and K (K = 0 or no drafter: plain decoding)."""
+    """Always the same drafter and K (K = 0 or no drafter: plain decoding).
+
+    K is verified as asked; ``exact_batch_limit`` (exact output, where it was measured)
+    bounds only the rounds that verify the grammar's forced tokens.
+    """
 
     # It learns nothing from a round, so the loop need not describe one to it.
     LEARNS = False
 
-    def __init__(self, drafter: Drafter | None, draft_length: int) -> None:
+    def __init__(
+        self, drafter: Drafter | None, draft_length: int, exact_batch_limit: int | None = None
+    ) -> None:
         self.drafter = drafter if draft_length > 0 else None
         self.draft_length = draft_length if drafter is not None else 0
+        self.exact_batch_limit = exact_batch_limit
         self._plan = RoundPlan(self.drafter, self.draft_length)
 
     def begin(self, prompt_tokens: Sequence[int]) -> None:

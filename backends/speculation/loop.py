@@ -150,6 +150,8 @@ def speculative_generate(
     # A target with a recurrent state undoes at most this many drafts for free (its
     # snapshots); forced tokens and guesses together stay within it.
     most_drafts = rollback_limit(target)
+    # Exact output: the largest batch that rounds like one-token decoding (None: any).
+    exact_batch = getattr(policy, "exact_batch_limit", None)
 
     while True:
         if cancel is not None and cancel.is_set():
@@ -168,6 +170,12 @@ def speculative_generate(
         if constraint is not None and draft_room > 0:
             # The grammar's only continuation: drafts that cost nothing to propose.
             forced = constraint.forced()[: min(draft_room, MAX_FORCED_DRAFTS)]
+            if forced and exact_batch is not None:
+                # A forced stretch and the guesses after it are verified in exact
+                # batches too (the stretch goes on next round): computed in a larger
+                # one, its cache would round otherwise than plain decoding's.
+                draft_room = min(draft_room, exact_batch - 1)
+                forced = forced[:draft_room]
         plan, drafts, proposal = _round_drafts(
             policy,
             context,
