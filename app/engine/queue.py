@@ -407,9 +407,8 @@ class GenerationQueue:
             job.post(END)
             return "failed"
         job.post(END)
-        tokens = last.stats.generated_tokens if last else 0
-        seconds = time.monotonic() - started
-        waited = started - job.submitted
+        stats = last.stats if last else SpeculativeStats()
+        tokens, seconds = stats.generated_tokens, time.monotonic() - started
         if last is not None and last.finish_reason == FINISH_CANCELLED:
             logger.info(
                 "%s: cancelled after %d tokens in %.2fs (%s)",
@@ -420,18 +419,18 @@ class GenerationQueue:
             )
             return "cancelled"
         # The prompt's cached share says whether an agent's turn read only what was new.
-        stats = last.stats if last else SpeculativeStats()
         logger.info(
             "%s: %d tokens in %.2fs after %.2fs in the queue, finish_reason %s; "
-            "prompt %d tokens, %d of them cached, read in %.2fs",
+            "prompt %d tokens, %d of them cached, read in %.2fs, first token after %.2fs",
             job.id,
             tokens,
             seconds,
-            waited,
+            started - job.submitted,
             last.finish_reason if last else None,
             stats.prompt_tokens,
             stats.cached_prompt_tokens,
             stats.prefill_seconds,
+            stats.time_to_first_token,
         )
         return "completed"
 
