@@ -1,0 +1,414 @@
+"""Agents' edits of a file they just read, by drafter (a benchmark, not a test).
+
+Coding agents spend their output rewriting what they just read, inside a tool call's
+JSON string (issue 39). This sends three such requests, each forcing its tool, greedy,
+with ``exact_output = true``, to a real ``draftpen serve`` over TCP, streamed as the
+agents stream them:
+
+- ``write``: Claude Code's Write of a whole file through ``/v1/messages``: exactly
+  tests/repro/forced_write_messages.json (a 79-line file Read with ``cat -n`` numbers,
+  then "rename receive_stock to restock and write the whole file back");
+- ``edit``: the same conversation asking to change one function (``sell`` refuses a
+  count that is not positive), ``tool_choice`` forcing Edit (old_string, new_string);
+- ``apply_patch``: Codex's way through ``/v1/responses``: the same file as the plain
+  output of an earlier ``shell`` call (``sed -n '1,200p'``, no line numbers), the rename
+  asked for, and a function tool ``apply_patch`` (one string, ``input``) forced.
+
+Each drafter of ``--drafters`` gets an engine of its own, started fresh with the
+settings' ``drafter`` set to it (as an agent, which cannot choose one, meets it) and no
+conversation or prefix cache, so every drafter reads the same prompts from the same
+empty state. Per request and drafter it prints, from the engine's own statistics (the
+``draftpen`` field of each reply): output tokens, decode tokens/s and the ratio to
+``none``, draft tokens accepted per round that drafted (``acc/round``), tokens per
+target pass, the share of output tokens that were accepted drafts, the loop's host
+milliseconds per token, how the reply ended, and whether its text (the calls'
+arguments as written) equals ``none``'s, which exact mode promises.
+
+    PYTHONPATH=. python benchmarks/agent_edits.py --json OUT.json
+    PYTHONPATH=. python benchmarks/agent_edits.py --drafters none,auto --max-tokens 200
+
+Needs the pair downloaded (``draftpen models pull starter``): the engines run in a
+DRAFTPEN_HOME of their own (``--home``, default a new temporary one; the first load in
+a home measures forward costs) but read the models from your store
+(``$DRAFTPEN_MODELS_DIR``, else your data directory's). A running engine is left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import platform
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.settings import MODELS_DIR_ENV, SETTINGS_FILENAME, Settings, models_dir, save_settings
+from backends.engine import DRAFTER_CHOICES
+
+REPO = Path(__file__).resolve().parent.parent
+REPRO = REPO / "tests" / "repro" / "forced_write_messages.json"
+EDIT_ASK = (
+    "In /work/shop/inventory.py, make sell refuse a count that is not positive: raise "
+    'ValueError("count must be positive") first, as receive_stock does. Change only that '
+    "function, with the Edit tool."
+)
+PATCH_ASK = "In shop/inventory.py, rename the method receive_stock to restock."
+CODEX_INSTRUCTIONS = (
+    "You are a coding agent running in a terminal, in the user's repository. Read files "
+    "with shell and change them with apply_patch. Keep everything you do not need to "
+    "change exactly as it is."
+)
+APPLY_PATCH_FORMAT = (
+    "Edit files with a patch. input is the whole patch: '*** Begin Patch', then for each "
+    "file '*** Update File: PATH' (or '*** Add File: PATH', '*** Delete File: PATH'), "
+    "then its hunks: a line '@@' (or '@@ def name(...)' naming where the hunk is), then "
+    "the file's lines, each starting with ' ' (context, kept), '-' (removed) or '+' "
+    "(added), with three lines of context around each change; then '*** End Patch'.\n"
+    "Example:\n*** Begin Patch\n*** Update File: src/app.py\n@@ def greet():\n"
+    '-    print("Hi")\n+    print("Hello")\n     return None\n*** End Patch'
+)
+SHELL_TOOL = {
+    "type": "function",
+    "name": "shell",
+    "description": "Runs a shell command and returns its output.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "command": {"type": "array", "items": {"type": "string"}},
+            "workdir": {"type": "string"},
+        },
+        "required": ["command"],
+        "additionalProperties": False,
+    },
+}
+APPLY_PATCH_TOOL = {
+    "type": "function",
+    "name": "apply_patch",
+    "description": APPLY_PATCH_FORMAT,
+    "parameters": {
+        "type": "object",
+        "properties": {"input": {"type": "string", "description": "The whole patch, as above."}},
+        "required": ["input"],
+        "additionalProperties": False,
+    },
+}
+REQUESTS = ("write", "edit", "apply_patch")
+LABELS = {
+    "write": "Write of the whole file (Claude Code, /v1/messages)",
+    "edit": "Edit of one function (Claude Code, /v1/messages)",
+    "apply_patch": "apply_patch of the rename (Codex, /v1/responses)",
+}
+
+
+def write_body(max_tokens: int) -> dict[str, Any]:
+    """The repro's Messages body as it is, but for ``max_tokens`` and streaming."""
+    body = json.loads(REPRO.read_text(encoding="utf-8"))
+    return {**body, "max_tokens": max_tokens, "stream": True}
+
+
+def edit_body(max_tokens: int) -> dict[str, Any]:
+    """The same conversation, asking for one function's change, Edit forced."""
+    body = copy.deepcopy(write_body(max_tokens))
+    body["messages"][0]["content"] = EDIT_ASK
+    body["tool_choice"] = {"type": "tool", "name": "Edit"}
+    return body
+
+
+def read_file_text() -> str:
+    """The repro's file as it is on disk: its Read result without ``cat -n``'s numbers."""
+    result = write_body(1)["messages"][2]["content"][0]["content"]
+    text = "".join(line.split("\t", 1)[1] for line in result.splitlines(keepends=True))
+    return text if text.endswith("\n") else text + "\n"
+
+
+def patch_body(max_tokens: int) -> dict[str, Any]:
+    """Codex's turn: the file read with ``sed`` through shell, then apply_patch forced."""
+    command = ["bash", "-lc", "sed -n '1,200p' shop/inventory.py"]
+    output = f"Exit code: 0\nWall time: 0 seconds\nOutput:\n{read_file_text()}"
+    return {
+        "model": write_body(1)["model"],
+        "instructions": CODEX_INSTRUCTIONS,
+        "input": [
+            {"role": "user", "content": PATCH_ASK},
+            {
+                "type": "function_call",
+                "call_id": "call_01",
+                "name": "shell",
+                "arguments": json.dumps({"command": command, "workdir": "/work"}),
+            },
+            {"type": "function_call_output", "call_id": "call_01", "output": output},
+        ],
+        "tools": [SHELL_TOOL, APPLY_PATCH_TOOL],
+        "tool_choice": {"type": "function", "name": "apply_patch"},
+        "temperature": 0,
+        "max_output_tokens": max_tokens,
+        "store": False,
+        "stream": True,
+    }
+
+
+def request(name: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """The path and body of request ``name``."""
+    if name == "write":
+        return "/v1/messages", write_body(max_tokens)
+    if name == "edit":
+        return "/v1/messages", edit_body(max_tokens)
+    return "/v1/responses", patch_body(max_tokens)
+
+
+def start_engine(
+    args: argparse.Namespace, home: Path, drafter: str
+) -> tuple[subprocess.Popen[str], str, str]:
+    """``draftpen serve --pair P`` with the settings' drafter; its process, URL and key."""
+    settings = Settings(drafter=drafter, exact_output=True, temperature=0.0)  # type: ignore[arg-type]
+    save_settings(settings, home / "config" / SETTINGS_FILENAME)
+    socket_path = Path(tempfile.mkdtemp(prefix="agent-edits-")) / "e.sock"
+    key = "agent-edits-benchmark"
+    command = [sys.executable, "-m", "app.main", "serve", "--pair", args.pair]
+    command += ["--context", str(args.context), "--socket", str(socket_path)]
+    command += ["--tcp", "127.0.0.1:0", "--conversation-cache", "0", "--prefix-cache", "0"]
+    env = {**os.environ, "DRAFTPEN_HOME": str(home), "DRAFTPEN_API_KEY": key}
+    # The models stay where the user pulled them, whatever home the engine runs in.
+    env[MODELS_DIR_ENV] = str(models_dir())
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=sys.stderr, text=True
+    )
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], 1800)
+    if not ready or "listening on unix:" not in process.stdout.readline():
+        process.kill()
+        raise SystemExit("draftpen serve did not start")
+    transport = httpx.HTTPTransport(uds=str(socket_path))
+    with httpx.Client(transport=transport, base_url="http://draftpen") as client:
+        url = client.get("/health").json()["tcp"]
+    return process, url, key
+
+
+def stop_engine(process: subprocess.Popen[str]) -> None:
+    """SIGTERM, and a kill if it has not stopped within a minute."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@dataclasses.dataclass
+class Reply:
+    """What came back: the text as written (texts and calls' arguments), the stop
+    reason, the engine's ``draftpen`` figures, and the client's wall time."""
+
+    output: str = ""
+    stop: str | None = None
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(event name, data) for each server-sent event."""
+    name = ""
+    for line in lines:
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: ") and line != "data: [DONE]":
+            yield name, json.loads(line.removeprefix("data: "))
+
+
+def messages_reply(events: Iterator[tuple[str, dict[str, Any]]]) -> Reply:
+    """A streamed Messages reply: text blocks and each call's name and raw arguments."""
+    reply = Reply()
+    for name, data in events:
+        if name == "content_block_start":
+            block = data["content_block"]
+            if block["type"] == "tool_use":
+                reply.output += ("\n" if reply.output else "") + f"[{block['name']}] "
+        elif name == "content_block_delta":
+            delta = data["delta"]
+            reply.output += delta.get("text") or delta.get("partial_json") or ""
+        elif name == "message_delta":
+            reply.stop = data["delta"]["stop_reason"]
+            reply.stats = data.get("draftpen", {})
+        elif name == "error":
+            raise SystemExit(f"the engine answered with an error: {data}")
+    return reply
+
+
+def responses_reply(events: Iterator[tuple[str, dict[str, Any]]]) -> Reply:
+    """A streamed Responses reply, read from its last event's whole response."""
+    reply = Reply()
+    for name, data in events:
+        if name in ("response.completed", "response.incomplete", "response.failed"):
+            response = data["response"]
+            reply.stats = response.get("draftpen", {})
+            details = response.get("incomplete_details") or {}
+            reply.stop = details.get("reason") or response["status"]
+            for item in response["output"]:
+                if item["type"] == "function_call":
+                    reply.output += ("\n" if reply.output else "") + f"[{item['name']}] "
+                    reply.output += item["arguments"]
+                elif item["type"] == "message":
+                    reply.output += "".join(part.get("text", "") for part in item["content"])
+        elif name == "error":
+            raise SystemExit(f"the engine answered with an error: {data}")
+    return reply
+
+
+def send(client: httpx.Client, path: str, body: dict[str, Any]) -> Reply:
+    """One streamed request, read as its agent reads it."""
+    started = time.perf_counter()
+    with client.stream("POST", path, json=body) as response:
+        if response.status_code != 200:
+            raise SystemExit(f"{path} answered {response.status_code}: {response.read()!r}")
+        events = sse(response.iter_lines())
+        reply = messages_reply(events) if path == "/v1/messages" else responses_reply(events)
+    reply.seconds = time.perf_counter() - started
+    return reply
+
+
+def figures(reply: Reply) -> dict[str, Any]:
+    """What the table shows of one reply, and the engine's figures behind it."""
+    stats = reply.stats
+    generated = stats.get("generated_tokens", 0)
+    accepted = stats.get("accepted", 0)
+    return {
+        "output_tokens": generated,
+        "decode_tokens_per_second": stats.get("decode_tokens_per_second", 0.0),
+        "accepted_per_round": stats.get("mean_accepted_length", 0.0),
+        "accepted_per_any_round": round(accepted / stats["rounds"], 4)
+        if stats.get("rounds")
+        else 0.0,
+        "tokens_per_target_pass": stats.get("tokens_per_target_pass", 0.0),
+        "drafted_share": round(accepted / generated, 4) if generated else 0.0,
+        "host_ms_per_token": stats.get("host_ms_per_token", 0.0),
+        "stop": reply.stop,
+        "prompt_tokens": stats.get("prompt_tokens", 0),
+        "client_seconds": round(reply.seconds, 3),
+        "draftpen": stats,
+        "output": reply.output,
+    }
+
+
+def parting(text: str, plain: str) -> int:
+    """Where ``text`` first differs from ``plain`` (characters in)."""
+    return next(
+        (at for at, (mine, theirs) in enumerate(zip(text, plain, strict=False)) if mine != theirs),
+        min(len(text), len(plain)),
+    )
+
+
+def print_table(name: str, rows: dict[str, dict[str, Any]]) -> None:
+    """One request's table: a line per drafter, ratios and sameness against ``none``."""
+    plain = rows.get("none")
+    prompt = next(iter(rows.values()))["prompt_tokens"]
+    print(f"\n{name}: {LABELS[name]}; prompt {prompt} tokens")
+    header = (
+        f"{'drafter':<8} {'tokens':>6} {'tok/s':>6} {'vs none':>7} {'acc/round':>9} "
+        f"{'tok/pass':>8} {'drafted':>7} {'host ms/tok':>11} {'end':>17}  same as none"
+    )
+    print(header)
+    for drafter, row in rows.items():
+        ratio = (
+            f"{row['decode_tokens_per_second'] / plain['decode_tokens_per_second']:.2f}x"
+            if plain and plain["decode_tokens_per_second"]
+            else "-"
+        )
+        if plain is None or drafter == "none":
+            same = "-"
+        elif row["output"] == plain["output"]:
+            same = "yes"
+        else:
+            same = f"NO (parts at character {parting(row['output'], plain['output'])})"
+        print(
+            f"{drafter:<8} {row['output_tokens']:>6} {row['decode_tokens_per_second']:>6.1f} "
+            f"{ratio:>7} {row['accepted_per_round']:>9.2f} "
+            f"{row['tokens_per_target_pass']:>8.2f} {100 * row['drafted_share']:>6.1f}% "
+            f"{row['host_ms_per_token']:>11.3f} {row['stop'] or '-':>17}  {same}"
+        )
+
+
+def commit() -> str:
+    """This tree's commit, short, with ``+changes`` when it has uncommitted ones."""
+
+    def git(*arguments: str) -> str:
+        command = ["git", *arguments]
+        return subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "-uno")
+    return f"{git('rev-parse', '--short', 'HEAD')}{'+changes' if dirty else ''}"
+
+
+def main() -> None:
+    """Each drafter's engine in turn, the three requests to each; print and keep the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", default="starter")
+    parser.add_argument("--drafters", default="none,auto,ngram", help="comma-separated")
+    parser.add_argument("--requests", default=",".join(REQUESTS), help="comma-separated")
+    parser.add_argument("--max-tokens", type=int, default=1600)
+    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--home", type=Path, default=None, help="DRAFTPEN_HOME for the engines")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    drafters = [name.strip() for name in args.drafters.split(",") if name.strip()]
+    names = [name.strip() for name in args.requests.split(",") if name.strip()]
+    unknown = [name for name in names if name not in REQUESTS]
+    if unknown:
+        parser.error(f"unknown request {unknown[0]!r}: choose from {', '.join(REQUESTS)}")
+    unknown = [name for name in drafters if name not in DRAFTER_CHOICES]
+    if unknown:
+        parser.error(f"unknown drafter {unknown[0]!r}: choose from {', '.join(DRAFTER_CHOICES)}")
+
+    home = args.home or Path(tempfile.mkdtemp(prefix="agent-edits-home-"))
+    results: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in names}
+    for drafter in drafters:
+        process, url, key = start_engine(args, home, drafter)
+        try:
+            headers = {"x-api-key": key, "anthropic-version": "2023-06-01"}
+            with httpx.Client(base_url=url, headers=headers, timeout=3600) as client:
+                for name in names:
+                    path, body = request(name, args.max_tokens)
+                    body["model"] = args.pair
+                    row = figures(send(client, path, body))
+                    results[name][drafter] = row
+                    print(
+                        f"{drafter} {name}: {row['output_tokens']} tokens, "
+                        f"{row['decode_tokens_per_second']:.1f} tok/s, "
+                        f"{row['client_seconds']:.1f} s",
+                        file=sys.stderr,
+                    )
+        finally:
+            stop_engine(process)
+        if args.json is not None:  # after each drafter: a long run that fails keeps its part
+            write_json(args, results)
+
+    for name in names:
+        print_table(name, results[name])
+
+
+def write_json(args: argparse.Namespace, results: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """The figures so far, with what was run where."""
+    result = {
+        "pair": args.pair,
+        "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs",
+        "commit": commit(),
+        "max_tokens": args.max_tokens,
+        "context": args.context,
+        "exact_output": True,
+        "requests": results,
+    }
+    args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
