@@ -34,6 +34,7 @@ from backends.speculation.drafters import Drafter, ModelDrafter, PredictionDraft
 from backends.speculation.loop import speculative_generate
 from backends.speculation.mtp_drafter import MtpDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
+from backends.speculation.text_lookup import TextLookup
 
 DRAFTER_CHOICES = ("auto", "model", "mtp", "ngram", "none")
 
@@ -119,7 +120,7 @@ class Engine:
         own_head = getattr(target, "mtp_head", None)
         head = own_head() if own_head is not None else None
         self._mtp_drafter = MtpDrafter(target, head) if head is not None else None
-        self._ngram_drafter = NgramDrafter()
+        self._ngram_drafter = NgramDrafter(text=TextLookup(target.token_bytes, _tokens_of(target)))
         self._acceptance: dict[str, AcceptanceEstimate] = {}
         self._confidence_floor = ConfidenceFloor()
         self._mtp_confidence_floor = ConfidenceFloor()
@@ -359,3 +360,12 @@ def _then_save_draft(
     """
     yield from events
     prefixes.save_after_reply("draft", draft)
+
+
+def _tokens_of(model: Model) -> Callable[[str], list[int]]:
+    """``model``'s tokenizer for text inside a reply: no BOS added."""
+
+    def tokenize(text: str) -> list[int]:
+        return model.tokenize(text, add_special=False)
+
+    return tokenize

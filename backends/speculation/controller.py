@@ -55,8 +55,10 @@ PRIOR_ACCEPTANCE = {
     "ngram:4": 0.6,
     "ngram:6": 0.65,
     "ngram:8": 0.7,
+    # A match through a tool call's JSON escaping (the text lookup): a file written
+    # back, though the target may split the text into other tokens than the lookup.
+    "ngram:text": 0.6,
 }
-NGRAM_LONGEST_BUCKET = 8
 MIN_PAYING_SPEEDUP = 1.02  # choose speculation only when it is expected to pay this much
 MODEL_PROBE_INTERVAL = 64  # rounds without the draft model before trying it again
 MODEL_PROBE_LENGTH = 2
@@ -261,7 +263,7 @@ class AdaptiveDraftPolicy:
             _, size = drafter.lookup(context, 1)
             if size < drafter.min_match:
                 return None
-            return f"ngram:{min(size, NGRAM_LONGEST_BUCKET)}"
+            return drafter.last_match_key
         return name
 
     def _best_length(
@@ -365,7 +367,7 @@ class AdaptiveDraftPolicy:
             return
         tokens, size = ngram.lookup(context, self.max_draft_tokens)
         if tokens and size >= ngram.min_match:
-            key = f"ngram:{min(size, NGRAM_LONGEST_BUCKET)}"
+            key = ngram.last_match_key
             self._shadows.append((len(context), list(tokens), key))
 
     def _score_shadow(self, context: Sequence[int]) -> None:

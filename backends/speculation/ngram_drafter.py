@@ -1,5 +1,7 @@
 """The n-gram drafter (prompt lookup): finds the latest earlier occurrence of the
-context's last n tokens and proposes what followed it."""
+context's last n tokens and proposes what followed it; inside a tool call's JSON
+string, where the prompt's text comes back escaped as other tokens, it looks the
+reply's bytes up in that text instead (:mod:`backends.speculation.text_lookup`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,10 @@ import numpy as np
 
 from backends.sampling.filters import SamplingParams
 from backends.speculation.drafters import EMPTY_PROPOSAL, DraftProposal
+from backends.speculation.text_lookup import TextLookup
+
+# Every lookup finds at least this many tokens, so the round's later, longer asks reuse it.
+LOOKUP_TOKENS = 16
 
 
 class NgramIndex:
@@ -69,14 +75,29 @@ class NgramDrafter:
 
     name = "ngram"
 
-    def __init__(self, sizes: Sequence[int] = (8, 6, 4, 3, 2), min_match: int = 2) -> None:
+    def __init__(
+        self,
+        sizes: Sequence[int] = (8, 6, 4, 3, 2),
+        min_match: int = 2,
+        text: TextLookup | None = None,
+    ) -> None:
+        """``text`` (built on the target's tokenizer) adds lookups through JSON
+        escaping; without it only tokens are looked up."""
         self.index = NgramIndex(sizes)
         self.min_match = min_match
+        self.text = text
         self.last_match_size = 0
+        self.last_match_key = ""
+        # The last lookup, for the others of the same round (the policy asks up to
+        # three times a round; a text lookup costs a few searches).
+        self._memo: tuple[int, int, int, list[int], int, str] | None = None
 
     def begin(self, prompt_tokens: Sequence[int]) -> None:
         """Index the prompt."""
         self.index.reset(prompt_tokens)
+        if self.text is not None:
+            self.text.begin(prompt_tokens)
+        self._memo = None
 
     def propose(
         self,
@@ -94,8 +115,23 @@ class NgramDrafter:
         return DraftProposal(tokens=tokens)
 
     def lookup(self, context: Sequence[int], max_tokens: int) -> tuple[list[int], int]:
-        """The continuation of the longest earlier match and that match's n (0: none)."""
+        """The continuation of the longest earlier match and that match's size (0:
+        none); :attr:`last_match_key` names the kind of match for acceptance figures
+        (``ngram:N`` for N tokens, ``ngram:text`` for a match through JSON escaping)."""
+        memo = self._memo
+        last = context[-1] if context else -1
+        if memo is not None and memo[:2] == (len(context), last) and memo[2] >= max_tokens:
+            return memo[3][:max_tokens], memo[4]
+        wanted = max(max_tokens, LOOKUP_TOKENS)
         self.index.sync(context)
-        tokens, size = self.index.continuation(max_tokens)
-        self.last_match_size = size
-        return tokens, size
+        tokens, size = self.index.continuation(wanted)
+        key = f"ngram:{min(size, max(self.index.sizes))}"
+        if self.text is not None:
+            # Inside a JSON string the escaped text goes first: a token match there
+            # is most often the prompt's raw text (real newlines, line numbers).
+            found, matched = self.text.continuation(context, wanted)
+            if found:
+                tokens, size, key = found, matched, "ngram:text"
+        self.last_match_size, self.last_match_key = size, key
+        self._memo = (len(context), last, wanted, tokens, size, key)
+        return tokens[:max_tokens], size
