@@ -34,12 +34,14 @@ from tests.real_runtimes import load_model
 REPRO = Path(__file__).parent / "repro" / "forced_write_messages.json"
 
 
-def forced_write_request(engine: Engine) -> GenerationRequest:
-    """The repro's Messages request (one call: parallel calls off), as the adapter
-    prepares it with ``exact_output = true``."""
-    body = json.loads(REPRO.read_text())
+def forced_write_request(
+    engine: Engine, body: dict | None = None, max_tokens: int = 48
+) -> GenerationRequest:
+    """The repro's Messages request, or ``body`` (one call: parallel calls off), as the
+    adapter prepares it with ``exact_output = true``."""
+    body = json.loads(REPRO.read_text()) if body is None else body
     body["tool_choice"] = {**body["tool_choice"], "disable_parallel_tool_use": True}
-    body["max_tokens"] = 48
+    body["max_tokens"] = max_tokens
     parsed = chat_request(parse_messages_request(MessagesRequest, body))
     settings = dataclasses.replace(Settings(), exact_output=True)
     plan = reply_plan(parsed, engine)
