@@ -149,7 +149,7 @@ def test_generate_prints_the_same_text_with_the_draft_model_as_without():
         "starter",
         "--exact",
         "--max-tokens",
-        "64",
+        "40",
         "--json",
         "--prompt",
         "Write a Python function that returns the n-th Fibonacci number.",
