@@ -5,19 +5,25 @@ JSON string (issue 39). This sends three such requests, each forcing its tool, g
 with ``exact_output = true``, to a real ``draftpen serve`` over TCP, streamed as the
 agents stream them:
 
-- ``write``: Claude Code's Write of a whole file through ``/v1/messages``: exactly
+- ``write``: Claude Code's Write of a whole file through ``/v1/messages``:
   tests/repro/forced_write_messages.json (a 79-line file Read with ``cat -n`` numbers,
-  then "rename receive_stock to restock and write the whole file back");
+  "rename receive_stock to restock and write the whole file back");
 - ``edit``: the same conversation asking to change one function (``sell`` refuses a
   count that is not positive), ``tool_choice`` forcing Edit (old_string, new_string);
 - ``apply_patch``: Codex's way through ``/v1/responses``: the same file as the plain
   output of an earlier ``shell`` call (``sed -n '1,200p'``, no line numbers), the rename
   asked for, and a function tool ``apply_patch`` (one string, ``input``) forced.
 
+Asked only before the file, the starter's 1.5B target writes a placeholder
+(``"content": "<tool_response>...</tool_response>"``) or a patch of line numbers, so
+each request asks again after the file, as a user does when a model hesitates (and as
+tests/test_tool_call_drafting_real.py does); ``--as-is`` leaves that out (``write``:
+the repro exactly).
+
 Each drafter of ``--drafters`` gets an engine of its own, started fresh with the
 settings' ``drafter`` set to it (as an agent, which cannot choose one, meets it) and no
-conversation or prefix cache, so every drafter reads the same prompts from the same
-empty state. Per request and drafter it prints, from the engine's own statistics (the
+conversation or prefix cache: each engine meets the same requests in the same order
+from the same start. Per request and drafter it prints, from the engine's own statistics (the
 ``draftpen`` field of each reply): output tokens, decode tokens/s and the ratio to
 ``none``, draft tokens accepted per round that drafted (``acc/round``), tokens per
 target pass, the share of output tokens that were accepted drafts, the loop's host
@@ -36,7 +42,6 @@ a home measures forward costs) but read the models from your store
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import os
@@ -54,29 +59,41 @@ from typing import Any
 import httpx
 
 from app.settings import MODELS_DIR_ENV, SETTINGS_FILENAME, Settings, models_dir, save_settings
-from backends.engine import DRAFTER_CHOICES
+from backends.engine import DRAFTER_CHOICES as DRAFTERS
 
 REPO = Path(__file__).resolve().parent.parent
 REPRO = REPO / "tests" / "repro" / "forced_write_messages.json"
+WRITE_RESTATED = (
+    "Now call Write with file_path /work/shop/inventory.py and content: the complete "
+    "file above, every line, with receive_stock renamed to restock."
+)
 EDIT_ASK = (
-    "In /work/shop/inventory.py, make sell refuse a count that is not positive: raise "
-    'ValueError("count must be positive") first, as receive_stock does. Change only that '
-    "function, with the Edit tool."
+    'In /work/shop/inventory.py, make sell raise ValueError("count must be positive") '
+    "when count is not positive."
+)
+EDIT_RESTATED = (
+    "Now call Edit with file_path /work/shop/inventory.py, old_string: the whole sell "
+    "method copied from the file, from its def line to its return line, and new_string: "
+    "the same lines with the count check added after the def line."
 )
 PATCH_ASK = "In shop/inventory.py, rename the method receive_stock to restock."
+PATCH_RESTATED = (
+    "Now call apply_patch: one hunk for shop/inventory.py whose lines are the "
+    "receive_stock method copied from the file, its def line removed and added back "
+    "with the name restock, every other line kept."
+)
 CODEX_INSTRUCTIONS = (
     "You are a coding agent running in a terminal, in the user's repository. Read files "
     "with shell and change them with apply_patch. Keep everything you do not need to "
     "change exactly as it is."
 )
+# Codex's format in words (an example in the description is copied by a small model).
 APPLY_PATCH_FORMAT = (
-    "Edit files with a patch. input is the whole patch: '*** Begin Patch', then for each "
-    "file '*** Update File: PATH' (or '*** Add File: PATH', '*** Delete File: PATH'), "
-    "then its hunks: a line '@@' (or '@@ def name(...)' naming where the hunk is), then "
-    "the file's lines, each starting with ' ' (context, kept), '-' (removed) or '+' "
-    "(added), with three lines of context around each change; then '*** End Patch'.\n"
-    "Example:\n*** Begin Patch\n*** Update File: src/app.py\n@@ def greet():\n"
-    '-    print("Hi")\n+    print("Hello")\n     return None\n*** End Patch'
+    "Edit files with a patch. input is the whole patch: the line '*** Begin Patch'; for "
+    "each file, a line '*** Update File: PATH' and then its hunks; the line "
+    "'*** End Patch'. A hunk is a line '@@', then the file's lines around the change, "
+    "each starting with one character: ' ' for a line kept, '-' for a line removed, '+' "
+    "for a line added, with three kept lines before and after each change."
 )
 SHELL_TOOL = {
     "type": "function",
@@ -111,33 +128,48 @@ LABELS = {
 }
 
 
-def write_body(max_tokens: int) -> dict[str, Any]:
-    """The repro's Messages body as it is, but for ``max_tokens`` and streaming."""
-    body = json.loads(REPRO.read_text(encoding="utf-8"))
-    return {**body, "max_tokens": max_tokens, "stream": True}
+def repro_body() -> dict[str, Any]:
+    """tests/repro/forced_write_messages.json as it is."""
+    return json.loads(REPRO.read_text(encoding="utf-8"))
 
 
-def edit_body(max_tokens: int) -> dict[str, Any]:
+def restated(body: dict[str, Any], request: str | None) -> dict[str, Any]:
+    """``body`` with ``request`` asked again after the file (None: as it is)."""
+    if request is not None:
+        body["messages"] += [
+            {"role": "assistant", "content": "I have read the file."},
+            {"role": "user", "content": request},
+        ]
+    return body
+
+
+def write_body(max_tokens: int, restate: bool) -> dict[str, Any]:
+    """The repro's Messages body, streamed, the rename restated after the file."""
+    body = {**repro_body(), "max_tokens": max_tokens, "stream": True}
+    return restated(body, WRITE_RESTATED if restate else None)
+
+
+def edit_body(max_tokens: int, restate: bool) -> dict[str, Any]:
     """The same conversation, asking for one function's change, Edit forced."""
-    body = copy.deepcopy(write_body(max_tokens))
+    body = {**repro_body(), "max_tokens": max_tokens, "stream": True}
     body["messages"][0]["content"] = EDIT_ASK
     body["tool_choice"] = {"type": "tool", "name": "Edit"}
-    return body
+    return restated(body, EDIT_RESTATED if restate else None)
 
 
 def read_file_text() -> str:
     """The repro's file as it is on disk: its Read result without ``cat -n``'s numbers."""
-    result = write_body(1)["messages"][2]["content"][0]["content"]
+    result = repro_body()["messages"][2]["content"][0]["content"]
     text = "".join(line.split("\t", 1)[1] for line in result.splitlines(keepends=True))
     return text if text.endswith("\n") else text + "\n"
 
 
-def patch_body(max_tokens: int) -> dict[str, Any]:
+def patch_body(max_tokens: int, restate: bool) -> dict[str, Any]:
     """Codex's turn: the file read with ``sed`` through shell, then apply_patch forced."""
     command = ["bash", "-lc", "sed -n '1,200p' shop/inventory.py"]
     output = f"Exit code: 0\nWall time: 0 seconds\nOutput:\n{read_file_text()}"
     return {
-        "model": write_body(1)["model"],
+        "model": repro_body()["model"],
         "instructions": CODEX_INSTRUCTIONS,
         "input": [
             {"role": "user", "content": PATCH_ASK},
@@ -148,9 +180,11 @@ def patch_body(max_tokens: int) -> dict[str, Any]:
                 "arguments": json.dumps({"command": command, "workdir": "/work"}),
             },
             {"type": "function_call_output", "call_id": "call_01", "output": output},
+            *([{"role": "user", "content": PATCH_RESTATED}] if restate else []),
         ],
         "tools": [SHELL_TOOL, APPLY_PATCH_TOOL],
         "tool_choice": {"type": "function", "name": "apply_patch"},
+        "parallel_tool_calls": False,  # as Codex sends it for most models
         "temperature": 0,
         "max_output_tokens": max_tokens,
         "store": False,
@@ -158,13 +192,13 @@ def patch_body(max_tokens: int) -> dict[str, Any]:
     }
 
 
-def request(name: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+def request(name: str, max_tokens: int, restate: bool) -> tuple[str, dict[str, Any]]:
     """The path and body of request ``name``."""
     if name == "write":
-        return "/v1/messages", write_body(max_tokens)
+        return "/v1/messages", write_body(max_tokens, restate)
     if name == "edit":
-        return "/v1/messages", edit_body(max_tokens)
-    return "/v1/responses", patch_body(max_tokens)
+        return "/v1/messages", edit_body(max_tokens, restate)
+    return "/v1/responses", patch_body(max_tokens, restate)
 
 
 def start_engine(
@@ -286,9 +320,6 @@ def figures(reply: Reply) -> dict[str, Any]:
         "output_tokens": generated,
         "decode_tokens_per_second": stats.get("decode_tokens_per_second", 0.0),
         "accepted_per_round": stats.get("mean_accepted_length", 0.0),
-        "accepted_per_any_round": round(accepted / stats["rounds"], 4)
-        if stats.get("rounds")
-        else 0.0,
         "tokens_per_target_pass": stats.get("tokens_per_target_pass", 0.0),
         "drafted_share": round(accepted / generated, 4) if generated else 0.0,
         "host_ms_per_token": stats.get("host_ms_per_token", 0.0),
@@ -357,17 +388,19 @@ def main() -> None:
     parser.add_argument("--requests", default=",".join(REQUESTS), help="comma-separated")
     parser.add_argument("--max-tokens", type=int, default=1600)
     parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument(
+        "--as-is",
+        action="store_true",
+        help="do not ask again after the file (write: the repro exactly)",
+    )
     parser.add_argument("--home", type=Path, default=None, help="DRAFTPEN_HOME for the engines")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     drafters = [name.strip() for name in args.drafters.split(",") if name.strip()]
     names = [name.strip() for name in args.requests.split(",") if name.strip()]
-    unknown = [name for name in names if name not in REQUESTS]
-    if unknown:
-        parser.error(f"unknown request {unknown[0]!r}: choose from {', '.join(REQUESTS)}")
-    unknown = [name for name in drafters if name not in DRAFTER_CHOICES]
-    if unknown:
-        parser.error(f"unknown drafter {unknown[0]!r}: choose from {', '.join(DRAFTER_CHOICES)}")
+    for kind, given, known in (("request", names, REQUESTS), ("drafter", drafters, DRAFTERS)):
+        if unknown := [name for name in given if name not in known]:
+            parser.error(f"unknown {kind} {unknown[0]!r}: choose from {', '.join(known)}")
 
     home = args.home or Path(tempfile.mkdtemp(prefix="agent-edits-home-"))
     results: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in names}
@@ -377,7 +410,7 @@ def main() -> None:
             headers = {"x-api-key": key, "anthropic-version": "2023-06-01"}
             with httpx.Client(base_url=url, headers=headers, timeout=3600) as client:
                 for name in names:
-                    path, body = request(name, args.max_tokens)
+                    path, body = request(name, args.max_tokens, not args.as_is)
                     body["model"] = args.pair
                     row = figures(send(client, path, body))
                     results[name][drafter] = row
@@ -405,6 +438,7 @@ def write_json(args: argparse.Namespace, results: dict[str, dict[str, dict[str, 
         "max_tokens": args.max_tokens,
         "context": args.context,
         "exact_output": True,
+        "restated": not args.as_is,
         "requests": results,
     }
     args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
