@@ -205,7 +205,8 @@ def start_engine(
     args: argparse.Namespace, home: Path, drafter: str
 ) -> tuple[subprocess.Popen[str], str, str]:
     """``draftpen serve --pair P`` with the settings' drafter; its process, URL and key."""
-    settings = Settings(drafter=drafter, exact_output=True, temperature=0.0)  # type: ignore[arg-type]
+    exact = not args.default_kernels
+    settings = Settings(drafter=drafter, exact_output=exact, temperature=0.0)  # type: ignore[arg-type]
     save_settings(settings, home / "config" / SETTINGS_FILENAME)
     socket_path = Path(tempfile.mkdtemp(prefix="agent-edits-")) / "e.sock"
     key = "agent-edits-benchmark"
@@ -388,11 +389,8 @@ def main() -> None:
     parser.add_argument("--requests", default=",".join(REQUESTS), help="comma-separated")
     parser.add_argument("--max-tokens", type=int, default=1600)
     parser.add_argument("--context", type=int, default=4096)
-    parser.add_argument(
-        "--as-is",
-        action="store_true",
-        help="do not ask again after the file (write: the repro exactly)",
-    )
+    parser.add_argument("--as-is", action="store_true", help="send the repro exactly")
+    parser.add_argument("--default-kernels", action="store_true", help="exact_output = false")
     parser.add_argument("--home", type=Path, default=None, help="DRAFTPEN_HOME for the engines")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
@@ -437,7 +435,7 @@ def write_json(args: argparse.Namespace, results: dict[str, dict[str, dict[str, 
         "commit": commit(),
         "max_tokens": args.max_tokens,
         "context": args.context,
-        "exact_output": True,
+        "exact_output": not args.default_kernels,
         "restated": not args.as_is,
         "requests": results,
     }
