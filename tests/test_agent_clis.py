@@ -147,6 +147,12 @@ def launch(agents: AgentsHome, agent: str, arguments: list[str]) -> Launched:
     project.mkdir()
     # opencode takes its working directory from $PWD, not from the process's own.
     env["PWD"] = str(project)
+    if agent == "claude":
+        # Claude Code asks for up to 32,000 tokens at temperature 1: a sampled reply
+        # that rambles fills the context (~14k tokens, 15+ minutes on this CPU; seen
+        # once). Its own setting bounds the reply as a user would; what the test
+        # asserts does not depend on the reply's length.
+        env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = "512"
     command = [sys.executable, "-m", "app.main", "launch", agent, "--pair", "starter"]
     started = time.monotonic()
     result = subprocess.run(
