@@ -46,8 +46,6 @@ import dataclasses
 import json
 import os
 import platform
-import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -60,6 +58,7 @@ import httpx
 
 from app.settings import MODELS_DIR_ENV, SETTINGS_FILENAME, Settings, models_dir, save_settings
 from backends.engine import DRAFTER_CHOICES as DRAFTERS
+from benchmarks.serve_process import start_serve, stop_serve
 
 REPO = Path(__file__).resolve().parent.parent
 REPRO = REPO / "tests" / "repro" / "forced_write_messages.json"
@@ -208,36 +207,15 @@ def start_engine(
     exact = not args.default_kernels
     settings = Settings(drafter=drafter, exact_output=exact, temperature=0.0)  # type: ignore[arg-type]
     save_settings(settings, home / "config" / SETTINGS_FILENAME)
-    socket_path = Path(tempfile.mkdtemp(prefix="agent-edits-")) / "e.sock"
-    key = "agent-edits-benchmark"
-    command = [sys.executable, "-m", "app.main", "serve", "--pair", args.pair]
-    command += ["--context", str(args.context), "--socket", str(socket_path)]
-    command += ["--tcp", "127.0.0.1:0", "--conversation-cache", "0", "--prefix-cache", "0"]
-    env = {**os.environ, "DRAFTPEN_HOME": str(home), "DRAFTPEN_API_KEY": key}
-    # The models stay where the user pulled them, whatever home the engine runs in.
-    env[MODELS_DIR_ENV] = str(models_dir())
-    process = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=sys.stderr, text=True
+    return start_serve(
+        args.pair,
+        args.context,
+        home,
+        name="agent-edits",
+        arguments=("--conversation-cache", "0", "--prefix-cache", "0"),
+        # The models stay where the user pulled them, whatever home the engine runs in.
+        environment={MODELS_DIR_ENV: str(models_dir())},
     )
-    assert process.stdout is not None
-    ready, _, _ = select.select([process.stdout], [], [], 1800)
-    if not ready or "listening on unix:" not in process.stdout.readline():
-        process.kill()
-        raise SystemExit("draftpen serve did not start")
-    transport = httpx.HTTPTransport(uds=str(socket_path))
-    with httpx.Client(transport=transport, base_url="http://draftpen") as client:
-        url = client.get("/health").json()["tcp"]
-    return process, url, key
-
-
-def stop_engine(process: subprocess.Popen[str]) -> None:
-    """SIGTERM, and a kill if it has not stopped within a minute."""
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 @dataclasses.dataclass
@@ -419,7 +397,7 @@ def main() -> None:
                         file=sys.stderr,
                     )
         finally:
-            stop_engine(process)
+            stop_serve(process)
         if args.json is not None:  # after each drafter: a long run that fails keeps its part
             write_json(args, results)
 

@@ -41,17 +41,14 @@ import argparse
 import json
 import os
 import platform
-import select
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
+
+from benchmarks.serve_process import start_serve, stop_serve
 
 REPO = Path(__file__).resolve().parent.parent
 # Real text of the kind agents send: source files, then their docs.
@@ -82,28 +79,6 @@ def system_prompt(tokens: int) -> str:
         if len(text) >= budget:
             break
     return text[: text.rfind("\n", 0, budget) + 1]
-
-
-def start_engine(args: argparse.Namespace, home: Path) -> tuple[subprocess.Popen[str], str, str]:
-    """``draftpen serve --pair P --tcp 127.0.0.1:0``; its process, URL and API key."""
-    socket_path = Path(tempfile.mkdtemp(prefix="agent-turns-")) / "e.sock"
-    key = "agent-turns-benchmark"
-    command = [sys.executable, "-m", "app.main", "serve", "--pair", args.pair]
-    command += ["--context", str(args.context), "--socket", str(socket_path)]
-    command += ["--tcp", "127.0.0.1:0"]
-    env = {**os.environ, "DRAFTPEN_HOME": str(home), "DRAFTPEN_API_KEY": key}
-    process = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=sys.stderr, text=True
-    )
-    assert process.stdout is not None
-    ready, _, _ = select.select([process.stdout], [], [], 1800)
-    if not ready or "listening on unix:" not in process.stdout.readline():
-        process.kill()
-        raise SystemExit("draftpen serve did not start")
-    transport = httpx.HTTPTransport(uds=str(socket_path))
-    with httpx.Client(transport=transport, base_url="http://draftpen") as client:
-        url = client.get("/health").json()["tcp"]
-    return process, url, key
 
 
 def turn(
@@ -168,7 +143,7 @@ def main() -> None:
     args = parser.parse_args()
 
     home = args.home or Path(tempfile.mkdtemp(prefix="agent-turns-home-"))
-    process, url, key = start_engine(args, home)
+    process, url, key = start_serve(args.pair, args.context, home, name="agent-turns")
     try:
         sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=key, timeout=3600, max_retries=0)
         system = system_prompt(args.system_tokens)
@@ -186,8 +161,7 @@ def main() -> None:
         second = turn(sdk, args, second_messages)
         print(f"turn 2: {json.dumps({k: v for k, v in second.items() if k != 'answer'})}")
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=60)
+        stop_serve(process)
 
     decode_round = first["decode_round_seconds"]
     per_token = max(0.0, first["time_to_first_token"] - decode_round) / first["prompt_tokens"]

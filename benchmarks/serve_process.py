@@ -1,0 +1,60 @@
+"""A real ``draftpen serve`` for a benchmark: started on a private socket and a free
+TCP port behind an API key, and stopped again (shared by the agent benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def start_serve(
+    pair: str,
+    context: int,
+    home: Path,
+    *,
+    name: str,
+    arguments: Sequence[str] = (),
+    environment: Mapping[str, str] | None = None,
+) -> tuple[subprocess.Popen[str], str, str]:
+    """``draftpen serve --pair PAIR --context N --tcp 127.0.0.1:0 ARGUMENTS`` in
+    DRAFTPEN_HOME ``home``; its process, TCP URL and API key (``name`` names the
+    socket's folder and the key). Exits the benchmark if the engine does not start."""
+    socket_path = Path(tempfile.mkdtemp(prefix=f"{name}-")) / "e.sock"
+    key = f"{name}-benchmark"
+    command = [sys.executable, "-m", "app.main", "serve", "--pair", pair]
+    command += ["--context", str(context), "--socket", str(socket_path)]
+    command += ["--tcp", "127.0.0.1:0", *arguments]
+    env = {**os.environ, "DRAFTPEN_HOME": str(home), "DRAFTPEN_API_KEY": key}
+    env.update(environment or {})
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=sys.stderr, text=True
+    )
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], 1800)
+    if not ready or "listening on unix:" not in process.stdout.readline():
+        process.kill()
+        raise SystemExit("draftpen serve did not start")
+    transport = httpx.HTTPTransport(uds=str(socket_path))
+    with httpx.Client(transport=transport, base_url="http://draftpen") as client:
+        url = client.get("/health").json()["tcp"]
+    return process, url, key
+
+
+def stop_serve(process: subprocess.Popen[str]) -> None:
+    """SIGTERM, and a kill if it has not stopped within a minute."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
