@@ -31,6 +31,7 @@ def load_engine(
     conversation_cache_bytes: int = 0,
     prefix_store: PrefixStore | None = None,
     on_progress: Callable[[str], None] | None = None,
+    parallel: int = 1,
 ) -> Engine:
     """Load a downloaded pair; raises a DraftpenError/BackendError that says what to do.
 
@@ -40,6 +41,7 @@ def load_engine(
     ``conversation_cache_bytes`` > 0 lets the engine keep that much of conversations'
     KV state in RAM (the engine process does; one-shot commands need none). With a
     ``prefix_store`` prompts' prefixes are saved to disk and loaded from it.
+    ``parallel`` N > 1 loads both models for N sequences generating at once (llama.cpp).
     """
     chosen_runtime = choose_runtime(runtime)
     resolved = pair_files(pair_name, chosen_runtime)
@@ -47,13 +49,21 @@ def load_engine(
     target_path, draft_path = resolved.target_path, resolved.draft_path
     report(f"loading target {target_path.name}")
     target = load_model(
-        target_path, runtime=chosen_runtime, n_ctx=n_ctx, exact_kernels=exact_output
+        target_path,
+        runtime=chosen_runtime,
+        n_ctx=n_ctx,
+        exact_kernels=exact_output,
+        parallel=parallel,
     )
     draft = None
     if with_draft and draft_path is not None:
         report(f"loading draft {draft_path.name}")
         try:
-            draft = load_model(draft_path, runtime=chosen_runtime, n_ctx=n_ctx)
+            # As many sequences as the target got (a refused target runs one at a time).
+            draft_parallel = int(getattr(target, "parallel", 1))
+            draft = load_model(
+                draft_path, runtime=chosen_runtime, n_ctx=n_ctx, parallel=draft_parallel
+            )
         except BaseException:
             target.close()
             raise

@@ -107,8 +107,9 @@ class Engine:
         costs: CostModel | None = None,
         conversations: ConversationCache | None = None,
         prefixes: DiskPrefixes | None = None,
+        checked: bool = False,
     ) -> None:
-        if draft is not None:
+        if draft is not None and not checked:
             check_pair(target, draft).raise_if_incompatible(target.name, draft.name)
         self.target = target
         self.draft = draft
@@ -125,6 +126,8 @@ class Engine:
         self._confidence_floor = ConfidenceFloor()
         self._mtp_confidence_floor = ConfidenceFloor()
         self._grammar_vocabulary: GrammarVocabulary | None = None
+        # A sequence's engine (see sibling) asks its parent for what they share.
+        self._parent: Engine | None = None
 
     def grammar_state(self, constraint: ConstraintSpec | None) -> GrammarState | None:
         """A fresh grammar state for a request's constraint (None when it asks for none).
@@ -135,6 +138,8 @@ class Engine:
         grammar = grammar_for(constraint)
         if grammar is None:
             return None
+        if self._parent is not None:
+            return self._parent.grammar_state(constraint)
         if self._grammar_vocabulary is None:
             self._grammar_vocabulary = GrammarVocabulary(self.target)
         return self._grammar_vocabulary.compile(grammar).start()
@@ -155,6 +160,23 @@ class Engine:
             confidence_floor if confidence_floor is not None else ConfidenceFloor()
         )
         self._mtp_confidence_floor = ConfidenceFloor()
+
+    def sibling(self, target: Model, draft: Model | None) -> Engine:
+        """An engine over other sequences of this engine's models (a parallel
+        context's views), sharing its costs, caches and what "auto" has learned."""
+        other = Engine(
+            target,
+            draft,
+            costs=self.costs,
+            conversations=self.conversations,
+            prefixes=self.prefixes,
+            checked=True,
+        )
+        other._parent = self
+        other._acceptance = self._acceptance
+        other._confidence_floor = self._confidence_floor
+        other._mtp_confidence_floor = self._mtp_confidence_floor
+        return other
 
     def calibrate(self) -> CostModel:
         """Measure forward costs and exactness on this machine (seconds); used by "auto"."""
@@ -340,7 +362,9 @@ class Engine:
 
     def close(self) -> None:
         """Finish writing prefixes to disk, then free both models and the conversations
-        kept for them."""
+        kept for them (a sibling frees nothing: its parent owns it all)."""
+        if self._parent is not None:
+            return
         if self.prefixes is not None:
             self.prefixes.close()
         if self.conversations is not None:

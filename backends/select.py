@@ -105,17 +105,27 @@ def load_vocabulary(path: Path, *, runtime: str) -> Vocabulary | None:
 
 
 def load_model(
-    path: Path, *, runtime: str, n_ctx: int, name: str | None = None, exact_kernels: bool = False
+    path: Path,
+    *,
+    runtime: str,
+    n_ctx: int,
+    name: str | None = None,
+    exact_kernels: bool = False,
+    parallel: int = 1,
 ) -> Model:
     """Load one model (a GGUF file for llama.cpp, an MLX directory for mlx) with ``runtime``.
 
     ``exact_kernels`` asks llama.cpp for kernels whose small verify batches round like
     one-token decoding (see backends/llamacpp/model.py); MLX has no such choice to make.
+    ``parallel`` N > 1 gives llama.cpp a context of N sequences (``n_ctx`` each) that
+    generate at once (backends/engine_slots.py); MLX runs one at a time.
     """
     if runtime == "llamacpp":
         from backends.llamacpp.model import LlamaCppModel
 
-        return LlamaCppModel(path, n_ctx=n_ctx, name=name, exact_kernels=exact_kernels)
+        return LlamaCppModel(
+            path, n_ctx=n_ctx, name=name, exact_kernels=exact_kernels, parallel=parallel
+        )
     if runtime == "mlx":
         from backends.mlx.model import MlxModel
 

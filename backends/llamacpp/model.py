@@ -54,8 +54,24 @@ def _uint8_pointer(buffer: np.ndarray) -> Any:
     return buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
+def _parallel_refusal(recurrent: bool, mtp_layers: int, parallel: int) -> str | None:
+    """Why a model cannot decode ``parallel`` sequences at once (None: it can)."""
+    if parallel <= 1:
+        return None
+    if recurrent:
+        return "a recurrent state (hybrid model) is rolled back per sequence; runs in turn"
+    if mtp_layers:
+        return "the MTP head drafts for one sequence; runs in turn"
+    return None
+
+
 class LlamaCppModel(LlamaCppTokens):
-    """A GGUF model with one context, one sequence and one reusable batch."""
+    """A GGUF model with one context and one reusable batch.
+
+    With ``parallel`` N > 1 the context holds N sequences in one KV cache (N x
+    ``n_ctx`` cells); this object then only loads and measures, and the N views of
+    :meth:`sequences` generate (``backends/llamacpp/sequences.py``).
+    """
 
     def __init__(
         self,
@@ -69,6 +85,7 @@ class LlamaCppModel(LlamaCppTokens):
         exact_kernels: bool = False,
         rollback_snapshots: int | None = None,
         load_mtp: bool = True,
+        parallel: int = 1,
     ) -> None:
         self.path = Path(path)
         check_gguf_file(self.path)
@@ -78,6 +95,10 @@ class LlamaCppModel(LlamaCppTokens):
         self._context = None
         self._batch = None
         self._mtp: LlamaCppMtpHead | None = None
+        # This model's sequence in its context; the views of a parallel context
+        # (backends/llamacpp/sequences.py) each have their own.
+        self._seq = 0
+        self._state_owner: object = self
 
         self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
         if gpu_layers is None:
@@ -101,10 +122,15 @@ class LlamaCppModel(LlamaCppTokens):
         self.recurrent = holds_recurrent_state(self._model)
         self.mtp_layers = int(llama_cpp.llama_model_n_layer_nextn(self._model)) if load_mtp else 0
 
+        # A recurrent state or an MTP head keeps one sequence's extra state beside the
+        # KV cache; those sequences run one at a time (see parallel_refusal).
+        self.parallel_refusal = _parallel_refusal(self.recurrent, self.mtp_layers, parallel)
+        self.parallel = 1 if self.parallel_refusal else max(1, parallel)
         threads = n_threads or physical_cores()
         snapshots = DEFAULT_SNAPSHOTS if rollback_snapshots is None else rollback_snapshots
         settings = context_params(
-            n_ctx=n_ctx,
+            n_ctx=n_ctx * self.parallel,
+            n_seq=self.parallel,
             n_batch=n_batch,
             threads=threads,
             recurrent_snapshots=snapshots if self.recurrent else None,
@@ -120,7 +146,8 @@ class LlamaCppModel(LlamaCppTokens):
                 f"llama.cpp could not create a {n_ctx}-token context for {self.path} "
                 f"({last_llama_error()}). Try a smaller context length."
             )
-        self.n_ctx = int(llama_cpp.llama_n_ctx(self._context))
+        # The most one sequence may hold (a parallel context holds n_ctx per sequence).
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self._context)) // self.parallel
         # llama.cpp may round the context up and clamp the batch to it; use its values.
         self.n_batch = min(
             int(llama_cpp.llama_n_batch(self._context)),
@@ -269,7 +296,7 @@ class LlamaCppModel(LlamaCppTokens):
         n_keep = max(0, n_keep)
         if self._recurrent is not None:
             self._recurrent.rollback(n_keep)
-        elif not llama_cpp.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
+        elif not llama_cpp.llama_memory_seq_rm(self._memory, self._seq, n_keep, -1):
             raise DecodeError(f"llama.cpp could not drop cached positions from {n_keep} on")
         del self._tokens[n_keep:]
         if self._mtp is not None:
@@ -312,32 +339,36 @@ class LlamaCppModel(LlamaCppTokens):
         context = self._live_context()
         if self._recurrent is not None:
             flush_replay(self._recurrent, self._tokens, self._decode_at, self.n_batch)
-        size = int(llama_cpp.llama_state_seq_get_size(context, 0))
+        size = int(llama_cpp.llama_state_seq_get_size(context, self._seq))
         # np.empty, not a ctypes array: no zero-filling of a buffer about to be written.
         buffer = np.empty(size, dtype=np.uint8)
-        written = llama_cpp.llama_state_seq_get_data(context, _uint8_pointer(buffer), size, 0)
+        written = llama_cpp.llama_state_seq_get_data(
+            context, _uint8_pointer(buffer), size, self._seq
+        )
         if written != size:
             raise DecodeError(
                 f"llama.cpp copied {written} of {size} bytes of {self.name}'s cache "
                 f"({last_llama_error()})"
             )
-        return SequenceState(tuple(self._tokens), buffer.nbytes, buffer, owner=self)
+        return SequenceState(tuple(self._tokens), buffer.nbytes, buffer, owner=self._state_owner)
 
     def restore_state(self, state: SequenceState) -> None:
         """Put a state saved by this model back into the cache, replacing what it holds."""
-        if state.owner is not self:
+        if state.owner is not self._state_owner:
             raise ValueError(f"this state was saved by another model, not {self.name}")
         context = self._live_context()
         buffer = state.payload
         recent_errors.clear()
         if self._mtp is not None:
             self._mtp.target_rolled_back(0)  # it has no hidden states for a restored cache
-        read = llama_cpp.llama_state_seq_set_data(context, _uint8_pointer(buffer), buffer.size, 0)
-        restored_end = int(llama_cpp.llama_memory_seq_pos_max(self._memory, 0)) + 1
+        read = llama_cpp.llama_state_seq_set_data(
+            context, _uint8_pointer(buffer), buffer.size, self._seq
+        )
+        restored_end = int(llama_cpp.llama_memory_seq_pos_max(self._memory, self._seq)) + 1
         if read != buffer.size or restored_end != len(state.tokens):
             # llama.cpp drops the sequence when a restore fails part way; make sure of
             # it, so the cache and ``_tokens`` agree (empty) rather than half-restored.
-            llama_cpp.llama_memory_seq_rm(self._memory, 0, 0, -1)
+            llama_cpp.llama_memory_seq_rm(self._memory, self._seq, 0, -1)
             self._tokens.clear()
             if self._recurrent is not None:
                 self._recurrent.reset(0)
@@ -366,7 +397,9 @@ class LlamaCppModel(LlamaCppTokens):
 
     def read_state(self, tokens: Sequence[int], file: BinaryIO, nbytes: int) -> SequenceState:
         """A state written by ``write_state``, for ``restore_state``."""
-        return SequenceState(tuple(tokens), nbytes, read_payload(file, nbytes), owner=self)
+        return SequenceState(
+            tuple(tokens), nbytes, read_payload(file, nbytes), owner=self._state_owner
+        )
 
     def _live_context(self) -> Any:
         if not self._context:

@@ -35,18 +35,23 @@ def model_params(*, gpu_layers: int, load_mtp: bool, exact_kernels: bool) -> Any
 def context_params(
     *,
     n_ctx: int,
+    n_seq: int = 1,
     n_batch: int,
     threads: int,
     recurrent_snapshots: int | None,
     bf16_v_cache: bool,
 ) -> Any:
-    """``llama_context_params`` for a model's one context (one sequence; ``recurrent_snapshots``
-    for a recurrent state, None for a KV cache alone)."""
+    """``llama_context_params`` for a model's one context (``n_seq`` sequences;
+    ``recurrent_snapshots`` for a recurrent state, None for a KV cache alone)."""
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = n_ctx
     params.n_batch = n_batch
     params.n_ubatch = n_batch
-    params.n_seq_max = 1
+    params.n_seq_max = n_seq
+    # One cache for all sequences, as llama-server keeps it: a batch of several
+    # sequences is one ubatch whatever each one's length (separate streams would split
+    # it into equal-length pieces, one weight read each).
+    params.kv_unified = n_seq > 1
     if recurrent_snapshots is not None:
         params.n_rs_seq = recurrent_snapshots
     params.n_threads = threads

@@ -1,0 +1,113 @@
+"""Several generations at once on one loaded pair: one slot per sequence.
+
+An :class:`~backends.engine.Engine` whose target was loaded with ``parallel`` N > 1
+(``draftpen serve --parallel N``) gets N slots: each slot is an engine of its own (a
+:meth:`~backends.engine.Engine.sibling`) over one sequence of the target's context and
+one of the draft's, so each generation keeps its own loop, drafter state, grammar,
+penalties and statistics, while the sequences' forwards are batched by the runtime
+(``backends/llamacpp/decode_batcher.py``). A generation takes the free slot whose
+cache shares the most with its prompt, so a conversation that comes back finds its
+state where it left it.
+
+A pair whose runtime cannot batch its sequences (MLX, a recurrent target, an MTP head)
+has one slot: it generates in turn, and ``refusal`` says why.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+
+from backends.engine import Engine, GenerationRequest
+from backends.generation_events import GenerationEvent
+from backends.runtime_exchange import RuntimeExchange
+from backends.speculation.drafters import common_prefix_length
+
+
+def parallel_of(engine: Engine) -> tuple[int, str | None]:
+    """How many sequences ``engine``'s models were loaded for, and why fewer than
+    asked (None: as asked)."""
+    target, draft = engine.target, engine.draft
+    count = int(getattr(target, "parallel", 1))
+    refusal = getattr(target, "parallel_refusal", None)
+    if draft is not None and int(getattr(draft, "parallel", 1)) != count:
+        return 1, refusal or "the draft model holds one sequence"
+    return count, refusal
+
+
+class EngineSlots:
+    """The slots of a parallel engine; generations take and give them back."""
+
+    def __init__(self, engine: Engine, exchange: RuntimeExchange) -> None:
+        from backends.llamacpp.sequences import sequence_views
+
+        self.engine = engine
+        self.count, self.refusal = parallel_of(engine)
+        if self.count < 2:
+            raise ValueError("one sequence: generate on the engine itself")
+        self._target_views = sequence_views(engine.target, exchange)  # type: ignore[arg-type]
+        self._draft_views = (
+            sequence_views(engine.draft, exchange)  # type: ignore[arg-type]
+            if engine.draft is not None
+            else None
+        )
+        if getattr(engine.target, "exact_kernels", False):
+            # Rows round like one-token decoding only in batches up to the measured
+            # size: the sequences' rounds gather up to it (the draft's need not).
+            costs = engine.costs
+            limit = costs.exact_batch_limit if costs is not None else None
+            self._target_views.batcher.exact_limit = max(1, limit or 1)
+        drafts = self._draft_views.views if self._draft_views else [None] * self.count
+        self._free: list[Engine] = [
+            engine.sibling(target, draft)
+            for target, draft in zip(self._target_views.views, drafts, strict=True)
+        ]
+        self._lock = threading.Lock()
+
+    @property
+    def free(self) -> int:
+        """How many slots no generation holds."""
+        with self._lock:
+            return len(self._free)
+
+    def take(self, prompt: Sequence[int]) -> Engine:
+        """The free slot whose target shares the longest prefix with ``prompt``.
+
+        Raises LookupError when every slot is taken (the queue never asks then)."""
+        with self._lock:
+            if not self._free:
+                raise LookupError("every slot is generating")
+            best = max(
+                self._free,
+                key=lambda slot: common_prefix_length(list(slot.target.cached_tokens), prompt),
+            )
+            self._free.remove(best)
+            return best
+
+    def give_back(self, slot: Engine) -> None:
+        """Free ``slot`` for the next generation."""
+        with self._lock:
+            self._free.append(slot)
+
+    def close(self) -> None:
+        """Stop batching for both contexts (before the engine frees its models)."""
+        self._target_views.close()
+        if self._draft_views is not None:
+            self._draft_views.close()
+
+
+def generate_on_slot(
+    slot: Engine, request: GenerationRequest, cancel: threading.Event | None = None
+) -> Iterator[GenerationEvent]:
+    """``slot.generate``, with its sequences marked as generating meanwhile: the
+    batcher waits for a generating sequence's decode before it runs the others'."""
+    views = [slot.target]
+    if slot.draft is not None and slot._draft_in_use(request) is not None:
+        views.append(slot.draft)
+    for view in views:
+        view.generating(True)  # type: ignore[attr-defined]
+    try:
+        yield from slot.generate(request, cancel)
+    finally:
+        for view in views:
+            view.generating(False)  # type: ignore[attr-defined]

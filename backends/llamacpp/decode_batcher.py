@@ -1,0 +1,217 @@
+"""The decodes of several sequences of one llama.cpp context, run as one ``llama_decode``.
+
+Each sequence's view (``sequences.py``) submits its decode and waits; the runtime thread
+(``backends/runtime_exchange.py``) asks :meth:`DecodeBatcher.ready_work` whether to run
+what has gathered. A batch is ready when every sequence that is generating has
+submitted, when the batch is full, or when the oldest decode has waited a grace: a
+share of the last decode's time, so that a sequence busy with host work (sampling, a
+grammar) delays the others by little, and a lone sequence never waits at all.
+
+One decode then carries every gathered sequence's tokens with its own ``seq_id`` over
+the one KV cache: on a GPU or Apple Silicon, a forward is bound by reading the weights,
+so four sequences cost about what one does; on 2 CPU cores a 4-token forward costs
+1.5x a 1-token one. Each request gets its own copy of its logits rows (the buffer is
+the next decode's), and a failed decode fails every request in it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from backends.errors import ContextOverflowError, DecodeError
+from backends.llamacpp.library import last_llama_error, llama_cpp, note_decoding_thread
+
+# A decode waits for the sequences still on their way at most this share of the last
+# decode's time, and never longer than MAX_GRACE seconds.
+GRACE_SHARE = 0.25
+MAX_GRACE = 0.02
+
+
+@dataclass(eq=False)
+class DecodeRequest:
+    """One sequence's tokens to decode at positions from ``start``; logits from
+    ``logits_from`` on. The runtime thread fills ``logits`` or ``error``."""
+
+    seq: int
+    tokens: Sequence[int]
+    start: int
+    logits_from: int
+    arrived: float
+    logits: np.ndarray | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class DecodeBatcher:
+    """Gathers one context's decodes, sequence by sequence, into one batch."""
+
+    def __init__(
+        self,
+        context: Any,
+        *,
+        n_batch: int,
+        n_vocab: int,
+        name: str,
+        condition: threading.Condition,
+    ) -> None:
+        self._context = context
+        self.n_batch = n_batch
+        self.n_vocab = n_vocab
+        self.name = name
+        self.condition = condition
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        batch = self._batch
+        self._tokens = np.ctypeslib.as_array(batch.token, shape=(n_batch,))
+        self._positions = np.ctypeslib.as_array(batch.pos, shape=(n_batch,))
+        self._wants_logits = np.ctypeslib.as_array(batch.logits, shape=(n_batch,))
+        np.ctypeslib.as_array(batch.n_seq_id, shape=(n_batch,))[:] = 1
+        self._row_seq = [-1] * n_batch  # the seq_id each row of the batch holds now
+        self._pending: list[DecodeRequest] = []
+        self._generating: set[int] = set()
+        self._last_seconds = 0.0
+        self._last_end = 0.0
+        # Exact kernels: the largest batch whose rows round like one-token decoding
+        # (the calibration's exact_batch_limit); None: any batch will do.
+        self.exact_limit: int | None = None
+        self.decodes = 0  # llama_decode calls, and the sequences they carried, for tests
+        self.sequences_decoded = 0
+
+    # -- generation threads (condition not held) -------------------------------
+
+    def generating(self, seq: int, active: bool) -> None:
+        """Say whether ``seq`` is generating: a batch waits for generating sequences."""
+        with self.condition:
+            if active:
+                self._generating.add(seq)
+            else:
+                self._generating.discard(seq)
+            self.condition.notify_all()
+
+    def decode(
+        self, seq: int, tokens: Sequence[int], start: int, logits_from: int
+    ) -> np.ndarray | None:
+        """Decode ``tokens`` for ``seq`` with the others gathered; its logits rows (a
+        copy) when it asked for any. Raises what the decode raised."""
+        if len(tokens) > self.n_batch:
+            raise ValueError(f"{len(tokens)} tokens exceed the batch size {self.n_batch}")
+        request = DecodeRequest(seq, tokens, start, logits_from, time.monotonic())
+        with self.condition:
+            self._pending.append(request)
+            self.condition.notify_all()
+            while not request.done:
+                self.condition.wait()
+        if request.error is not None:
+            raise request.error
+        return request.logits
+
+    # -- the runtime thread ----------------------------------------------------
+
+    def ready_work(self, now: float) -> tuple[Callable[[], None] | None, float | None]:
+        """The batch to run now, or when to look again (condition held)."""
+        if not self._pending:
+            return None, None
+        waiting_for = self._generating - {request.seq for request in self._pending}
+        queued = sum(len(request.tokens) for request in self._pending)
+        grace = min(MAX_GRACE, GRACE_SHARE * self._last_seconds)
+        # The grace counts from when the runtime was free to run it: a decode that
+        # came while another batch ran waits for that batch's sequences to come back.
+        due = max(self._pending[0].arrived, self._last_end) + grace
+        room = self.n_batch if self.exact_limit is None else self.exact_limit
+        if waiting_for and queued < room and now < due:
+            return None, due
+        group = self._take_group()
+        return lambda: self._run(group), None
+
+    def _take_group(self) -> list[DecodeRequest]:
+        """The pending requests that fit one batch, oldest first (condition held).
+
+        Under exact kernels a batch's rows round like one-token decoding only up to
+        ``exact_limit`` tokens, and a prompt chunk's rows only when it is read as it
+        would be alone: so a chunk of a prompt (or any decode past the limit) runs by
+        itself, and rounds gather up to the limit.
+        """
+        limit = self.exact_limit
+        first = self._pending[0]
+        if limit is not None and (
+            len(first.tokens) > limit or first.logits_from == len(first.tokens)
+        ):
+            group = [first]
+        else:
+            group = []
+            room = self.n_batch if limit is None else limit
+            for request in self._pending:
+                fits = len(request.tokens) <= room
+                alone_only = limit is not None and request.logits_from == len(request.tokens)
+                if fits and not alone_only:
+                    group.append(request)
+                    room -= len(request.tokens)
+        for request in group:
+            self._pending.remove(request)
+        return group
+
+    def _run(self, group: list[DecodeRequest]) -> None:
+        """Decode ``group`` in one ``llama_decode`` and hand out the results."""
+        started = time.perf_counter()
+        try:
+            self._decode(group)
+        except BaseException as error:  # every request of the batch fails with it
+            for request in group:
+                request.error = error
+        seconds = time.perf_counter() - started
+        with self.condition:
+            self._last_seconds = seconds
+            self._last_end = time.monotonic()
+            self.decodes += 1
+            self.sequences_decoded += len(group)
+            for request in group:
+                request.done = True
+            self.condition.notify_all()
+
+    def _decode(self, group: list[DecodeRequest]) -> None:
+        row = 0
+        batch = self._batch
+        for request in group:
+            count = len(request.tokens)
+            end = row + count
+            self._tokens[row:end] = request.tokens
+            self._positions[row:end] = np.arange(request.start, request.start + count)
+            self._wants_logits[row : row + request.logits_from] = 0
+            self._wants_logits[row + request.logits_from : end] = 1
+            for index in range(row, end):
+                if self._row_seq[index] != request.seq:
+                    batch.seq_id[index][0] = request.seq
+                    self._row_seq[index] = request.seq
+            row = end
+        batch.n_tokens = row
+        note_decoding_thread()
+        status = llama_cpp.llama_decode(self._context, batch)
+        if status == 1:
+            raise ContextOverflowError(
+                "llama.cpp found no room in the KV cache for the sequences running at "
+                "once. Start a new chat, or serve with a longer context or fewer --parallel."
+            )
+        if status != 0:
+            raise DecodeError(f"llama_decode failed with status {status}: {last_llama_error()}")
+        outputs = sum(len(r.tokens) - r.logits_from for r in group)
+        if outputs == 0:
+            return
+        pointer = llama_cpp.llama_get_logits(self._context)
+        rows = np.ctypeslib.as_array(pointer, shape=(outputs, self.n_vocab))
+        offset = 0
+        for request in group:
+            wanted = len(request.tokens) - request.logits_from
+            if wanted:
+                request.logits = rows[offset : offset + wanted].copy()
+                offset += wanted
+
+    def close(self) -> None:
+        """Free the batch (the context is its owner's)."""
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None

@@ -1,0 +1,179 @@
+"""The sequences of a parallel llama.cpp context, each a model of its own.
+
+A :class:`~backends.llamacpp.model.LlamaCppModel` loaded with ``parallel`` N holds N
+sequences in one KV cache. :func:`sequence_views` makes one
+:class:`LlamaCppSequence` per sequence: to the loop it is a model like any other (its
+own cached tokens, rollback, saved states, chunked prompt reading), but its decodes
+go through the context's :class:`~backends.llamacpp.decode_batcher.DecodeBatcher`, so
+the sequences generating at once share each forward, and everything else that touches
+the context runs on the runtime thread (``backends/runtime_exchange.py``).
+
+A prompt is read in chunks of ``prefill_chunk`` tokens: each chunk is one decode that
+the other sequences' rounds ride along with, so nobody waits for a long prompt to be
+read whole before its next token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from backends.base import SequenceState
+from backends.errors import BackendError, ContextOverflowError, DecodeError
+from backends.llamacpp.decode_batcher import DecodeBatcher
+from backends.llamacpp.model import LlamaCppModel
+from backends.runtime_exchange import RuntimeExchange
+
+# Prompt tokens one decode reads for a sequence while others generate. On 2 CPU cores
+# a 256-token chunk of the 1.5B starter target is ~1 s: a short chat's round next to it
+# costs that, not the minutes a whole agent prompt takes.
+PREFILL_CHUNK = 256
+
+
+class LlamaCppSequence(LlamaCppModel):
+    """One sequence of a parallel context: the loaded model's weights, vocabulary and
+    context, with its own cached tokens. Made by :func:`sequence_views` only."""
+
+    _batcher: DecodeBatcher
+    _exchange: RuntimeExchange
+    _prefill_chunk: int
+    _last_logits: np.ndarray
+
+    def __init__(self) -> None:  # pragma: no cover - made by sequence_views
+        raise TypeError("use sequence_views(model, exchange)")
+
+    @classmethod
+    def _of(
+        cls,
+        owner: LlamaCppModel,
+        seq: int,
+        batcher: DecodeBatcher,
+        exchange: RuntimeExchange,
+        prefill_chunk: int,
+    ) -> LlamaCppSequence:
+        view = cls.__new__(cls)
+        # Everything loaded is shared (weights, vocabulary, context, token caches).
+        view.__dict__.update(owner.__dict__)
+        view._seq = seq
+        view._tokens = []
+        view._batch = None
+        view._mtp = None
+        view._recurrent = None
+        view._batcher = batcher
+        view._exchange = exchange
+        # Exact kernels: a prompt is read in the batches it would be read in alone (a
+        # prompt's rows round by the batch they are in), so the cache is the same.
+        chunk = owner.n_batch if owner.exact_kernels else prefill_chunk
+        view._prefill_chunk = max(1, min(chunk, owner.n_batch))
+        view._last_logits = np.empty((0, owner.n_vocab), dtype=np.float32)
+        view.name = owner.name
+        return view
+
+    @property
+    def sequence(self) -> int:
+        """This view's ``seq_id`` in the shared context."""
+        return self._seq
+
+    def generating(self, active: bool) -> None:
+        """Say whether a generation runs on this sequence (others' decodes wait for it)."""
+        self._batcher.generating(self._seq, active)
+
+    # -- evaluation: through the batcher --------------------------------------
+
+    def _decode_at(self, tokens: Sequence[int], start: int, logits_from: int) -> None:
+        if not self._context:
+            raise DecodeError(f"{self.name} was closed; load the model again to use it")
+        count = len(tokens)
+        if start + count > self.n_ctx:
+            raise ContextOverflowError(
+                f"The conversation needs {start + count} tokens but the context holds "
+                f"{self.n_ctx}. Start a new chat or raise the context length."
+            )
+        logits = self._batcher.decode(self._seq, tokens, start, logits_from)
+        if logits is not None:
+            self._last_logits = logits
+
+    def _logits_view(self, rows: int) -> np.ndarray:
+        return self._last_logits[:rows]
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Read ``tokens`` a chunk per decode, alongside the other sequences' rounds."""
+        for offset in range(0, len(tokens), self._prefill_chunk):
+            chunk = tokens[offset : offset + self._prefill_chunk]
+            self._decode(chunk, logits_from=len(chunk))
+
+    # -- the rest of the context's work: on the runtime thread -----------------
+
+    def rollback(self, n_keep: int) -> None:
+        """Forget cached positions from ``n_keep`` on."""
+        if n_keep < len(self._tokens):
+            self._exchange.call(lambda: LlamaCppModel.rollback(self, n_keep))
+
+    def save_state(self) -> SequenceState:
+        """Copy this sequence's cells out (any view of the context may restore it)."""
+        return self._exchange.call(lambda: LlamaCppModel.save_state(self))
+
+    def restore_state(self, state: SequenceState) -> None:
+        """Put a state saved by a view of this context back, replacing this sequence's."""
+        self._exchange.call(lambda: LlamaCppModel.restore_state(self, state))
+
+    def clear(self) -> None:
+        """Forget every cached position of this sequence."""
+        self.rollback(0)
+
+    def mtp_head(self) -> None:
+        """A parallel context drafts with no MTP head (``parallel_refusal``)."""
+        return None
+
+    def attach_mtp_file(self, path: str | Path) -> None:  # type: ignore[override]
+        """Refused: see :meth:`mtp_head`."""
+        raise BackendError("an MTP head drafts for one sequence; load the pair with parallel 1")
+
+    def close(self) -> None:
+        """Nothing of its own to free: the loaded model owns the context."""
+
+    def __del__(self) -> None:
+        pass
+
+
+@dataclass
+class SequenceViews:
+    """A parallel context's views and the batcher they share."""
+
+    views: list[LlamaCppSequence]
+    batcher: DecodeBatcher
+    exchange: RuntimeExchange
+
+    def close(self) -> None:
+        """Stop batching for the context (before its model is freed)."""
+        self.exchange.remove_batcher(self.batcher)
+        self.batcher.close()
+
+
+def sequence_views(
+    model: LlamaCppModel, exchange: RuntimeExchange, *, prefill_chunk: int = PREFILL_CHUNK
+) -> SequenceViews:
+    """One view per sequence of ``model``'s parallel context, batched on ``exchange``.
+
+    Each view starts empty: what the model itself decoded (calibration) is dropped.
+    """
+    if model.parallel < 2:
+        raise ValueError(f"{model.name} was loaded with one sequence; load it with parallel")
+    batcher = DecodeBatcher(
+        model._live_context(),
+        n_batch=model.n_batch,
+        n_vocab=model.n_vocab,
+        name=model.name,
+        condition=exchange.condition,
+    )
+    views = [
+        LlamaCppSequence._of(model, seq, batcher, exchange, prefill_chunk)
+        for seq in range(model.parallel)
+    ]
+    # The views start empty: drop what the model itself decoded (calibration).
+    model.rollback(0)
+    exchange.add_batcher(batcher)
+    return SequenceViews(views, batcher, exchange)

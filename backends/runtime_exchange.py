@@ -1,0 +1,117 @@
+"""Where generation threads hand runtime work to the one thread that runs it.
+
+Several sequences generate at once, each on a thread of its own (its loop, sampling,
+drafting decisions), but llama.cpp's OpenMP build wants ONE thread per process to run
+its graphs (see ``backends/llamacpp/library.py``), and the sequences' forwards should
+be one batched decode, not several. So a generation thread never runs the runtime: it
+hands its decode to a :class:`GathersDecodes` (the runtime's batcher) or any other
+runtime call to :meth:`RuntimeExchange.call`, and waits. The runtime thread (the
+engine's queue worker, or :meth:`RuntimeExchange.serve` in a thread of its own) takes
+the work: calls first, then every batcher whose batch is ready.
+
+One condition guards all of it; the queue's worker shares it, so a decode wakes the
+worker whatever else it waits for.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+class GathersDecodes(Protocol):
+    """A runtime's batcher: it says when its gathered decodes are ready to run."""
+
+    def ready_work(self, now: float) -> tuple[Callable[[], None] | None, float | None]:
+        """The work that runs the ready batch, or None and when to look again
+        (None: only when something is submitted). Called with the condition held."""
+        ...
+
+
+class RuntimeExchange:
+    """Runtime work handed from generation threads to the runtime thread."""
+
+    def __init__(self, condition: threading.Condition | None = None) -> None:
+        self.condition = condition or threading.Condition()
+        self._calls: deque[tuple[Callable[[], object], Future[object]]] = deque()
+        self._batchers: list[GathersDecodes] = []
+        self._runtime_thread: int | None = None
+
+    def bind(self) -> None:
+        """Make the calling thread the runtime thread."""
+        self._runtime_thread = threading.get_ident()
+
+    def on_runtime_thread(self) -> bool:
+        """Whether the calling thread is the runtime thread."""
+        return threading.get_ident() == self._runtime_thread
+
+    def add_batcher(self, batcher: GathersDecodes) -> None:
+        """Let the runtime thread run ``batcher``'s batches."""
+        with self.condition:
+            self._batchers.append(batcher)
+
+    def remove_batcher(self, batcher: GathersDecodes) -> None:
+        """Stop looking at ``batcher`` (its context is being freed)."""
+        with self.condition:
+            if batcher in self._batchers:
+                self._batchers.remove(batcher)
+
+    def call(self, work: Callable[[], T]) -> T:
+        """Run ``work`` on the runtime thread (at once if this is it); its result or error."""
+        if self.on_runtime_thread():
+            return work()
+        future: Future[T] = Future()
+        with self.condition:
+            self._calls.append((work, future))  # type: ignore[arg-type]
+            self.condition.notify_all()
+        return future.result()
+
+    def next_work(self, now: float) -> tuple[Callable[[], None] | None, float | None]:
+        """The next piece of work to run, else the time to look again (None: when
+        notified). Called by the runtime thread with the condition held."""
+        if self._calls:
+            work, future = self._calls.popleft()
+            return lambda: _settle(future, work), None
+        wake_at: float | None = None
+        for batcher in self._batchers:
+            ready, at = batcher.ready_work(now)
+            if ready is not None:
+                return ready, None
+            if at is not None:
+                wake_at = at if wake_at is None else min(wake_at, at)
+        return None, wake_at
+
+    def serve(self, stop: threading.Event) -> None:
+        """Be the runtime thread until ``stop`` is set (tests, one-process programs)."""
+        self.bind()
+        while True:
+            with self.condition:
+                while True:
+                    if stop.is_set():
+                        return
+                    work, wake_at = self.next_work(time.monotonic())
+                    if work is not None:
+                        break
+                    timeout = None if wake_at is None else max(0.0, wake_at - time.monotonic())
+                    self.condition.wait(timeout if timeout is not None else 0.5)
+            work()
+
+    def stop_serving(self, stop: threading.Event) -> None:
+        """Make :meth:`serve` return."""
+        with self.condition:
+            stop.set()
+            self.condition.notify_all()
+
+
+def _settle(future: Future[object], work: Callable[[], object]) -> None:
+    """Run ``work`` and hand its result or error to the waiting thread."""
+    try:
+        future.set_result(work())
+    except BaseException as error:  # handed to the caller, who re-raises it
+        future.set_exception(error)
