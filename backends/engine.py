@@ -128,6 +128,7 @@ class Engine:
         self._grammar_vocabulary: GrammarVocabulary | None = None
         # A sequence's engine (see sibling) asks its parent for what they share.
         self._parent: Engine | None = None
+        self._close_first: list[Callable[[], None]] = []
 
     def grammar_state(self, constraint: ConstraintSpec | None) -> GrammarState | None:
         """A fresh grammar state for a request's constraint (None when it asks for none).
@@ -177,6 +178,10 @@ class Engine:
         other._confidence_floor = self._confidence_floor
         other._mtp_confidence_floor = self._mtp_confidence_floor
         return other
+
+    def on_close(self, close: Callable[[], None]) -> None:
+        """Run ``close`` when this engine closes, before its models are freed."""
+        self._close_first.append(close)
 
     def calibrate(self) -> CostModel:
         """Measure forward costs and exactness on this machine (seconds); used by "auto"."""
@@ -365,6 +370,9 @@ class Engine:
         kept for them (a sibling frees nothing: its parent owns it all)."""
         if self._parent is not None:
             return
+        for close in self._close_first:
+            close()
+        self._close_first.clear()
         if self.prefixes is not None:
             self.prefixes.close()
         if self.conversations is not None:

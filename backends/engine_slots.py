@@ -35,6 +35,20 @@ def parallel_of(engine: Engine) -> tuple[int, str | None]:
     return count, refusal
 
 
+def slots_for(
+    engine: Engine, current: EngineSlots | None, exchange: RuntimeExchange
+) -> EngineSlots | None:
+    """``engine``'s slots: ``current`` when they are its, else made now (and closed
+    with it); None for an engine of one sequence, which generates by itself."""
+    if parallel_of(engine)[0] < 2:
+        return None
+    if current is not None and current.engine is engine:
+        return current
+    slots = EngineSlots(engine, exchange)
+    engine.on_close(slots.close)
+    return slots
+
+
 class EngineSlots:
     """The slots of a parallel engine; generations take and give them back."""
 
@@ -63,6 +77,8 @@ class EngineSlots:
             for target, draft in zip(self._target_views.views, drafts, strict=True)
         ]
         self._lock = threading.Lock()
+        self._uses = 0
+        self._last_use: dict[int, int] = {}
 
     @property
     def free(self) -> int:
@@ -71,17 +87,23 @@ class EngineSlots:
             return len(self._free)
 
     def take(self, prompt: Sequence[int]) -> Engine:
-        """The free slot whose target shares the longest prefix with ``prompt``.
+        """The free slot whose target shares the longest prefix with ``prompt`` (of
+        those alike, the one least recently used: its cache is the least likely to be
+        wanted back).
 
         Raises LookupError when every slot is taken (the queue never asks then)."""
         with self._lock:
             if not self._free:
                 raise LookupError("every slot is generating")
-            best = max(
-                self._free,
-                key=lambda slot: common_prefix_length(list(slot.target.cached_tokens), prompt),
-            )
+
+            def rank(slot: Engine) -> tuple[int, int]:
+                shared = common_prefix_length(list(slot.target.cached_tokens), prompt)
+                return shared, -self._last_use.get(id(slot), -1)
+
+            best = max(self._free, key=rank)
             self._free.remove(best)
+            self._uses += 1
+            self._last_use[id(best)] = self._uses
             return best
 
     def give_back(self, slot: Engine) -> None:

@@ -133,6 +133,9 @@ class QueueReport(_Lenient):
     completed: int = 0
     cancelled: int = 0
     failed: int = 0
+    running_count: int = 0  # generations running at once
+    parallel: int = 1  # how many may (serve --parallel, as the loaded pair allows)
+    parallel_refusal: str | None = None  # why the pair runs fewer than asked
 
 
 class PreviousCrashReport(_Lenient):

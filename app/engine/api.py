@@ -197,6 +197,9 @@ class AgentApi:
                 completed=state.completed,
                 cancelled=state.cancelled,
                 failed=state.failed,
+                running_count=state.running_count,
+                parallel=state.parallel,
+                parallel_refusal=state.parallel_refusal,
             ),
             attached_clients=self.attached,
             keep_alive_seconds=self.scheduler.keep_alive,
@@ -322,6 +325,7 @@ class AgentApi:
             options = LoadOptions(
                 context_length=given(wanted.context_length, base.context_length),
                 exact=given(wanted.exact, base.exact),
+                parallel=base.parallel,
             )
         job = EngineJob(
             id=new_response_id("load"),

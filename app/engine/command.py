@@ -50,6 +50,10 @@ DEFAULT_IDLE_EXIT = "5m"
 _DURATION = re.compile(r"^(?P<number>\d+(?:\.\d+)?)(?P<unit>ms|s|m|h)?$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
+# llama.cpp's own bound on sequences in one context is 256; past a handful, a small
+# machine gains nothing and each sequence takes a whole context of KV memory.
+MAX_PARALLEL = 16
+
 
 def parse_duration(value: str, option: str) -> float | None:
     """Ollama's durations: ``"5m"``, ``"30s"``, ``"1h"``, ``"90"`` (seconds), ``"0"``;
@@ -100,6 +104,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         help="requests that may wait behind the one generating; more get 503 "
         f"(default {DEFAULT_QUEUE_LIMIT})",
+    )
+    serve.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="generate up to N requests at once, their forwards batched (llama.cpp; "
+        "each sequence gets the whole --context, so the KV cache takes N times the "
+        "memory); 1: one at a time (default 1)",
     )
     serve.add_argument(
         "--tcp",
@@ -196,6 +209,8 @@ def run_serve(args: argparse.Namespace) -> int:
         output.start_watching()
     if args.queue < 0:
         raise DraftpenError("--queue must be 0 or more.")
+    if not 1 <= args.parallel <= MAX_PARALLEL:
+        raise DraftpenError(f"--parallel must be 1 to {MAX_PARALLEL}.")
     if args.context is not None and args.context < 16:
         raise DraftpenError("--context must be at least 16 tokens.")
     keep_alive = parse_duration(args.keep_alive, "--keep-alive")
@@ -219,7 +234,9 @@ def run_serve(args: argparse.Namespace) -> int:
     crash_record.start_recording(socket_path, runtime)
     pairs = CatalogPairs(runtime)
     defaults = LoadOptions(
-        context_length=args.context or settings.context_length, exact=settings.exact_output
+        context_length=args.context or settings.context_length,
+        exact=settings.exact_output,
+        parallel=args.parallel,
     )
     loader = catalog_loader(
         runtime,

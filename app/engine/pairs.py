@@ -114,6 +114,7 @@ def catalog_loader(
                 n_ctx=options.context_length,
                 runtime=runtime,
                 exact_output=options.exact,
+                parallel=options.parallel,
                 conversation_cache_bytes=conversation_cache_bytes,
                 prefix_store=prefix_store,
                 on_progress=report,

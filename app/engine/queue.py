@@ -1,13 +1,16 @@
-"""One engine, many clients: a bounded FIFO of jobs run by one worker thread.
+"""One engine, many clients: a bounded FIFO of jobs and the one worker thread that
+runs the runtime.
 
-An :class:`~backends.engine.Engine` runs one generation at a time, so the server owns
-exactly one worker thread that takes jobs in arrival order. A job names the pair it
-needs; the worker has the :class:`~app.engine.scheduler.PairScheduler` load it if it is
-not in memory (so however many clients ask for a pair at once, it is loaded once: the
-first job loads it, the others find it loaded), then builds the job's generation request
+The worker takes jobs in arrival order. A job names the pair it needs; the worker has
+the :class:`~app.engine.scheduler.PairScheduler` load it if it is not in memory (so
+however many clients ask for a pair at once, it is loaded once: the first job loads
+it, the others find it loaded), then builds the job's generation request
 against the loaded engine (``prepare``: the chat template, the context checks) and runs
 ``engine.generate(request, cancel)``. A load job (``POST /draftpen/load``) only loads.
 Nothing else touches the models (keep-alive unloads and ``serve --pair`` run here too).
+A parallel engine (``serve --parallel N``) runs up to N generations at once, each on a
+thread of its own and a slot of the engine, while the worker runs their batched
+decodes (``backends/runtime_exchange.py``); a load, or another pair, waits for them.
 
 The HTTP handlers live on the asyncio event loop: a job hands its items (notices, the
 prepared request's extras, each :class:`~backends.generation_events.GenerationEvent`,
@@ -29,24 +32,20 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from app.client.wire import QueueNotice, waiting_label
-from app.engine.crash_record import generating
+from app.engine.generation_run import END, cancelled_event, run_generation
 from app.engine.scheduler import LoadedPair, LoadOptions, PairScheduler
 from backends.engine import Engine, GenerationRequest
-from backends.generation_events import FINISH_CANCELLED, GenerationEvent, SpeculativeStats
+from backends.engine_slots import EngineSlots, parallel_of, slots_for
+from backends.runtime_exchange import RuntimeExchange
 
 logger = logging.getLogger("draftpen.server")
 
 # How many requests may wait behind the running one, unless ``serve --queue`` says.
 DEFAULT_QUEUE_LIMIT = 16
-
-# Marks the end of a job's items in its inbox.
-END = object()
-
 T = TypeVar("T")
 
 
@@ -153,6 +152,9 @@ class QueueState:
 
     running: str | None
     running_label: str | None
+    running_count: int  # generations running at once (a parallel engine runs several)
+    parallel: int  # how many may run at once, and why fewer than asked (None: as asked)
+    parallel_refusal: str | None
     waiting: int
     limit: int
     completed: int
@@ -170,9 +172,8 @@ _KEEP_ALIVE_EXPIRED = object()
 class GenerationQueue:
     """A FIFO of jobs with a bound, and the one worker thread that runs them.
 
-    ``max_waiting`` bounds the jobs waiting behind the one that runs; :meth:`submit`
-    raises :class:`QueueFullError` beyond it. The worker is the only thread that loads,
-    uses and unloads models.
+    ``max_waiting`` bounds the jobs waiting behind those that run; :meth:`submit` raises
+    :class:`QueueFullError` beyond it. The worker alone loads, runs and unloads models.
     """
 
     def __init__(self, scheduler: PairScheduler, *, max_waiting: int) -> None:
@@ -183,13 +184,15 @@ class GenerationQueue:
         self._condition = threading.Condition()
         self._waiting: deque[EngineJob] = deque()
         self._running: EngineJob | None = None
+        # Jobs generating on a parallel engine's slots, each on a thread of its own,
+        # while the worker runs the runtime's batched decodes (backends/engine_slots.py).
+        self._on_slots: list[EngineJob] = []
+        self._slots: EngineSlots | None = None
+        self._parallel: tuple[int, str | None] = (scheduler.defaults.parallel, None)
+        self.exchange = RuntimeExchange(self._condition)
         self._accepting = True
-        self._completed = 0
-        self._cancelled = 0
-        self._failed = 0
+        self._completed = self._cancelled = self._failed = 0
         self._idle_since: float | None = time.monotonic()
-        # Work handed to the worker thread by run_on_worker, taken before any job.
-        self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._thread = threading.Thread(target=self._work, name="draftpen-engine", daemon=True)
 
     def start(self) -> None:
@@ -201,13 +204,10 @@ class GenerationQueue:
 
         All model work belongs on this one thread, loading (which calibrates) included:
         see ``backends/llamacpp/library.py`` for why a second thread slows llama.cpp."""
-        future: Future[T] = Future()
         with self._condition:
             if not self._accepting:
                 raise ShuttingDownError
-            self._calls.append((work, future))
-            self._condition.notify()
-        return future.result()
+        return self.exchange.call(work)
 
     def submit(self, job: EngineJob) -> EngineJob:
         """Queue a job; its items arrive through it on its loop.
@@ -219,8 +219,9 @@ class GenerationQueue:
             if not self._accepting:
                 raise ShuttingDownError
             # The job about to run counts as running even before the worker takes it.
-            outstanding = len(self._waiting) + (self._running is not None)
-            if outstanding > self.max_waiting:
+            running = (self._running is not None) + len(self._on_slots)
+            slots = self._slots.count if self._slots is not None else 1
+            if len(self._waiting) + running > self.max_waiting + max(0, slots - 1):
                 raise QueueFullError
             self._waiting.append(job)
             self._idle_since = None
@@ -244,22 +245,19 @@ class GenerationQueue:
                 return  # running (the loop will see the event) or already done
             self._cancelled += 1
             self._tell_positions()
-            if self._running is None and not self._waiting:
+            if self._running is None and not self._waiting and not self._on_slots:
                 self._idle_since = time.monotonic()
         logger.info("%s: cancelled while queued (%s)", job.id, reason)
         if job.prepare is not None:
-            job.post(_cancelled_event(job.prompt_tokens))
+            job.post(cancelled_event(job.prompt_tokens))
         job.post(END)
 
     def shutdown(self, reason: str = "server shutting down") -> None:
         """Take no new jobs and cancel every queued and running one."""
         with self._condition:
             self._accepting = False
-            jobs = [*self._waiting, *([self._running] if self._running else [])]
-            calls, self._calls = list(self._calls), deque()
+            jobs = [*self._waiting, *([self._running] if self._running else []), *self._on_slots]
             self._condition.notify_all()
-        for _, future in calls:
-            future.set_exception(ShuttingDownError())
         for job in jobs:
             self.cancel(job, reason)
 
@@ -272,10 +270,13 @@ class GenerationQueue:
     def state(self) -> QueueState:
         """A consistent snapshot of the queue."""
         with self._condition:
-            running = self._running
+            running = self._running or (self._on_slots[0] if self._on_slots else None)
             return QueueState(
                 running=running.id if running else None,
                 running_label=running.label if running else None,
+                running_count=(self._running is not None) + len(self._on_slots),
+                parallel=self._parallel[0],
+                parallel_refusal=self._parallel[1],
                 waiting=len(self._waiting),
                 limit=self.max_waiting,
                 completed=self._completed,
@@ -295,65 +296,90 @@ class GenerationQueue:
     def _tell_positions(self) -> None:
         """Tell each waiting job where it stands, if that changed (lock held)."""
         ahead = [self._running.label] if self._running is not None else []
+        ahead += [job.label for job in self._on_slots]
+        capacity = self._slots.count if self._slots is not None else 1
         for job in self._waiting:
             notice = QueueNotice(position=len(ahead), ahead=list(ahead))
-            # Nothing ahead: it runs at once, so there is no wait to tell of.
-            if ahead and notice != job.last_notice:
+            # A free place (nothing ahead, or a free slot): it runs at once, so there
+            # is no wait to tell of.
+            if len(ahead) >= capacity and notice != job.last_notice:
                 job.last_notice = notice
                 job.post(notice)
             ahead.append(job.label)
 
     def _next_job(self) -> EngineJob | object | None:
-        """The next job; :data:`_KEEP_ALIVE_EXPIRED` to unload; a call from
-        :meth:`run_on_worker`; None once shut down."""
+        """The next job; :data:`_KEEP_ALIVE_EXPIRED` to unload; runtime work (a call
+        from :meth:`run_on_worker`, the slots' decodes) as a :class:`_RuntimeWork`;
+        None once shut down."""
         with self._condition:
-            while not self._waiting and not self._calls:
-                if not self._accepting:
+            while True:
+                now = time.monotonic()
+                work, wake_at = self.exchange.next_work(now)
+                if work is not None:
+                    return _RuntimeWork(work)
+                if self._waiting and self._may_start(self._waiting[0]):
+                    job = self._waiting.popleft()
+                    self._running = job
+                    self._tell_positions()
+                    return job
+                if not self._accepting and not self._on_slots:
                     return None
-                deadline = self.scheduler.unload_deadline()
-                if deadline is None:
-                    self._condition.wait()
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                deadline = None if self._on_slots else self.scheduler.unload_deadline()
+                if deadline is not None and deadline <= now:
                     return _KEEP_ALIVE_EXPIRED
-                self._condition.wait(remaining)
-            if self._calls:
-                return self._calls.popleft()
-            job = self._waiting.popleft()
-            self._running = job
-            self._tell_positions()
-            return job
+                if wake_at is not None:
+                    deadline = wake_at if deadline is None else min(deadline, wake_at)
+                self._condition.wait(None if deadline is None else max(0.0, deadline - now))
+
+    def _may_start(self, job: EngineJob) -> bool:
+        """Whether ``job`` may start now (lock held): anything when nothing generates
+        on slots; beside them, only a generation on the loaded pair, as it is loaded,
+        while a slot is free (a load or another pair waits for them to finish)."""
+        if not self._on_slots:
+            return True
+        slots = self._slots
+        return (
+            slots is not None
+            and len(self._on_slots) < slots.count
+            and job.prepare is not None
+            and job.inspect is None
+            and job.load_options is None
+            and job.pair == self.scheduler.loaded_name()
+        )
 
     def _work(self) -> None:
+        # This thread runs all of the runtime's work, the slots' decodes included.
+        self.exchange.bind()
         while True:
             job = self._next_job()
             if job is None:
                 return  # shut down and drained
+            if isinstance(job, _RuntimeWork):
+                job.work()
+                continue
             if job is _KEEP_ALIVE_EXPIRED:
                 keep_alive = self.scheduler.keep_alive
                 self.scheduler.unload(f"idle for {keep_alive:g}s (keep-alive)")
-                continue
-            if isinstance(job, tuple):
-                work, future = job
-                try:
-                    future.set_result(work())
-                except BaseException as error:  # handed to the caller, who re-raises it
-                    future.set_exception(error)
                 continue
             assert isinstance(job, EngineJob)
             outcome = self._run(job)
             with self._condition:
                 self._running = None
-                if outcome == "completed":
-                    self._completed += 1
-                elif outcome == "cancelled":
-                    self._cancelled += 1
-                else:
-                    self._failed += 1
-                self._tell_positions()
-                if not self._waiting:
-                    self._idle_since = time.monotonic()
+                if outcome != "on a slot":
+                    self._count(outcome)
+
+    def _count(self, outcome: str) -> None:
+        """Count a finished job and tell the others (lock held)."""
+        if outcome == "completed":
+            self._completed += 1
+        elif outcome == "cancelled":
+            self._cancelled += 1
+        else:
+            self._failed += 1
+        self._tell_positions()
+        if not self._waiting and not self._on_slots and self._running is None:
+            self._idle_since = time.monotonic()
+        self._condition.notify_all()
 
     def _run(self, job: EngineJob) -> str:
         started = time.monotonic()
@@ -373,77 +399,45 @@ class GenerationQueue:
                 job.post(LoadedNotice(loaded, fresh))
                 job.post(END)
                 return "completed"
-            return self._generate(job, loaded.engine, started)
+            self._parallel = parallel_of(loaded.engine)
+            self._slots = slots = slots_for(loaded.engine, self._slots, self.exchange)
+            if slots is None:
+                return run_generation(job, loaded.engine, started)
+            with self._condition:
+                self._on_slots.append(job)
+            arguments = (job, loaded.engine, slots, started)
+            threading.Thread(target=self._run_on_slot, args=arguments, daemon=True).start()
+            return "on a slot"
         finally:
+            self.scheduler.touch()
+
+    def _run_on_slot(
+        self, job: EngineJob, engine: Engine, slots: EngineSlots, started: float
+    ) -> None:
+        """A generation's own thread: its loop on a slot; the worker runs its decodes."""
+        outcome = "failed"
+        try:
+            outcome = run_generation(job, engine, started, slots)
+        finally:
+            with self._condition:
+                self._on_slots.remove(job)
+                self._count(outcome)
             self.scheduler.touch()
 
     def _inspect(self, job: EngineJob, engine: Engine) -> str:
         assert job.inspect is not None
+        outcome = "completed"
         try:
-            result = job.inspect(engine)
+            job.post(Inspected(job.inspect(engine)))
         except Exception as error:  # reported to the client; the worker lives on
             job.post(error)
-            job.post(END)
-            return "failed"
-        job.post(Inspected(result))
+            outcome = "failed"
         job.post(END)
-        return "completed"
-
-    def _generate(self, job: EngineJob, engine: Engine, started: float) -> str:
-        assert job.prepare is not None
-        last: GenerationEvent | None = None
-        try:
-            # Recorded: a runtime that crashes here is reported with the pair it ran.
-            with generating(job.pair):
-                prepared = job.prepare(engine)
-                job.prompt_tokens = len(prepared.request.prompt_tokens)
-                job.post(prepared)
-                for event in engine.generate(prepared.request, job.cancel_event):
-                    job.post(event)
-                    last = event
-        except Exception as error:  # reported to the client; the worker lives on
-            logger.warning("%s: failed: %s", job.id, error)
-            job.post(error)
-            job.post(END)
-            return "failed"
-        job.post(END)
-        stats = last.stats if last else SpeculativeStats()
-        tokens, seconds = stats.generated_tokens, time.monotonic() - started
-        if last is not None and last.finish_reason == FINISH_CANCELLED:
-            logger.info(
-                "%s: cancelled after %d tokens in %.2fs (%s)",
-                job.id,
-                tokens,
-                seconds,
-                job.cancel_reason or "cancelled",
-            )
-            return "cancelled"
-        # The prompt's cached share says whether an agent's turn read only what was new.
-        logger.info(
-            "%s: %d tokens in %.2fs after %.2fs in the queue, finish_reason %s; "
-            "prompt %d tokens, %d of them cached, read in %.2fs, first token after %.2fs",
-            job.id,
-            tokens,
-            seconds,
-            started - job.submitted,
-            last.finish_reason if last else None,
-            stats.prompt_tokens,
-            stats.cached_prompt_tokens,
-            stats.prefill_seconds,
-            stats.time_to_first_token,
-        )
-        return "completed"
+        return outcome
 
 
-def _cancelled_event(prompt_tokens: int) -> GenerationEvent:
-    """The final event of a job that never ran."""
-    return GenerationEvent(
-        text="",
-        segments=(),
-        tokens=(),
-        from_draft=(),
-        drafter="none",
-        draft_length=0,
-        stats=SpeculativeStats(prompt_tokens=prompt_tokens),
-        finish_reason=FINISH_CANCELLED,
-    )
+@dataclass(frozen=True)
+class _RuntimeWork:
+    """A piece of the runtime's work the worker runs for generations on slots."""
+
+    work: Callable[[], None]

@@ -32,6 +32,7 @@ class LoadOptions:
 
     context_length: int
     exact: bool
+    parallel: int = 1  # sequences generating at once (``serve --parallel``)
 
 
 class PairLoader(Protocol):

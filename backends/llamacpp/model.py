@@ -131,6 +131,7 @@ class LlamaCppModel(LlamaCppTokens):
         settings = context_params(
             n_ctx=n_ctx * self.parallel,
             n_seq=self.parallel,
+            one_cache=not exact_kernels,
             n_batch=n_batch,
             threads=threads,
             recurrent_snapshots=snapshots if self.recurrent else None,

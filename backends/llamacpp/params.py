@@ -36,6 +36,7 @@ def context_params(
     *,
     n_ctx: int,
     n_seq: int = 1,
+    one_cache: bool = True,
     n_batch: int,
     threads: int,
     recurrent_snapshots: int | None,
@@ -49,9 +50,12 @@ def context_params(
     params.n_ubatch = n_batch
     params.n_seq_max = n_seq
     # One cache for all sequences, as llama-server keeps it: a batch of several
-    # sequences is one ubatch whatever each one's length (separate streams would split
-    # it into equal-length pieces, one weight read each).
-    params.kv_unified = n_seq > 1
+    # sequences is one ubatch whatever each one's length (separate streams split it
+    # into equal-length pieces, one weight read each). But in one cache a sequence's
+    # cells may fall out of position order (another's rollback leaves holes), and
+    # attention then adds them up in another order than alone: so exact kernels keep a
+    # stream per sequence (``one_cache`` False), laid out as the sequence alone would be.
+    params.kv_unified = n_seq > 1 and one_cache
     if recurrent_snapshots is not None:
         params.n_rs_seq = recurrent_snapshots
     params.n_threads = threads
