@@ -10,7 +10,9 @@ import logging
 from collections.abc import Callable
 
 from app.calibration_store import ensure_calibrated
-from app.models.pair_files import ResolvedPair, pair_files
+from app.models.catalog_file import load_catalog
+from app.models.fit import parallel_that_fits
+from app.models.pair_files import ResolvedPair, pair_files, pair_models
 from backends.caches.conversation_cache import ConversationCache
 from backends.caches.disk_prefixes import DiskPrefixes
 from backends.caches.prefix_store import PrefixStore
@@ -31,7 +33,7 @@ def load_engine(
     conversation_cache_bytes: int = 0,
     prefix_store: PrefixStore | None = None,
     on_progress: Callable[[str], None] | None = None,
-    parallel: int = 1,
+    parallel: int | None = 1,
 ) -> Engine:
     """Load a downloaded pair; raises a DraftpenError/BackendError that says what to do.
 
@@ -41,12 +43,15 @@ def load_engine(
     ``conversation_cache_bytes`` > 0 lets the engine keep that much of conversations'
     KV state in RAM (the engine process does; one-shot commands need none). With a
     ``prefix_store`` prompts' prefixes are saved to disk and loaded from it.
-    ``parallel`` N > 1 loads both models for N sequences generating at once (llama.cpp).
+    ``parallel`` N > 1 loads both models for N sequences generating at once (llama.cpp;
+    None: as many as fit in memory, up to four).
     """
     chosen_runtime = choose_runtime(runtime)
     resolved = pair_files(pair_name, chosen_runtime)
     report = on_progress or (lambda message: None)
     target_path, draft_path = resolved.target_path, resolved.draft_path
+    if parallel is None:
+        parallel = _parallel_that_fits(pair_name, chosen_runtime, n_ctx)
     report(f"loading target {target_path.name}")
     target = load_model(
         target_path,
@@ -83,6 +88,14 @@ def load_engine(
         if draft is not None:
             draft.close()
         raise
+
+
+def _parallel_that_fits(pair_name: str, runtime: str, n_ctx: int) -> int:
+    """``serve --parallel auto``: as many sequences as the pair holds in memory, up to
+    four; one on MLX, which generates one at a time."""
+    if runtime != "llamacpp":
+        return 1
+    return parallel_that_fits(pair_models(load_catalog(), pair_name, runtime), n_ctx=n_ctx)
 
 
 def _use_mtp_head(engine: Engine, resolved: ResolvedPair, report: Callable[[str], None]) -> None:

@@ -24,11 +24,14 @@ from backends.runtime_exchange import RuntimeExchange
 from backends.speculation.drafters import common_prefix_length
 
 
-def parallel_of(engine: Engine) -> tuple[int, str | None]:
+def parallel_of(engine: Engine, asked: int | None = None) -> tuple[int, str | None]:
     """How many sequences ``engine``'s models were loaded for, and why fewer than
-    asked (None: as asked)."""
+    ``asked`` (None: as asked, or nothing was asked)."""
     target, draft = engine.target, engine.draft
-    count = int(getattr(target, "parallel", 1))
+    if not hasattr(target, "parallel"):
+        wanted = asked is not None and asked > 1
+        return 1, "this runtime generates one sequence at a time" if wanted else None
+    count = int(target.parallel)
     refusal = getattr(target, "parallel_refusal", None)
     if draft is not None and int(getattr(draft, "parallel", 1)) != count:
         return 1, refusal or "the draft model holds one sequence"

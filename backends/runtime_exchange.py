@@ -72,6 +72,10 @@ class RuntimeExchange:
             self.condition.notify_all()
         return future.result()
 
+    def has_calls(self) -> bool:
+        """Whether a call waits (condition held)."""
+        return bool(self._calls)
+
     def next_work(self, now: float) -> tuple[Callable[[], None] | None, float | None]:
         """The next piece of work to run, else the time to look again (None: when
         notified). Called by the runtime thread with the condition held."""

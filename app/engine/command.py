@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from app.engine.queue import DEFAULT_QUEUE_LIMIT
 from app.errors import DraftpenError
+from app.models.fit import DEFAULT_PARALLEL
 from app.options import add_model_options
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,15 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 # llama.cpp's own bound on sequences in one context is 256; past a handful, a small
 # machine gains nothing and each sequence takes a whole context of KV memory.
 MAX_PARALLEL = 16
+
+
+def _parallel_option(value: str) -> int | None:
+    """``--parallel``: a count from 1 to MAX_PARALLEL, or "auto" (None)."""
+    if value == "auto":
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= MAX_PARALLEL:
+        raise DraftpenError(f"--parallel must be auto or a number from 1 to {MAX_PARALLEL}.")
+    return int(value)
 
 
 def parse_duration(value: str, option: str) -> float | None:
@@ -107,12 +117,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     serve.add_argument(
         "--parallel",
-        type=int,
-        default=1,
+        default="auto",
         metavar="N",
         help="generate up to N requests at once, their forwards batched (llama.cpp; "
         "each sequence gets the whole --context, so the KV cache takes N times the "
-        "memory); 1: one at a time (default 1)",
+        "memory); 1: one at a time; auto: as many as memory holds, up to "
+        f"{DEFAULT_PARALLEL} (default auto)",
     )
     serve.add_argument(
         "--tcp",
@@ -209,8 +219,7 @@ def run_serve(args: argparse.Namespace) -> int:
         output.start_watching()
     if args.queue < 0:
         raise DraftpenError("--queue must be 0 or more.")
-    if not 1 <= args.parallel <= MAX_PARALLEL:
-        raise DraftpenError(f"--parallel must be 1 to {MAX_PARALLEL}.")
+    parallel = _parallel_option(args.parallel)
     if args.context is not None and args.context < 16:
         raise DraftpenError("--context must be at least 16 tokens.")
     keep_alive = parse_duration(args.keep_alive, "--keep-alive")
@@ -236,7 +245,7 @@ def run_serve(args: argparse.Namespace) -> int:
     defaults = LoadOptions(
         context_length=args.context or settings.context_length,
         exact=settings.exact_output,
-        parallel=args.parallel,
+        parallel=parallel,
     )
     loader = catalog_loader(
         runtime,

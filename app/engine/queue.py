@@ -188,7 +188,7 @@ class GenerationQueue:
         # while the worker runs the runtime's batched decodes (backends/engine_slots.py).
         self._on_slots: list[EngineJob] = []
         self._slots: EngineSlots | None = None
-        self._parallel: tuple[int, str | None] = (scheduler.defaults.parallel, None)
+        self._parallel: tuple[int, str | None] = (scheduler.defaults.parallel or 1, None)
         self.exchange = RuntimeExchange(self._condition)
         self._accepting = True
         self._completed = self._cancelled = self._failed = 0
@@ -313,15 +313,18 @@ class GenerationQueue:
         None once shut down."""
         with self._condition:
             while True:
-                now = time.monotonic()
-                work, wake_at = self.exchange.next_work(now)
-                if work is not None:
-                    return _RuntimeWork(work)
-                if self._waiting and self._may_start(self._waiting[0]):
+                # Calls first, then a job that may start: the slots' decodes keep coming
+                # while a prompt is read, and a new generation must not wait for its end.
+                startable = self._waiting and self._may_start(self._waiting[0])
+                if startable and not self.exchange.has_calls():
                     job = self._waiting.popleft()
                     self._running = job
                     self._tell_positions()
                     return job
+                now = time.monotonic()
+                work, wake_at = self.exchange.next_work(now)
+                if work is not None:
+                    return _RuntimeWork(work)
                 if not self._accepting and not self._on_slots:
                     return None
                 deadline = None if self._on_slots else self.scheduler.unload_deadline()
@@ -399,7 +402,7 @@ class GenerationQueue:
                 job.post(LoadedNotice(loaded, fresh))
                 job.post(END)
                 return "completed"
-            self._parallel = parallel_of(loaded.engine)
+            self._parallel = parallel_of(loaded.engine, loaded.options.parallel)
             self._slots = slots = slots_for(loaded.engine, self._slots, self.exchange)
             if slots is None:
                 return run_generation(job, loaded.engine, started)

@@ -32,7 +32,9 @@ class LoadOptions:
 
     context_length: int
     exact: bool
-    parallel: int = 1  # sequences generating at once (``serve --parallel``)
+    # Sequences generating at once (``serve --parallel``); None: as many as memory
+    # allows, up to four (app/models/fit.py).
+    parallel: int | None = 1
 
 
 class PairLoader(Protocol):

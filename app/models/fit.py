@@ -25,6 +25,9 @@ from app.settings import Settings
 DEFAULT_CONTEXT = Settings().context_length
 RUNTIME_OVERHEAD_BYTES = 300_000_000
 """Compute buffers, scratch and the runtime itself, per pair: an allowance, not measured."""
+DEFAULT_PARALLEL = 4
+"""Sequences a serving engine decodes at once by default, where memory allows (as
+llama-server's four slots): agents send a few requests at a time."""
 KV_SHARE_OF_SIZE_PER_TOKEN = 1 / 40_000
 """Without catalog figures: KV bytes per token ~ size / 40,000 (7-8B Q4: ~60-130 kB)."""
 USABLE_RAM_SHARE = 0.8
@@ -121,6 +124,25 @@ def pair_memory_bytes(models: Sequence[ModelEntry], n_ctx: int = DEFAULT_CONTEXT
     weights = sum(model.size_bytes for model in models)
     caches = sum(kv_cache_bytes(model, n_ctx) for model in models)
     return weights + caches + RUNTIME_OVERHEAD_BYTES
+
+
+def parallel_that_fits(
+    models: Sequence[ModelEntry],
+    machine: MachineMemory | None = None,
+    n_ctx: int = DEFAULT_CONTEXT,
+    most: int = DEFAULT_PARALLEL,
+) -> int:
+    """How many sequences of ``n_ctx`` tokens each (``serve --parallel auto``) the pair
+    holds where it fits alone: up to ``most``, down to 2, else 1. Each sequence takes
+    a whole context of KV cache; weights are shared."""
+    machine = machine or machine_memory()
+    alone = pair_fit(models, machine, n_ctx).place
+    if alone == "none":
+        return 1
+    for count in range(most, 1, -1):
+        if pair_fit(models, machine, n_ctx * count).place == alone:
+            return count
+    return 1
 
 
 def pair_fit(

@@ -38,7 +38,7 @@ from backends.llamacpp.library import (
     recent_errors,
 )
 from backends.llamacpp.mtp import LlamaCppMtpHead
-from backends.llamacpp.params import context_params, model_params
+from backends.llamacpp.params import context_params, model_params, parallel_refusal
 from backends.llamacpp.rollback import (
     DEFAULT_SNAPSHOTS,
     RecurrentRollback,
@@ -54,23 +54,11 @@ def _uint8_pointer(buffer: np.ndarray) -> Any:
     return buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
-def _parallel_refusal(recurrent: bool, mtp_layers: int, parallel: int) -> str | None:
-    """Why a model cannot decode ``parallel`` sequences at once (None: it can)."""
-    if parallel <= 1:
-        return None
-    if recurrent:
-        return "a recurrent state (hybrid model) is rolled back per sequence; runs in turn"
-    if mtp_layers:
-        return "the MTP head drafts for one sequence; runs in turn"
-    return None
-
-
 class LlamaCppModel(LlamaCppTokens):
     """A GGUF model with one context and one reusable batch.
 
-    With ``parallel`` N > 1 the context holds N sequences in one KV cache (N x
-    ``n_ctx`` cells); this object then only loads and measures, and the N views of
-    :meth:`sequences` generate (``backends/llamacpp/sequences.py``).
+    With ``parallel`` N > 1 the context holds N sequences of ``n_ctx`` cells; this object
+    then loads and measures, and N views generate (``backends/llamacpp/sequences.py``).
     """
 
     def __init__(
@@ -124,7 +112,7 @@ class LlamaCppModel(LlamaCppTokens):
 
         # A recurrent state or an MTP head keeps one sequence's extra state beside the
         # KV cache; those sequences run one at a time (see parallel_refusal).
-        self.parallel_refusal = _parallel_refusal(self.recurrent, self.mtp_layers, parallel)
+        self.parallel_refusal = parallel_refusal(self.recurrent, self.mtp_layers, parallel)
         self.parallel = 1 if self.parallel_refusal else max(1, parallel)
         threads = n_threads or physical_cores()
         snapshots = DEFAULT_SNAPSHOTS if rollback_snapshots is None else rollback_snapshots
@@ -340,12 +328,11 @@ class LlamaCppModel(LlamaCppTokens):
         context = self._live_context()
         if self._recurrent is not None:
             flush_replay(self._recurrent, self._tokens, self._decode_at, self.n_batch)
-        size = int(llama_cpp.llama_state_seq_get_size(context, self._seq))
+        seq = self._seq
+        size = int(llama_cpp.llama_state_seq_get_size(context, seq))
         # np.empty, not a ctypes array: no zero-filling of a buffer about to be written.
         buffer = np.empty(size, dtype=np.uint8)
-        written = llama_cpp.llama_state_seq_get_data(
-            context, _uint8_pointer(buffer), size, self._seq
-        )
+        written = llama_cpp.llama_state_seq_get_data(context, _uint8_pointer(buffer), size, seq)
         if written != size:
             raise DecodeError(
                 f"llama.cpp copied {written} of {size} bytes of {self.name}'s cache "
@@ -362,14 +349,13 @@ class LlamaCppModel(LlamaCppTokens):
         recent_errors.clear()
         if self._mtp is not None:
             self._mtp.target_rolled_back(0)  # it has no hidden states for a restored cache
-        read = llama_cpp.llama_state_seq_set_data(
-            context, _uint8_pointer(buffer), buffer.size, self._seq
-        )
-        restored_end = int(llama_cpp.llama_memory_seq_pos_max(self._memory, self._seq)) + 1
+        seq = self._seq
+        read = llama_cpp.llama_state_seq_set_data(context, _uint8_pointer(buffer), buffer.size, seq)
+        restored_end = int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq)) + 1
         if read != buffer.size or restored_end != len(state.tokens):
             # llama.cpp drops the sequence when a restore fails part way; make sure of
             # it, so the cache and ``_tokens`` agree (empty) rather than half-restored.
-            llama_cpp.llama_memory_seq_rm(self._memory, self._seq, 0, -1)
+            llama_cpp.llama_memory_seq_rm(self._memory, seq, 0, -1)
             self._tokens.clear()
             if self._recurrent is not None:
                 self._recurrent.reset(0)
