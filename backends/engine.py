@@ -28,7 +28,7 @@ from backends.sampling.filters import SamplingParams
 from backends.speculation.acceptance import AcceptanceEstimate, ConfidenceFloor
 from backends.speculation.calibration import measure_costs
 from backends.speculation.controller import AdaptiveDraftPolicy
-from backends.speculation.cost_model import CostModel
+from backends.speculation.cost_model import CostModel, SharedForwardCosts
 from backends.speculation.draft_policy import DraftPolicy, FixedDraftPolicy
 from backends.speculation.drafters import Drafter, ModelDrafter, PredictionDrafter
 from backends.speculation.loop import speculative_generate
@@ -129,6 +129,8 @@ class Engine:
         # A sequence's engine (see sibling) asks its parent for what they share.
         self._parent: Engine | None = None
         self._close_first: list[Callable[[], None]] = []
+        # How many sequences share each forward (a parallel engine's slot; None: one).
+        self.sharing: Callable[[], int] | None = None
 
     def grammar_state(self, constraint: ConstraintSpec | None) -> GrammarState | None:
         """A fresh grammar state for a request's constraint (None when it asks for none).
@@ -272,6 +274,9 @@ class Engine:
             drafter = prediction if prediction is not None else self.drafter_named(request.drafter)
             return FixedDraftPolicy(drafter, draft_tokens, exact_limit)
         costs = self.costs if self.costs is not None else self.calibrate()
+        if self.sharing is not None:
+            # Decided as one of the sequences whose forwards are batched together.
+            costs = SharedForwardCosts(costs, self.sharing)  # type: ignore[assignment]
         drafters: list[Drafter] = [self._ngram_drafter]
         if prediction is not None:
             drafters.insert(0, prediction)

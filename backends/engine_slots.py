@@ -79,6 +79,8 @@ class EngineSlots:
             engine.sibling(target, draft)
             for target, draft in zip(self._target_views.views, drafts, strict=True)
         ]
+        for slot in self._free:
+            slot.sharing = self._target_views.batcher.generating_count
         self._lock = threading.Lock()
         self._uses = 0
         self._last_use: dict[int, int] = {}

@@ -93,6 +93,10 @@ class DecodeBatcher:
                 self._generating.discard(seq)
             self.condition.notify_all()
 
+    def generating_count(self) -> int:
+        """How many sequences are generating (they share each forward)."""
+        return len(self._generating)
+
     def decode(
         self, seq: int, tokens: Sequence[int], start: int, logits_from: int
     ) -> np.ndarray | None:
@@ -118,7 +122,8 @@ class DecodeBatcher:
             return None, None
         waiting_for = self._generating - {request.seq for request in self._pending}
         queued = sum(len(request.tokens) for request in self._pending)
-        grace = min(MAX_GRACE, GRACE_SHARE * self._last_seconds)
+        # Nothing measured yet: the longest grace (the first decodes gather prompts).
+        grace = min(MAX_GRACE, GRACE_SHARE * self._last_seconds) if self.decodes else MAX_GRACE
         # The grace counts from when the runtime was free to run it: a decode that
         # came while another batch ran waits for that batch's sequences to come back.
         due = max(self._pending[0].arrived, self._last_end) + grace

@@ -5,7 +5,9 @@ by every round) and for one step of the draft model or of the target's MTP head.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 SMOOTHING = 0.15  # weight of the newest measured cost in the running estimate
 
@@ -87,4 +89,57 @@ class CostModel:
 
     def ceiling(self, draft_tokens: int) -> float:
         """Speedup of a free drafter that is always right, at this K."""
+        return (draft_tokens + 1) * self.verify(1) / self.verify(draft_tokens + 1)
+
+
+class SharedForwardCosts:
+    """The costs one of several sequences generating at once decides with.
+
+    Their forwards are one batch (``backends/llamacpp/decode_batcher.py``), and every
+    sequence's controller decides alike: n tokens of this sequence then ride with about
+    n of each other's, so a forward of ``n`` costs what one of ``sharing() * n`` tokens
+    does. On a GPU that is nearly what ``n`` alone costs and speculation stays; on a
+    compute-bound CPU, the batch already uses what speculation would have, and plain
+    decoding wins. A measured time is the whole batch's, so it is not taken as one
+    sequence's while others share the forward. Everything else is the shared model's.
+    """
+
+    def __init__(self, costs: CostModel, sharing: Callable[[], int]) -> None:
+        self._costs = costs
+        self._sharing = sharing
+        self._table: tuple[int, int, list[float]] = (-1, -1, [])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._costs, name)
+
+    @property
+    def version(self) -> int:
+        """Changes with the shared model's version and with how many share."""
+        return self._costs.version * 1024 + min(1023, self._sharing())
+
+    def verify(self, batch: int) -> float:
+        """Seconds for this sequence's forward of ``batch`` tokens among the others."""
+        return self._costs.verify(batch * max(1, self._sharing()))
+
+    def verify_table(self, largest: int) -> list[float]:
+        """``verify`` for every batch up to ``largest``, kept while nothing changes."""
+        sharing, version, table = self._table
+        now = max(1, self._sharing())
+        if sharing != now or version != self._costs.version or len(table) <= largest:
+            table = [0.0] + [self._costs.verify(batch * now) for batch in range(1, largest + 1)]
+            self._table = (now, self._costs.version, table)
+        return table
+
+    def observe_verify(self, batch: int, seconds: float) -> None:
+        """A forward's time, learned only when no other sequence shared it."""
+        if self._sharing() <= 1:
+            self._costs.observe_verify(batch, seconds)
+
+    def observe_draft_step(self, seconds: float) -> None:
+        """A draft step's time, learned only when no other sequence shared it."""
+        if self._sharing() <= 1:
+            self._costs.observe_draft_step(seconds)
+
+    def ceiling(self, draft_tokens: int) -> float:
+        """Speedup of a free drafter that is always right, at this K, among the others."""
         return (draft_tokens + 1) * self.verify(1) / self.verify(draft_tokens + 1)

@@ -1,0 +1,179 @@
+"""How the decodes of sequences generating at once are gathered into batches.
+
+The real :class:`~backends.llamacpp.decode_batcher.DecodeBatcher` and the real
+:class:`~backends.runtime_exchange.RuntimeExchange` with their threads; only the
+``llama_decode`` at the bottom is replaced by a recorder that hands each request
+logits rows naming it, so these run without a model.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+pytest.importorskip("backends.llamacpp.library")
+
+from backends.llamacpp.decode_batcher import DecodeBatcher, DecodeRequest
+from backends.runtime_exchange import RuntimeExchange
+
+VOCAB = 4
+
+
+class Recorded(DecodeBatcher):
+    """A batcher whose decode records each batch and answers with rows naming the
+    request: row i of sequence s holds [s, start + i, ...]."""
+
+    def __init__(self, exchange: RuntimeExchange, n_batch: int = 64) -> None:
+        super().__init__(
+            None, n_batch=n_batch, n_vocab=VOCAB, name="recorded", condition=exchange.condition
+        )
+        self.batches: list[list[tuple[int, int]]] = []  # (seq, tokens) per request
+        self.release = threading.Event()
+        self.release.set()
+
+    def _decode(self, group: list[DecodeRequest]) -> None:
+        self.release.wait(10)
+        self.batches.append([(request.seq, len(request.tokens)) for request in group])
+        for request in group:
+            rows = len(request.tokens) - request.logits_from
+            if rows:
+                logits = np.zeros((rows, VOCAB), dtype=np.float32)
+                logits[:, 0] = request.seq
+                logits[:, 1] = np.arange(
+                    request.start + request.logits_from, request.start + len(request.tokens)
+                )
+                request.logits = logits
+
+
+@pytest.fixture
+def exchange() -> Iterator[RuntimeExchange]:
+    exchange = RuntimeExchange()
+    stop = threading.Event()
+    thread = threading.Thread(target=exchange.serve, args=(stop,), daemon=True)
+    thread.start()
+    yield exchange
+    exchange.stop_serving(stop)
+    thread.join(5)
+
+
+def run_at_once(
+    work: dict[int, tuple[list[int], int, int]], batcher: Recorded
+) -> dict[int, np.ndarray | None]:
+    """Each sequence's decode from a thread of its own, all started together."""
+    results: dict[int, np.ndarray | None] = {}
+    start = threading.Barrier(len(work))
+
+    def decode(seq: int) -> None:
+        tokens, position, logits_from = work[seq]
+        start.wait()
+        results[seq] = batcher.decode(seq, tokens, position, logits_from)
+
+    threads = [threading.Thread(target=decode, args=(seq,)) for seq in work]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    return results
+
+
+def test_the_sequences_generating_share_one_decode_and_each_gets_its_own_rows(
+    exchange: RuntimeExchange,
+) -> None:
+    batcher = Recorded(exchange)
+    exchange.add_batcher(batcher)
+    for seq in (0, 1, 2):
+        batcher.generating(seq, True)
+    results = run_at_once({0: ([5], 10, 0), 1: ([6, 7, 8], 20, 0), 2: ([9, 9], 30, 1)}, batcher)
+    assert len(batcher.batches) == 1 and sorted(batcher.batches[0]) == [(0, 1), (1, 3), (2, 2)]
+    assert results[0] is not None and results[0].tolist() == [[0, 10, 0, 0]]
+    assert results[1] is not None and results[1][:, :2].tolist() == [[1, 20], [1, 21], [1, 22]]
+    assert results[2] is not None and results[2][:, :2].tolist() == [[2, 31]]
+
+
+def test_a_lone_sequence_never_waits_and_one_that_stops_generating_is_not_waited_for(
+    exchange: RuntimeExchange,
+) -> None:
+    batcher = Recorded(exchange)
+    exchange.add_batcher(batcher)
+    batcher.generating(0, True)
+    batcher.generating(1, True)
+    batcher.generating(1, False)  # its request ended (or was cancelled)
+    begun = time.monotonic()
+    batcher.decode(0, [1], 0, 0)
+    # No grace to wait out: sequence 0 is the only one generating.
+    assert batcher.batches == [[(0, 1)]]
+    assert time.monotonic() - begun < 1.0
+
+
+def test_a_sequence_busy_elsewhere_delays_the_others_only_by_the_grace(
+    exchange: RuntimeExchange,
+) -> None:
+    batcher = Recorded(exchange)
+    exchange.add_batcher(batcher)
+    batcher.generating(0, True)
+    batcher.generating(1, True)  # generating, but never decodes here
+    batcher.decode(0, [1], 0, 0)
+    batcher.decode(0, [2], 1, 0)
+    assert batcher.batches == [[(0, 1)], [(0, 1)]]
+
+
+def test_under_exact_kernels_a_batch_stays_within_the_exact_size_and_a_prompt_chunk_goes_alone(
+    exchange: RuntimeExchange,
+) -> None:
+    batcher = Recorded(exchange)
+    batcher.exact_limit = 4
+    exchange.add_batcher(batcher)
+    for seq in (0, 1, 2):
+        batcher.generating(seq, True)
+    batcher.release.clear()  # hold the runtime so that all three gather
+    holder = threading.Thread(target=batcher.decode, args=(3, [0], 0, 0))
+    holder.start()
+    time.sleep(0.05)
+    threads = [
+        threading.Thread(target=batcher.decode, args=(0, [1, 2, 3], 5, 0)),
+        threading.Thread(target=batcher.decode, args=(1, [4], 5, 0)),
+        threading.Thread(target=batcher.decode, args=(2, list(range(40)), 0, 40)),  # a prompt
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.1)
+    batcher.release.set()
+    for thread in [holder, *threads]:
+        thread.join(10)
+    gathered = batcher.batches[1:]
+    assert sorted(map(sorted, gathered)) == [[(0, 3), (1, 1)], [(2, 40)]]
+    assert all(sum(tokens for _, tokens in batch) <= 4 for batch in gathered if len(batch) > 1)
+
+
+def test_without_exact_kernels_a_prompt_chunk_rides_with_the_others_rounds(
+    exchange: RuntimeExchange,
+) -> None:
+    batcher = Recorded(exchange)
+    exchange.add_batcher(batcher)
+    batcher.generating(0, True)
+    batcher.generating(1, True)
+    results = run_at_once({0: ([1], 7, 0), 1: (list(range(32)), 0, 32)}, batcher)
+    assert sorted(batcher.batches[0]) == [(0, 1), (1, 32)]
+    assert results[1] is None  # a prompt chunk asks for no logits
+
+
+def test_a_failed_decode_fails_every_request_in_it_and_the_runtime_goes_on(
+    exchange: RuntimeExchange,
+) -> None:
+    class Failing(Recorded):
+        def _decode(self, group: list[DecodeRequest]) -> None:
+            if len(self.batches) == 0:
+                self.batches.append([])
+                raise RuntimeError("the runtime refused the batch")
+            super()._decode(group)
+
+    batcher = Failing(exchange)
+    exchange.add_batcher(batcher)
+    batcher.generating(0, True)
+    with pytest.raises(RuntimeError, match="refused"):
+        batcher.decode(0, [1], 0, 0)
+    assert batcher.decode(0, [1], 0, 0) is not None
