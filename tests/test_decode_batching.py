@@ -177,3 +177,31 @@ def test_a_failed_decode_fails_every_request_in_it_and_the_runtime_goes_on(
     with pytest.raises(RuntimeError, match="refused"):
         batcher.decode(0, [1], 0, 0)
     assert batcher.decode(0, [1], 0, 0) is not None
+
+
+def test_a_short_prompt_is_read_before_the_rest_of_a_long_one_beside_the_rounds(
+    exchange: RuntimeExchange,
+) -> None:
+    batcher = Recorded(exchange, n_batch=256)
+    exchange.add_batcher(batcher)
+    for seq in (0, 1, 2):
+        batcher.generating(seq, True)
+    batcher.release.clear()  # hold the runtime so that all three gather
+    holder = threading.Thread(target=batcher.decode, args=(3, [0], 0, 0))
+    holder.start()
+    time.sleep(0.05)
+    chunk = batcher.prompt_chunk()
+    threads = [
+        threading.Thread(target=batcher.decode, args=(0, [1] * chunk, 0, chunk, 2000)),  # agent
+        threading.Thread(target=batcher.decode, args=(1, [2] * 39, 0, 39, 39)),  # a short chat
+        threading.Thread(target=batcher.decode, args=(2, [3], 9, 0)),  # a round
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.1)
+    batcher.release.set()
+    for thread in [holder, *threads]:
+        thread.join(10)
+    # The round and the short prompt first; the agent's chunk waits for the next batch.
+    assert sorted(batcher.batches[1]) == [(1, 39), (2, 1)]
+    assert batcher.batches[2] == [(0, chunk)]

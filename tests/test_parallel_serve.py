@@ -86,6 +86,31 @@ def test_concurrent_replies_equal_their_replies_alone(parallel_server: RunningSe
     assert 2 <= most_at_once <= 3
 
 
+def test_sampled_replies_beside_others_are_the_replies_their_seeds_give_alone(
+    parallel_server: RunningServer,
+):
+    """Sampling stays per sequence: each request's own random stream over rows that
+    round as they would alone, so a seeded reply is the same reply, draws and all. (A
+    fixed drafter: "auto" decides K from what every reply taught it, and another K
+    draws the random numbers otherwise, alone as much as beside others.)"""
+    fixed = {"speculative": {"drafter": "ngram", "k": 4}}
+    requests = [
+        chat(
+            f"{topic}: write one short sentence.",
+            max_tokens=32,
+            temperature=0.9,
+            seed=7,
+            extra_body=fixed,
+        )
+        for topic in ("Gardens", "Harbors", "Islands")
+    ]
+    fill_slots(parallel_server)
+    alone = [reply(parallel_server, request) for request in requests]
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        together = list(pool.map(lambda request: reply(parallel_server, request), requests))
+    assert together == alone
+
+
 def test_a_short_request_finishes_while_a_long_one_still_writes(parallel_server: RunningServer):
     long_request = chat("Count from 1 to 200, one number per line.", max_tokens=300)
     short_request = chat("Say hello.", max_tokens=6)

@@ -8,9 +8,10 @@ go through the context's :class:`~backends.llamacpp.decode_batcher.DecodeBatcher
 the sequences generating at once share each forward, and everything else that touches
 the context runs on the runtime thread (``backends/runtime_exchange.py``).
 
-A prompt is read in chunks of ``prefill_chunk`` tokens: each chunk is one decode that
-the other sequences' rounds ride along with, so nobody waits for a long prompt to be
-read whole before its next token.
+A prompt is read in chunks (the batcher's ``prompt_chunk``: about half a second's
+worth): each chunk is one decode that the other sequences' rounds ride along with, so
+nobody waits for a long prompt to be read whole before its next token, and a short
+prompt's chunks go before a long one's.
 """
 
 from __future__ import annotations
@@ -27,11 +28,6 @@ from backends.llamacpp.decode_batcher import DecodeBatcher
 from backends.llamacpp.model import LlamaCppModel
 from backends.runtime_exchange import RuntimeExchange
 
-# Prompt tokens one decode reads for a sequence while others generate. On 2 CPU cores
-# a 256-token chunk of the 1.5B starter target is ~1 s: a short chat's round next to it
-# costs that, not the minutes a whole agent prompt takes.
-PREFILL_CHUNK = 256
-
 
 class LlamaCppSequence(LlamaCppModel):
     """One sequence of a parallel context: the loaded model's weights, vocabulary and
@@ -39,8 +35,8 @@ class LlamaCppSequence(LlamaCppModel):
 
     _batcher: DecodeBatcher
     _exchange: RuntimeExchange
-    _prefill_chunk: int
     _last_logits: np.ndarray
+    _remaining: int
 
     def __init__(self) -> None:  # pragma: no cover - made by sequence_views
         raise TypeError("use sequence_views(model, exchange)")
@@ -52,7 +48,6 @@ class LlamaCppSequence(LlamaCppModel):
         seq: int,
         batcher: DecodeBatcher,
         exchange: RuntimeExchange,
-        prefill_chunk: int,
     ) -> LlamaCppSequence:
         view = cls.__new__(cls)
         # Everything loaded is shared (weights, vocabulary, context, token caches).
@@ -64,10 +59,7 @@ class LlamaCppSequence(LlamaCppModel):
         view._recurrent = None
         view._batcher = batcher
         view._exchange = exchange
-        # Exact kernels: a prompt is read in the batches it would be read in alone (a
-        # prompt's rows round by the batch they are in), so the cache is the same.
-        chunk = owner.n_batch if owner.exact_kernels else prefill_chunk
-        view._prefill_chunk = max(1, min(chunk, owner.n_batch))
+        view._remaining = 0
         view._last_logits = np.empty((0, owner.n_vocab), dtype=np.float32)
         view.name = owner.name
         return view
@@ -92,7 +84,7 @@ class LlamaCppSequence(LlamaCppModel):
                 f"The conversation needs {start + count} tokens but the context holds "
                 f"{self.n_ctx}. Start a new chat or raise the context length."
             )
-        logits = self._batcher.decode(self._seq, tokens, start, logits_from)
+        logits = self._batcher.decode(self._seq, tokens, start, logits_from, self._remaining)
         if logits is not None:
             self._last_logits = logits
 
@@ -100,10 +92,20 @@ class LlamaCppSequence(LlamaCppModel):
         return self._last_logits[:rows]
 
     def prefill(self, tokens: Sequence[int]) -> None:
-        """Read ``tokens`` a chunk per decode, alongside the other sequences' rounds."""
-        for offset in range(0, len(tokens), self._prefill_chunk):
-            chunk = tokens[offset : offset + self._prefill_chunk]
-            self._decode(chunk, logits_from=len(chunk))
+        """Read ``tokens`` a chunk per decode, alongside the other sequences' rounds.
+
+        Under exact kernels, in the batches the prompt would be read in alone (a
+        prompt's rows round by the batch they are in), so the cache is the same."""
+        offset = 0
+        try:
+            while offset < len(tokens):
+                size = self.n_batch if self.exact_kernels else self._batcher.prompt_chunk()
+                chunk = tokens[offset : offset + size]
+                self._remaining = len(tokens) - offset
+                self._decode(chunk, logits_from=len(chunk))
+                offset += len(chunk)
+        finally:
+            self._remaining = 0
 
     # -- the rest of the context's work: on the runtime thread -----------------
 
@@ -153,9 +155,7 @@ class SequenceViews:
         self.batcher.close()
 
 
-def sequence_views(
-    model: LlamaCppModel, exchange: RuntimeExchange, *, prefill_chunk: int = PREFILL_CHUNK
-) -> SequenceViews:
+def sequence_views(model: LlamaCppModel, exchange: RuntimeExchange) -> SequenceViews:
     """One view per sequence of ``model``'s parallel context, batched on ``exchange``.
 
     Each view starts empty: what the model itself decoded (calibration) is dropped.
@@ -169,10 +169,7 @@ def sequence_views(
         name=model.name,
         condition=exchange.condition,
     )
-    views = [
-        LlamaCppSequence._of(model, seq, batcher, exchange, prefill_chunk)
-        for seq in range(model.parallel)
-    ]
+    views = [LlamaCppSequence._of(model, seq, batcher, exchange) for seq in range(model.parallel)]
     # The views start empty: drop what the model itself decoded (calibration).
     model.rollback(0)
     exchange.add_batcher(batcher)
