@@ -12,6 +12,8 @@ from textual.color import Color
 from textual.widgets import Input, Markdown, Select, Static
 
 from app.chats.history import STOPPED, History, history_path
+from app.client.engine_client import EngineClient
+from app.client.wire import HealthReport
 from app.errors import ModelNotDownloadedError
 from app.settings import Settings, settings_path
 from app.tui.screens.help import HelpScreen
@@ -566,5 +568,38 @@ def test_changing_exact_output_in_settings_reloads_the_pair() -> None:
             # The kernels are chosen when the models load: saving loads the pair again.
             assert app.settings.exact_output is True
             assert loads == ["fake", "fake"]
+
+    run(body)
+
+
+def test_the_stats_line_says_when_the_engine_writes_for_others_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An agent working on the same engine (``serve --parallel``): the chat's rate is its
+    share of the machine, and the stats line says why."""
+    engine = scripted_engine([CODE_REPLY * 8], hold_after=100)
+    app = make_app({"fake": engine})
+    real_health = EngineClient.health
+
+    def two_agents_beside(client: EngineClient) -> HealthReport:
+        report = real_health(client)
+        queue = report.queue.model_copy(update={"running_count": 3})
+        return report.model_copy(update={"queue": queue})
+
+    monkeypatch.setattr(EngineClient, "health", two_agents_beside)
+
+    async def body() -> None:
+        async with app.run_test(size=(160, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            await send(pilot, "Write double()")
+            assert engine.target.holding.wait(10)
+            for _ in range(100):
+                await pilot.pause(0.05)
+                if "beside 2 other requests" in stats_text(app):
+                    break
+            assert "tok/s" in stats_text(app)
+            assert "engine busy: beside 2 other requests" in stats_text(app)
+            engine.target.release.set()
+            await settle(app, pilot)
 
     run(body)

@@ -56,6 +56,9 @@ class ReplyInProgress:
     last_saved: float = 0.0
     # Drawn whole (finished, stopped or failed): no redraw may follow (UI thread).
     ended: bool = False
+    # Other requests the engine writes at the same time (an agent beside the chat),
+    # as its /health said a moment ago (engine_watch).
+    others_writing: int = 0
 
     def add(self, event: GenerationEvent, split: ReasoningSplit | None = None) -> None:
         """Take in one event of the loop (worker thread); ``split``: its reasoning apart."""

@@ -36,7 +36,7 @@ MAX_GRACE = 0.02
 # On 2 CPU cores and the 1.5B starter target, ~40 tokens (64 read at 86 tokens/s,
 # 128 at 92: little is lost); on a GPU, the whole batch.
 PROMPT_SECONDS = 0.5
-MIN_PROMPT_CHUNK = 16
+MIN_PROMPT_CHUNK = 64
 FIRST_PROMPT_CHUNK = 64
 SMOOTHING = 0.3
 

@@ -77,6 +77,8 @@ SAVE_INTERVAL_SECONDS = 0.5
 # while a reply is written: every redraw renders the screen on the UI thread, which
 # takes CPU that decoding needs.
 REFRESH_SECONDS = 0.5
+# How often the engine is asked, while a reply is written, what else it writes.
+ENGINE_WATCH_SECONDS = 2.0
 
 
 class ReplyWritingScreen(Screen[None]):
@@ -108,10 +110,23 @@ class ReplyWritingScreen(Screen[None]):
         self.rolling_rate.reset()
         self.rolling_rate.add(0)
         self._write_reply(client, turn, self.reply)
+        self._watch_engine(client, self.reply)
         self._refresh_timer = self.set_interval(REFRESH_SECONDS, self._refresh_reply)
         # A blinking cursor repaints the prompt twice a second: steady while writing.
         self.query_one(PromptInput).cursor_blink = False
         self.priority.lower()
+
+    @work(thread=True, exclusive=True, group="engine-watch", exit_on_error=False)
+    def _watch_engine(self, client: EngineClient, reply: ReplyInProgress) -> None:
+        """While ``reply`` is written, how many other requests the engine writes beside
+        it (an agent working on the same engine), for the stats line."""
+        while not reply.ended and not reply.cancel.is_set():
+            try:
+                running = client.health().queue.running_count
+            except Exception:  # the stream's own handling says what went wrong
+                return
+            reply.others_writing = max(0, running - 1)
+            time.sleep(ENGINE_WATCH_SECONDS)
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
     def _write_reply(self, client: EngineClient, turn: ChatTurn, reply: ReplyInProgress) -> None:
@@ -323,7 +338,7 @@ class ReplyWritingScreen(Screen[None]):
             return
         self.rolling_rate.add(event.stats.generated_tokens)
         figures = ReplyFigures.from_event(event, reply.reasoning_so_far()[1])
-        self.query_one(StatsBar).show_live(figures, self.rolling_rate.rate())
+        self.query_one(StatsBar).show_live(figures, self.rolling_rate.rate(), reply.others_writing)
         if time.monotonic() - reply.last_saved >= SAVE_INTERVAL_SECONDS:
             with self._saving():
                 self.draftpen.history.update_message(

@@ -23,15 +23,24 @@ class StatsBar(Static):
         """A plain status line (loading, ready, an error)."""
         self.update(text, layout=False)
 
-    def show_live(self, figures: ReplyFigures, rolling_tokens_per_second: float) -> None:
-        """Figures while a reply is written; the rate is the rolling one, not per round."""
+    def show_live(
+        self, figures: ReplyFigures, rolling_tokens_per_second: float, others_writing: int = 0
+    ) -> None:
+        """Figures while a reply is written; the rate is the rolling one, not per round.
+
+        ``others_writing``: other requests the engine writes meanwhile (the rate is
+        this reply's share of the machine, so say why it is lower)."""
         drafter = figures.drafter if figures.draft_length > 0 else "none"
+        beside = ""
+        if others_writing > 0:
+            plural = "s" if others_writing > 1 else ""
+            beside = f" · engine busy: beside {others_writing} other request{plural}"
         self.update(
             f"{rolling_tokens_per_second:.1f} tok/s · "
             f"accepted {figures.acceptance_rate:.0%} · "
             f"mean accepted length {figures.mean_accepted_length:.2f} · "
             f"K={figures.draft_length} {drafter} · "
-            f"est. speedup {figures.estimated_speedup:.2f}x",
+            f"est. speedup {figures.estimated_speedup:.2f}x{beside}",
             layout=False,
         )
 
