@@ -66,11 +66,16 @@ class RuntimeExchange:
         """Run ``work`` on the runtime thread (at once if this is it); its result or error."""
         if self.on_runtime_thread():
             return work()
+        return self.submit(work).result()
+
+    def submit(self, work: Callable[[], T]) -> Future[T]:
+        """Hand ``work`` to the runtime thread; its future. (The condition may be held:
+        a caller can check, under it, that the runtime thread will still take work.)"""
         future: Future[T] = Future()
         with self.condition:
             self._calls.append((work, future))  # type: ignore[arg-type]
             self.condition.notify_all()
-        return future.result()
+        return future
 
     def has_calls(self) -> bool:
         """Whether a call waits (condition held)."""

@@ -317,8 +317,23 @@ def test_chat_and_an_openai_client_at_once_share_one_load(engine: EngineClient):
     assert grown_together < 1.5 * grown_alone, (grown_together, grown_alone)
 
 
+@pytest.fixture
+def one_at_a_time(engine_home: Path, request: pytest.FixtureRequest) -> Iterator[EngineClient]:
+    """An engine that generates one request at a time (``--parallel 1``), stopped after."""
+    path = short_socket(request.node.name[:40])
+    options = ["--keep-alive", "-1", "--parallel", "1"]
+    client = ensure_engine(Settings(), socket_path=path, serve_options=options)
+    try:
+        yield client
+    finally:
+        stop_engine(client)
+
+
 @pytest.mark.real_model
-def test_a_waiting_chat_sees_what_it_waits_behind_then_runs(engine: EngineClient):
+def test_a_waiting_chat_sees_what_it_waits_behind_then_runs(one_at_a_time: EngineClient):
+    # One at a time: a chat waits behind an agent (with several, it runs beside it:
+    # tests/test_parallel_serve.py).
+    engine = one_at_a_time
     require_model(SMOLLM2_KEY)
     engine.load(PAIR)
     transport = httpx.HTTPTransport(uds=str(engine.socket_path))
@@ -339,7 +354,13 @@ def test_a_waiting_chat_sees_what_it_waits_behind_then_runs(engine: EngineClient
 
 
 @pytest.mark.real_model
-def test_many_openai_clients_and_a_chat_at_once_answer_as_each_alone(engine: EngineClient):
+def test_many_openai_clients_and_a_chat_at_once_answer_as_each_alone(
+    one_at_a_time: EngineClient,
+):
+    # Queued one at a time, each answer is its answer alone to the token. Several at
+    # once on fast kernels part at near-ties (tests/test_server.py); under exact kernels
+    # they do not (tests/test_parallel_serve.py).
+    engine = one_at_a_time
     require_model(SMOLLM2_KEY)
     topics = ["rivers", "owls", "tea"]
     client = sdk(engine)

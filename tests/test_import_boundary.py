@@ -227,8 +227,9 @@ def test_the_circle_finder_finds_a_circle() -> None:
 
 # -- the house inside backends/: the floor's doors at the top, rooms by purpose below ------
 
-# The doors every room may stand on.
-GROUND = {"base", "errors", "generation_events"}
+# The doors every room may stand on (runtime_exchange: how a generation's thread hands
+# a runtime's work to the one thread that runs it).
+GROUND = {"base", "errors", "generation_events", "runtime_exchange"}
 # The rooms each room may import besides itself: sampling imports nothing above it, the
 # loop never a runtime, a runtime never the loop. The doors engine, select and pair_check
 # sit on top and may import any room.

@@ -9,16 +9,32 @@ The queue's worker runs a job this way on the engine itself; with a parallel eng
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from app.engine.crash_record import generating
 from backends.engine import Engine
 from backends.engine_slots import EngineSlots, generate_on_slot
 from backends.generation_events import FINISH_CANCELLED, GenerationEvent, SpeculativeStats
 
-if TYPE_CHECKING:
-    from app.engine.queue import EngineJob
+
+class GenerationJob(Protocol):
+    """What a generation job is to this module (the queue's ``EngineJob``)."""
+
+    id: str
+    pair: str
+    prepare: Callable[[Engine], Any] | None
+    cancel_event: threading.Event
+    cancel_reason: str
+    submitted: float
+    prompt_tokens: int
+
+    def post(self, item: object) -> None:
+        """Hand an item to the job's handler."""
+        ...
+
 
 logger = logging.getLogger("draftpen.server")
 
@@ -27,7 +43,7 @@ END = object()
 
 
 def run_generation(
-    job: EngineJob, engine: Engine, started: float, slots: EngineSlots | None = None
+    job: GenerationJob, engine: Engine, started: float, slots: EngineSlots | None = None
 ) -> str:
     """Prepare ``job``'s request against ``engine``, generate (on a slot of ``slots``,
     the one whose cache shares most of the prompt, when given) and post every event;

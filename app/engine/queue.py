@@ -204,10 +204,14 @@ class GenerationQueue:
 
         All model work belongs on this one thread, loading (which calibrates) included:
         see ``backends/llamacpp/library.py`` for why a second thread slows llama.cpp."""
+        if self.exchange.on_runtime_thread():
+            return work()
         with self._condition:
+            # Checked and handed over under one lock: none is handed over after shutdown.
             if not self._accepting:
                 raise ShuttingDownError
-        return self.exchange.call(work)
+            future = self.exchange.submit(work)
+        return future.result()
 
     def submit(self, job: EngineJob) -> EngineJob:
         """Queue a job; its items arrive through it on its loop.
