@@ -210,8 +210,11 @@ class CrashTestHook:
         signal.pthread_kill(threading.get_ident(), signal.Signals[self.signal_name])
 
     def crash_on_forward(self, engine: Engine) -> None:
-        """Make the target's ``forward`` pass number :attr:`forward` crash."""
-        target: Any = engine.target
+        """Make the target's ``forward`` pass number :attr:`forward` crash.
+
+        Patched on the target's class, so that a parallel engine's sequence views (made
+        later, of a subclass) crash too: the engine process is the test's own."""
+        target_class: Any = type(engine.target)
         calls = 0
 
         def counted(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -225,9 +228,9 @@ class CrashTestHook:
             return call
 
         for name in ("forward", "forward_rows"):
-            method = getattr(target, name, None)
+            method = getattr(target_class, name, None)
             if method is not None:
-                setattr(target, name, counted(method))
+                setattr(target_class, name, counted(method))
 
 
 def crash_test_hook() -> CrashTestHook | None:

@@ -50,8 +50,11 @@ class LlamaCppSequence(LlamaCppModel):
         exchange: RuntimeExchange,
     ) -> LlamaCppSequence:
         view = cls.__new__(cls)
-        # Everything loaded is shared (weights, vocabulary, context, token caches).
-        view.__dict__.update(owner.__dict__)
+        # Everything loaded is shared (weights, vocabulary, context, token caches); not
+        # a method set on the loaded model itself, which would run on its sequence.
+        view.__dict__.update(
+            (name, value) for name, value in owner.__dict__.items() if not callable(value)
+        )
         view._seq = seq
         view._tokens = []
         view._batch = None
