@@ -245,6 +245,9 @@ def test_the_app_starts_an_engine_replies_stops_switches_pairs_and_survives_its_
 def test_a_chat_waits_behind_an_agent_on_one_engine_and_both_answer_as_alone(
     engines: StartedEngines, tmp_path: Path
 ) -> None:
+    # One sequence, so the chat waits (with several it writes beside the agent, and
+    # the stats line says so: tests/test_tui.py, tests/test_parallel_serve.py).
+    engines.serve_options = ("--parallel", "1")
     app = make_real_app(engines, chat_settings(), tmp_path / "history.sqlite3")
     agent_answers: list[str] = []
 
@@ -353,7 +356,8 @@ def test_many_openai_clients_and_the_chat_app_at_once_under_a_tiny_cache_answer_
     engines: StartedEngines, engine_home: Path, tmp_path: Path
 ) -> None:
     # Room for about one short SmolLM2 conversation: kept states must be evicted.
-    engines.serve_options = ("--conversation-cache", "2MiB")
+    # One sequence: turns take turns on one cache, and answers compare to the token.
+    engines.serve_options = ("--conversation-cache", "2MiB", "--parallel", "1")
     app = make_real_app(engines, chat_settings(max_tokens=24), tmp_path / "history.sqlite3")
     topics = ("tea", "rivers", "clocks")
     chat_turns = ("Name three colours.", "And three fruits?")
@@ -387,7 +391,9 @@ def test_many_openai_clients_and_the_chat_app_at_once_under_a_tiny_cache_answer_
     assert figures.used_bytes <= figures.budget_bytes == 2 << 20
 
     # Each answer equals the same request made alone, on an engine that keeps nothing.
-    alone = start_server(engine_home, short_socket("alone"), "--conversation-cache", "0")
+    alone = start_server(
+        engine_home, short_socket("alone"), "--conversation-cache", "0", "--parallel", "1"
+    )
     try:
         alone_sdk = alone.openai()
         for topic in topics:
