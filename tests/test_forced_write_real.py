@@ -29,8 +29,13 @@ CALLED = {"messages": "tool_use", "chat": "tool_calls", "responses": "completed"
 
 @pytest.fixture(scope="module")
 def starter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """``draftpen serve --pair starter`` on a socket, shared by the module's requests."""
-    yield from start_starter_server(tmp_path_factory, "forced-write")
+    """``draftpen serve --pair starter`` on a socket, shared by the module's requests.
+
+    One sequence: the repro's expectations (the grammar ends the one call before
+    max_tokens) hold for the reply as the prompt is read alone in whole batches; a
+    parallel engine reads it in smaller chunks, and on fast kernels that may round a
+    near-tie the other way and write a longer file."""
+    yield from start_starter_server(tmp_path_factory, "forced-write", "--parallel", "1")
 
 
 def repro_request() -> dict[str, Any]:

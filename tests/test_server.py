@@ -121,13 +121,13 @@ def start_server(home: Path, socket_path: Path, *options: str, pair: str = PAIR)
 
 
 def start_starter_server(
-    tmp_path_factory: pytest.TempPathFactory, home_name: str
+    tmp_path_factory: pytest.TempPathFactory, home_name: str, *options: str
 ) -> Iterator[RunningServer]:
-    """``draftpen serve --pair starter`` in a new home, for a module's fixture to yield."""
+    """``draftpen serve --pair starter OPTIONS`` in a new home, for a module's fixture."""
     require_model(TARGET_KEY)
     require_model(DRAFT_KEY)
     home = tmp_path_factory.mktemp(home_name)
-    running = start_server(home, home / "starter.sock", pair="starter")
+    running = start_server(home, home / "starter.sock", *options, pair="starter")
     yield running
     running.stop()
 
