@@ -85,12 +85,6 @@ class EngineSlots:
         self._uses = 0
         self._last_use: dict[int, int] = {}
 
-    @property
-    def free(self) -> int:
-        """How many slots no generation holds."""
-        with self._lock:
-            return len(self._free)
-
     def take(self, prompt: Sequence[int]) -> Engine:
         """The free slot whose target shares the longest prefix with ``prompt`` (of
         those alike, the one least recently used: its cache is the least likely to be

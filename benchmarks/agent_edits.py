@@ -58,7 +58,7 @@ import httpx
 
 from app.settings import MODELS_DIR_ENV, SETTINGS_FILENAME, Settings, models_dir, save_settings
 from backends.engine import DRAFTER_CHOICES as DRAFTERS
-from benchmarks.serve_process import start_serve, stop_serve
+from benchmarks.serve_process import start_serve, stop_serve, tree_commit
 
 REPO = Path(__file__).resolve().parent.parent
 REPRO = REPO / "tests" / "repro" / "forced_write_messages.json"
@@ -348,17 +348,6 @@ def print_table(name: str, rows: dict[str, dict[str, Any]]) -> None:
         )
 
 
-def commit() -> str:
-    """This tree's commit, short, with ``+changes`` when it has uncommitted ones."""
-
-    def git(*arguments: str) -> str:
-        command = ["git", *arguments]
-        return subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    dirty = git("status", "--porcelain", "-uno")
-    return f"{git('rev-parse', '--short', 'HEAD')}{'+changes' if dirty else ''}"
-
-
 def main() -> None:
     """Each drafter's engine in turn, the three requests to each; print and keep the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -410,7 +399,7 @@ def write_json(args: argparse.Namespace, results: dict[str, dict[str, dict[str, 
     result = {
         "pair": args.pair,
         "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs",
-        "commit": commit(),
+        "commit": tree_commit(),
         "max_tokens": args.max_tokens,
         "context": args.context,
         "exact_output": not args.default_kernels,

@@ -42,7 +42,6 @@ import itertools
 import json
 import os
 import platform
-import signal
 import socket
 import statistics
 import subprocess
@@ -61,7 +60,7 @@ import httpx
 import openai
 
 from benchmarks.agent_turns import PREAMBLE, system_prompt
-from benchmarks.serve_process import REPO, start_serve, stop_serve
+from benchmarks.serve_process import start_serve, stop_serve, tree_commit
 
 SHORT_QUESTIONS = tuple(
     f"In one sentence, what is {thing}?"
@@ -300,12 +299,7 @@ def llama_server(command: list[str]) -> Iterator[str]:
             time.sleep(0.5)
         yield url
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_serve(process)
 
 
 def run_peer(args: argparse.Namespace) -> dict[str, Any]:
@@ -331,17 +325,6 @@ def cpu_name() -> str:
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
     names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
     return names[0] if names else platform.processor() or "unknown"
-
-
-def commit() -> str:
-    """This tree's commit, short, with ``+changes`` when it has uncommitted ones."""
-
-    def git(*arguments: str) -> str:
-        command = ["git", *arguments]
-        return subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    dirty = git("status", "--porcelain", "-uno")
-    return f"{git('rev-parse', '--short', 'HEAD')}{'+changes' if dirty else ''}"
 
 
 def report(result: dict[str, Any]) -> None:
@@ -429,7 +412,7 @@ def main() -> None:
         "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs",
         "cpu": cpu_name(),
         "load_average": [round(load, 2) for load in os.getloadavg()],
-        "commit": commit(),
+        "commit": tree_commit(),
         "pair": args.pair,
         "settings": settings,
         "engines": [],

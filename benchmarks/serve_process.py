@@ -1,5 +1,6 @@
 """A real ``draftpen serve`` for a benchmark: started on a private socket and a free
-TCP port behind an API key, and stopped again (shared by the agent benchmarks)."""
+TCP port behind an API key, and stopped again; and the commit a benchmark ran at
+(shared by the agent and concurrency benchmarks)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -50,11 +52,23 @@ def start_serve(
     return process, url, key
 
 
-def stop_serve(process: subprocess.Popen[str]) -> None:
-    """SIGTERM, and a kill if it has not stopped within a minute."""
+def stop_serve(process: subprocess.Popen[Any]) -> None:
+    """SIGTERM, and a kill if it has not stopped within a minute (any server process)."""
     process.send_signal(signal.SIGTERM)
     try:
         process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def tree_commit() -> str:
+    """This tree's commit, short, with ``+changes`` when it has uncommitted ones (for a
+    benchmark's report)."""
+
+    def git(*arguments: str) -> str:
+        command = ["git", *arguments]
+        return subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "-uno")
+    return f"{git('rev-parse', '--short', 'HEAD')}{'+changes' if dirty else ''}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -80,6 +81,23 @@ def run_at_once(
     return results
 
 
+def gather_while_held(batcher: Recorded, decodes: list[tuple[Any, ...]]) -> None:
+    """Hold the runtime in a decode of a sequence that is not generating, let each of
+    ``decodes`` (``batcher.decode``'s arguments) arrive from a thread of its own
+    meanwhile, then let the runtime go on: they gather, and are batched as they may."""
+    batcher.release.clear()
+    holder = threading.Thread(target=batcher.decode, args=(3, [0], 0, 0))
+    holder.start()
+    time.sleep(0.05)
+    threads = [threading.Thread(target=batcher.decode, args=arguments) for arguments in decodes]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.1)
+    batcher.release.set()
+    for thread in [holder, *threads]:
+        thread.join(10)
+
+
 def test_the_sequences_generating_share_one_decode_and_each_gets_its_own_rows(
     exchange: RuntimeExchange,
 ) -> None:
@@ -129,21 +147,10 @@ def test_under_exact_kernels_a_batch_stays_within_the_exact_size_and_a_prompt_ch
     exchange.add_batcher(batcher)
     for seq in (0, 1, 2):
         batcher.generating(seq, True)
-    batcher.release.clear()  # hold the runtime so that all three gather
-    holder = threading.Thread(target=batcher.decode, args=(3, [0], 0, 0))
-    holder.start()
-    time.sleep(0.05)
-    threads = [
-        threading.Thread(target=batcher.decode, args=(0, [1, 2, 3], 5, 0)),
-        threading.Thread(target=batcher.decode, args=(1, [4], 5, 0)),
-        threading.Thread(target=batcher.decode, args=(2, list(range(40)), 0, 40)),  # a prompt
-    ]
-    for thread in threads:
-        thread.start()
-    time.sleep(0.1)
-    batcher.release.set()
-    for thread in [holder, *threads]:
-        thread.join(10)
+    gather_while_held(
+        batcher,
+        [(0, [1, 2, 3], 5, 0), (1, [4], 5, 0), (2, list(range(40)), 0, 40)],  # 2: a prompt
+    )
     gathered = batcher.batches[1:]
     assert sorted(map(sorted, gathered)) == [[(0, 3), (1, 1)], [(2, 40)]]
     assert all(sum(tokens for _, tokens in batch) <= 4 for batch in gathered if len(batch) > 1)
@@ -186,22 +193,15 @@ def test_a_short_prompt_is_read_before_the_rest_of_a_long_one_beside_the_rounds(
     exchange.add_batcher(batcher)
     for seq in (0, 1, 2):
         batcher.generating(seq, True)
-    batcher.release.clear()  # hold the runtime so that all three gather
-    holder = threading.Thread(target=batcher.decode, args=(3, [0], 0, 0))
-    holder.start()
-    time.sleep(0.05)
     chunk = batcher.prompt_chunk()
-    threads = [
-        threading.Thread(target=batcher.decode, args=(0, [1] * chunk, 0, chunk, 2000)),  # agent
-        threading.Thread(target=batcher.decode, args=(1, [2] * 39, 0, 39, 39)),  # a short chat
-        threading.Thread(target=batcher.decode, args=(2, [3], 9, 0)),  # a round
-    ]
-    for thread in threads:
-        thread.start()
-    time.sleep(0.1)
-    batcher.release.set()
-    for thread in [holder, *threads]:
-        thread.join(10)
+    gather_while_held(
+        batcher,
+        [
+            (0, [1] * chunk, 0, chunk, 2000),  # an agent's prompt
+            (1, [2] * 39, 0, 39, 39),  # a short chat's
+            (2, [3], 9, 0),  # a round
+        ],
+    )
     # The round and the short prompt first; the agent's chunk waits for the next batch.
     assert sorted(batcher.batches[1]) == [(1, 39), (2, 1)]
     assert batcher.batches[2] == [(0, chunk)]

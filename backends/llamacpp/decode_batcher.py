@@ -89,8 +89,7 @@ class DecodeBatcher:
         # Exact kernels: the largest batch whose rows round like one-token decoding
         # (the calibration's exact_batch_limit); None: any batch will do.
         self.exact_limit: int | None = None
-        self.decodes = 0  # llama_decode calls, and the sequences they carried, for tests
-        self.sequences_decoded = 0
+        self.decodes = 0  # llama_decode calls run (none yet: the longest grace)
 
     # -- generation threads (condition not held) -------------------------------
 
@@ -220,7 +219,6 @@ class DecodeBatcher:
                     per_token if last is None else last + SMOOTHING * (per_token - last)
                 )
             self.decodes += 1
-            self.sequences_decoded += len(group)
             for request in group:
                 request.done = True
             self.condition.notify_all()

@@ -67,11 +67,6 @@ class LlamaCppSequence(LlamaCppModel):
         view.name = owner.name
         return view
 
-    @property
-    def sequence(self) -> int:
-        """This view's ``seq_id`` in the shared context."""
-        return self._seq
-
     def generating(self, active: bool) -> None:
         """Say whether a generation runs on this sequence (others' decodes wait for it)."""
         self._batcher.generating(self._seq, active)
@@ -124,10 +119,6 @@ class LlamaCppSequence(LlamaCppModel):
     def restore_state(self, state: SequenceState) -> None:
         """Put a state saved by a view of this context back, replacing this sequence's."""
         self._exchange.call(lambda: LlamaCppModel.restore_state(self, state))
-
-    def clear(self) -> None:
-        """Forget every cached position of this sequence."""
-        self.rollback(0)
 
     def mtp_head(self) -> None:
         """A parallel context drafts with no MTP head (``parallel_refusal``)."""
