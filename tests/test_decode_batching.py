@@ -30,7 +30,11 @@ class Recorded(DecodeBatcher):
 
     def __init__(self, exchange: RuntimeExchange, n_batch: int = 64) -> None:
         super().__init__(
-            None, n_batch=n_batch, n_vocab=VOCAB, name="recorded", condition=exchange.condition
+            None,
+            n_batch=n_batch,
+            name="recorded",
+            condition=exchange.condition,
+            logits_rows=lambda rows: np.zeros((rows, VOCAB), dtype=np.float32),
         )
         self.batches: list[list[tuple[int, int]]] = []  # (seq, tokens) per request
         self.release = threading.Event()

@@ -65,13 +65,15 @@ class DecodeBatcher:
         context: Any,
         *,
         n_batch: int,
-        n_vocab: int,
         name: str,
         condition: threading.Condition,
+        logits_rows: Callable[[int], np.ndarray],
     ) -> None:
         self._context = context
+        # The context's logits buffer as a view of its first n rows: the loaded model's
+        # own (LlamaCppModel._logits_view), which keeps one view while the buffer stays.
+        self._logits_rows = logits_rows
         self.n_batch = n_batch
-        self.n_vocab = n_vocab
         self.name = name
         self.condition = condition
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
@@ -251,8 +253,7 @@ class DecodeBatcher:
         outputs = sum(len(r.tokens) - r.logits_from for r in group)
         if outputs == 0:
             return
-        pointer = llama_cpp.llama_get_logits(self._context)
-        rows = np.ctypeslib.as_array(pointer, shape=(outputs, self.n_vocab))
+        rows = self._logits_rows(outputs)
         offset = 0
         for request in group:
             wanted = len(request.tokens) - request.logits_from

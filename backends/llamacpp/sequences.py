@@ -159,9 +159,9 @@ def sequence_views(model: LlamaCppModel, exchange: RuntimeExchange) -> SequenceV
     batcher = DecodeBatcher(
         model._live_context(),
         n_batch=model.n_batch,
-        n_vocab=model.n_vocab,
         name=model.name,
         condition=exchange.condition,
+        logits_rows=model._logits_view,
     )
     views = [LlamaCppSequence._of(model, seq, batcher, exchange) for seq in range(model.parallel)]
     # The views start empty: drop what the model itself decoded (calibration).
