@@ -226,6 +226,10 @@ class DecodeBatcher:
             self.condition.notify_all()
 
     def _decode(self, group: list[DecodeRequest]) -> None:
+        # Rows in sequence order: with a KV stream per sequence (exact kernels) llama.cpp
+        # puts only sequences of consecutive ids in one ubatch, and would split the
+        # batch (one weight read each) where the order of arrival leaves gaps.
+        group = sorted(group, key=lambda request: request.seq)
         row = 0
         batch = self._batch
         for request in group:
