@@ -370,7 +370,11 @@ def test_eight_concurrent_clients_get_complete_uncrossed_answers(server: Running
     topics = ["cats", "rain", "bread", "trains", "music", "mountains", "coffee", "stars"]
     requests = [
         chat(
-            f"Write one short sentence about {topic}.", max_tokens=24, logprobs=True, top_logprobs=2
+            # Five alternatives: a batch may round a three-way near-tie to the third.
+            f"Write one short sentence about {topic}.",
+            max_tokens=24,
+            logprobs=True,
+            top_logprobs=5,
         )
         for topic in topics
     ]
