@@ -18,6 +18,7 @@ from backends.caches.disk_prefixes import DiskPrefixes
 from backends.caches.prefix_store import PrefixStore
 from backends.engine import DRAFTER_CHOICES, Engine
 from backends.select import choose_runtime, load_model
+from backends.workers.cluster import Workers
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ def load_engine(
     prefix_store: PrefixStore | None = None,
     on_progress: Callable[[str], None] | None = None,
     parallel: int | None = 1,
+    workers: Workers | None = None,
 ) -> Engine:
     """Load a downloaded pair; raises a DraftpenError/BackendError that says what to do.
 
@@ -44,7 +46,9 @@ def load_engine(
     KV state in RAM (the engine process does; one-shot commands need none). With a
     ``prefix_store`` prompts' prefixes are saved to disk and loaded from it.
     ``parallel`` N > 1 loads both models for N sequences generating at once (llama.cpp;
-    None: as many as fit in memory, up to four).
+    None: as many as fit in memory, up to four). ``workers`` hold part of the target's
+    layers (llama.cpp RPC); each is asked first, so one that has gone is an error that
+    names it; the draft stays on this machine.
     """
     chosen_runtime = choose_runtime(runtime)
     resolved = pair_files(pair_name, chosen_runtime)
@@ -52,14 +56,19 @@ def load_engine(
     target_path, draft_path = resolved.target_path, resolved.draft_path
     if parallel is None:
         parallel = _parallel_that_fits(pair_name, chosen_runtime, n_ctx)
-    report(f"loading target {target_path.name}")
+    worker_infos = workers.ask() if workers is not None else ()
+    report(f"loading target {target_path.name}" + (f" with workers {workers}" if workers else ""))
     target = load_model(
         target_path,
         runtime=chosen_runtime,
         n_ctx=n_ctx,
         exact_kernels=exact_output,
         parallel=parallel,
+        workers=worker_infos,
+        worker_split=workers.weights if workers is not None else None,
     )
+    if worker_infos:
+        log.info("target %s: %s", target_path.name, getattr(target, "placement", "?"))
     draft = None
     if with_draft and draft_path is not None:
         report(f"loading draft {draft_path.name}")

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from app.bench import command as bench_command
 from app.cli import cache as cache_command
-from app.cli import doctor, generate, launch
+from app.cli import doctor, generate, launch, worker
 from app.cli import models as cli_models
 from app.engine import command as server_command
 from app.errors import DraftpenError
@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.register(commands)
     launch.register(commands)
     cache_command.register(commands)
+    worker.register(commands)
     return parser
 
 

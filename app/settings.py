@@ -30,6 +30,8 @@ import tomli_w
 
 from app.errors import SettingsError
 from backends.sampling.filters import SamplingParams
+from backends.workers.cluster import Workers
+from backends.workers.endpoints import WorkerAddressError
 
 APP_NAME = "draftpen"
 HOME_ENV = "DRAFTPEN_HOME"
@@ -144,6 +146,11 @@ class Settings:
     # tools) across engines, so a new session loads them instead of reading them:
     # "auto" (a fifth of the free disk, at most 20 GiB), "0" (off), or a size.
     prefix_cache: str = "auto"
+    # Other machines running `draftpen worker` that hold part of the target's layers
+    # (serve --workers): "HOST:PORT,HOST:PORT", "" for none; and their shares,
+    # this machine's first ("2,1,1"; "" splits by free memory).
+    workers: str = ""
+    worker_split: str = ""
 
     def __post_init__(self) -> None:
         problem = _range_problem(self)
@@ -183,8 +190,19 @@ def _range_problem(settings: Settings) -> str | None:
             parse_byte_size(settings.prefix_cache) is not None,
             f"prefix_cache must be {BYTE_SIZE_HINT}, not {settings.prefix_cache!r}",
         ),
+        (_workers_problem(settings) is None, _workers_problem(settings) or ""),
     ]
     return next((message for ok, message in checks if not ok), None)
+
+
+def _workers_problem(settings: Settings) -> str | None:
+    if not settings.workers.strip():
+        return "worker_split needs workers" if settings.worker_split.strip() else None
+    try:
+        Workers.parse(settings.workers, settings.worker_split.strip() or None)
+    except WorkerAddressError as error:
+        return f"workers: {error}"
+    return None
 
 
 # "auto" keeps conversations in this share of the machine's RAM.

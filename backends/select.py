@@ -12,12 +12,14 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from backends.base import Model
 from backends.errors import RuntimeUnavailableError
 from backends.pair_check import Vocabulary
+from backends.workers.wire import WorkerInfo
 
 RUNTIMES = ("llamacpp", "mlx")
 
@@ -112,19 +114,34 @@ def load_model(
     name: str | None = None,
     exact_kernels: bool = False,
     parallel: int = 1,
+    workers: Sequence[WorkerInfo] = (),
+    worker_split: Sequence[float] | None = None,
 ) -> Model:
     """Load one model (a GGUF file for llama.cpp, an MLX directory for mlx) with ``runtime``.
 
     ``exact_kernels`` asks llama.cpp for kernels whose small verify batches round like
     one-token decoding (see backends/llamacpp/model.py); MLX has no such choice to make.
     ``parallel`` N > 1 gives llama.cpp a context of N sequences (``n_ctx`` each) that
-    generate at once (backends/engine_slots.py); MLX runs one at a time.
+    generate at once (backends/engine_slots.py); MLX runs one at a time. ``workers``
+    (llama.cpp) split the model's layers over them and this machine (``worker_split``:
+    the shares, this machine's first; default: by free memory).
     """
     if runtime == "llamacpp":
         from backends.llamacpp.model import LlamaCppModel
 
         return LlamaCppModel(
-            path, n_ctx=n_ctx, name=name, exact_kernels=exact_kernels, parallel=parallel
+            path,
+            n_ctx=n_ctx,
+            name=name,
+            exact_kernels=exact_kernels,
+            parallel=parallel,
+            workers=workers,
+            worker_split=worker_split,
+        )
+    if workers:
+        raise RuntimeUnavailableError(
+            f"Workers (--workers) split a model with llama.cpp's RPC; the {runtime} runtime "
+            "has none. Serve with --runtime llamacpp, or without --workers."
         )
     if runtime == "mlx":
         from backends.mlx.model import MlxModel

@@ -201,13 +201,16 @@ _portable_cmake_args() {
 
 # The CMake flags for FLAVOUR, quoted for CMAKE_ARGS (scikit-build-core splits it with
 # shlex, so a quoted flag with spaces stays one argument).
+# Every standard flavour has ggml's RPC backend (-DGGML_RPC=ON): it lets this machine use
+# `draftpen worker`s on others (serve --workers) and be one; a custom build has it only
+# if its flags say so (`draftpen doctor` tells).
 llama_cmake_args() {
     case $1 in
         custom) printf '%s\n' "$DRAFTPEN_LLAMA_CMAKE_ARGS" ;;
-        cuda) printf '%s\n' "-DGGML_CUDA=on $(_no_amx_cmake_args)" ;;
-        metal) printf '%s\n' "-DGGML_METAL=on" ;;
-        portable) _portable_cmake_args ;;
-        *) printf '%s\n' "$(_no_amx_cmake_args)" ;;
+        cuda) printf '%s\n' "-DGGML_CUDA=on -DGGML_RPC=ON $(_no_amx_cmake_args)" ;;
+        metal) printf '%s\n' "-DGGML_METAL=on -DGGML_RPC=ON" ;;
+        portable) printf '%s -DGGML_RPC=ON\n' "$(_portable_cmake_args)" ;;
+        *) printf '%s\n' "-DGGML_RPC=ON $(_no_amx_cmake_args)" ;;
     esac
 }
 

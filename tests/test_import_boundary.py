@@ -238,7 +238,9 @@ BACKENDS_MAY_IMPORT = {
     "output": GROUND | {"sampling"},
     "speculation": GROUND | {"sampling", "output"},
     "caches": GROUND | {"sampling", "output", "speculation"},
-    "llamacpp": GROUND | {"sampling", "output"},
+    # Other machines' addresses, protocol and layer shares: plain Python, no runtime.
+    "workers": {"errors"},
+    "llamacpp": GROUND | {"sampling", "output", "workers"},
     "mlx": GROUND | {"sampling", "output"},
 }
 

@@ -23,6 +23,7 @@ from app.runtime_check.check import RuntimeCheck, render_check, run_runtime_chec
 from app.runtime_check.cpu_features import FeatureUse, cpu_flags, feature_uses
 from app.runtime_check.install_record import InstallCheck, read_install_check
 from backends.select import RuntimeFacts, decide_runtime, detect_facts
+from backends.workers.wire import PROTOCOL, version_text
 
 # Exit status when the runtime check crashed, hung or failed: scripts can tell.
 EXIT_RUNTIME_BROKEN = 1
@@ -145,6 +146,21 @@ def _install_lines(report: DoctorReport) -> list[str]:
     return [f"installer:  {report.install_check.describe()}"]
 
 
+def _worker_lines(check: RuntimeCheck | None) -> list[str]:
+    """Whether this build can split a target over workers, and be one."""
+    if check is None or check.rpc is None:
+        return []
+    if check.rpc:
+        return [
+            "workers:    yes: this build can use `draftpen worker`s (serve --workers) and "
+            f"be one (llama.cpp RPC {version_text(PROTOCOL)})"
+        ]
+    return [
+        "workers:    no: this llama-cpp-python has no RPC backend; run packaging/install.sh "
+        "again to rebuild it with -DGGML_RPC=ON"
+    ]
+
+
 def render_report(report: DoctorReport) -> list[str]:
     """The lines ``draftpen doctor`` prints."""
     facts = report.facts
@@ -166,6 +182,7 @@ def render_report(report: DoctorReport) -> list[str]:
         f"llama.cpp:  {llama}",
         f"mlx:        {mlx}",
         f"runtime:    {decision.runtime} ({decision.reason}); override with --runtime",
+        *_worker_lines(report.runtime_check),
         *_feature_lines(report.cpu_features),
         *_install_lines(report),
         *_check_lines(report.runtime_check),
@@ -186,6 +203,7 @@ def report_json(report: DoctorReport) -> dict[str, Any]:
         "llama_cpp": {
             "version": facts.llama_cpp_version,
             "gpu_offload": report.llama_cpp_gpu_offload,
+            "rpc": None if report.runtime_check is None else report.runtime_check.rpc,
         },
         "mlx": {"version": facts.mlx_version, "device": report.mlx_device},
         "runtime": {"name": decision.runtime, "reason": decision.reason},

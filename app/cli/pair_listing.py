@@ -19,7 +19,8 @@ from app.models.overview import VariantRow, pair_overview
 from app.models.recommend import recommend_pair
 from app.models.sources.on_this_machine import FoundModel, ScanResult, scan
 from app.models.store import ModelStore
-from app.settings import models_dir
+from app.models.worker_memory import with_workers
+from app.settings import load_settings, models_dir
 from backends.select import choose_runtime
 
 
@@ -27,13 +28,15 @@ def list_pairs(args: argparse.Namespace) -> int:
     """Print every pair: runtime variants, sizes, fit on this machine, download state."""
     catalog = load_catalog()
     store = ModelStore(models_dir())
-    machine = machine_memory()
+    machine, worker_lines = with_workers(machine_memory(), load_settings())
     out = sys.stdout
     print(f"Model store: {store.root}   Hugging Face cache: {store.hub_cache.root}", file=out)
     print(
         f"This machine: {_describe_machine(machine)}; fit at {DEFAULT_CONTEXT} tokens of context",
         file=out,
     )
+    for line in worker_lines:
+        print(f"  {line}", file=out)
     rows = pair_overview(catalog, store, machine)
     runtime = choose_runtime(None)
     best = recommend_pair(rows, machine, runtime)

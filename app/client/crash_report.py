@@ -54,6 +54,9 @@ _FAULT_SIGNALS = {
 }
 _FATAL_LINE = re.compile(r"^Fatal Python error: (?P<what>[A-Za-z -]+?)\s*$", re.MULTILINE)
 _HEADER = re.compile(r"^draftpen engine pid (?P<pid>\d+)", re.MULTILINE)
+# Written by the engine (app.engine.crash_record.note_runtime_abort) as llama.cpp aborts,
+# for each worker that no longer listens: "lost worker 10.0.0.2:50052: connection refused".
+LOST_WORKER = re.compile(r"^lost worker (?P<worker>\S+): ", re.MULTILINE)
 # The signals a crash of native code ends in (a kill by a person or the OOM killer
 # is not a runtime crash, and is reported as a lost engine).
 FATAL_SIGNALS = frozenset(_FAULT_SIGNALS.values())
@@ -111,12 +114,24 @@ class EngineCrash:
     pair: str | None = None
     runtime: str | None = None
     record: Path | None = None  # the fatal record, when the engine wrote one
+    # Workers (HOST:PORT) found gone as the runtime aborted: the crash was theirs.
+    lost_workers: tuple[str, ...] = ()
 
     def message(self, *, gives_up: bool = False) -> str:
         """What a person is told: the signal, the pair, the fix."""
         runtime = _RUNTIME_NAMES.get(self.runtime or "", "model")
         meaning = _MEANING.get(self.signal_name, "a fatal signal")
         text = f"The {runtime} runtime crashed ({self.signal_name}, {meaning}) {self.when()}."
+        if self.lost_workers:
+            text = (
+                f"Worker {', '.join(self.lost_workers)} stopped answering {self.when()}, and "
+                "llama.cpp ended the engine with it (the target's layers there are gone). "
+                "Start `draftpen worker` there again and ask again, or load the pair without "
+                "it (serve without it in --workers or the workers setting)."
+            )
+            if self.record is not None:
+                text += f" (The crash record: {self.record}.)"
+            return text
         if gives_up:
             text += (
                 " The engine has now crashed twice, so draftpen does not start it again."
@@ -182,6 +197,7 @@ def read_crash(
         return None
     signal_name: str | None = None
     record: Path | None = None
+    lost: tuple[str, ...] = ()
     if activity is not None:
         try:
             text = fatal_path(socket_path).read_text(errors="replace")
@@ -191,6 +207,7 @@ def read_crash(
         if header is not None and int(header["pid"]) == activity.pid:
             signal_name = fatal_signal(text)
             record = fatal_path(socket_path) if signal_name else None
+            lost = tuple(match["worker"] for match in LOST_WORKER.finditer(text))
     # Our own child's exit status, unless the records speak of another engine.
     if signal_name is None and process is not None and _same_engine(process, pid, activity):
         signal_name = _exit_signal(process)
@@ -203,6 +220,7 @@ def read_crash(
         pair=activity.pair if activity is not None else None,
         runtime=activity.runtime if activity is not None else None,
         record=record,
+        lost_workers=lost if record is not None else (),
     )
 
 

@@ -126,14 +126,18 @@ class EngineClient:
         on_progress: Callable[[str], None] | None = None,
         context_length: int | None = None,
         exact: bool | None = None,
+        workers: list[str] | None = None,
     ) -> LoadedPairReport:
         """Make the engine load ``pair_name`` (or reload it with other settings).
 
         Progress lines go to ``on_progress`` as the engine reports them; returns what is
         loaded once it is. Raises :class:`EngineRequestError` when the pair cannot be
-        loaded (not downloaded, a broken file), with the engine's message.
+        loaded (not downloaded, a broken file, a worker gone), with the engine's message.
+        ``workers``: HOST:PORT of each worker to split the target over ([]: none).
         """
-        body = LoadRequest(pair=pair_name, context_length=context_length, exact=exact)
+        body = LoadRequest(
+            pair=pair_name, context_length=context_length, exact=exact, workers=workers
+        )
         report = on_progress or (lambda text: None)
         for payload in self._stream("/draftpen/load", body.model_dump(exclude_none=True)):
             extra = payload.get("draftpen") or {}

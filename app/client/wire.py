@@ -91,6 +91,9 @@ class LoadRequest(_Strict):
     pair: str = Field(min_length=1)
     context_length: int | None = Field(None, ge=16)
     exact: bool | None = None
+    # HOST:PORT of each worker to split the target over ([]: none, this machine alone);
+    # absent: the workers the engine was started with.
+    workers: list[str] | None = None
 
 
 class ConversationCacheReport(_Lenient):
@@ -121,6 +124,10 @@ class LoadedPairReport(_Lenient):
     unloads_in: float | None = None
     # None when the engine keeps no conversations (--conversation-cache 0).
     conversation_cache: ConversationCacheReport | None = None
+    # Where the target's and the draft's layers are ("this machine", or the split over
+    # workers: "10 layers on this CPU, ~10 on 10.0.0.2:50052"); None: not said (MLX).
+    target_placement: str | None = None
+    draft_placement: str | None = None
 
 
 class QueueReport(_Lenient):

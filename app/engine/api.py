@@ -88,6 +88,7 @@ from app.engine.queue import (
 from app.engine.request_body import MAX_BODY_BYTES, read_json_body
 from app.engine.scheduler import LoadOptions, PairScheduler
 from app.engine.schema import ApiError, GenerationFields, parse_request
+from app.engine.worker_options import workers_named
 from app.settings import Settings
 from backends.engine import Engine
 
@@ -313,19 +314,21 @@ class AgentApi:
             raise ApiError(
                 400,
                 f"Invalid load request: {param}: {first['msg']}. Send "
-                '{"pair": NAME, "context_length": N, "exact": true|false} (the last two '
-                "optional).",
+                '{"pair": NAME, "context_length": N, "exact": true|false, "workers": '
+                '["HOST:PORT", ...]} (all but the pair optional).',
                 param=param,
                 code="invalid_value",
             ) from None
         await asyncio.to_thread(self.pairs.check, wanted.pair)
         options = None
-        if wanted.context_length is not None or wanted.exact is not None:
+        changes = (wanted.context_length, wanted.exact, wanted.workers)
+        if any(change is not None for change in changes):
             base = self.scheduler.options_for(wanted.pair)
             options = LoadOptions(
                 context_length=given(wanted.context_length, base.context_length),
                 exact=given(wanted.exact, base.exact),
                 parallel=base.parallel,
+                workers=base.workers if wanted.workers is None else workers_named(wanted.workers),
             )
         job = EngineJob(
             id=new_response_id("load"),

@@ -31,6 +31,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.engine.queue import DEFAULT_QUEUE_LIMIT
+from app.engine.worker_options import (
+    add_worker_options,
+    keep_worker_connections_alive,
+    watch_runtime_aborts,
+    workers_from,
+)
 from app.errors import DraftpenError
 from app.models.fit import DEFAULT_PARALLEL
 from app.options import add_model_options
@@ -187,6 +193,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "PATH.1 whenever it passes 4 MiB (how a front end starts the engine: "
         "engine.log in the cache directory)",
     )
+    add_worker_options(serve)  # --workers, --worker-split
     serve.set_defaults(func=run_serve)
 
 
@@ -241,11 +248,15 @@ def run_serve(args: argparse.Namespace) -> int:
     runtime = choose_runtime(args.runtime)
     # The socket is ours now: record what we do, and a fatal signal, for the clients.
     crash_record.start_recording(socket_path, runtime)
+    if runtime == "llamacpp":
+        watch_runtime_aborts()
+        keep_worker_connections_alive()
     pairs = CatalogPairs(runtime)
     defaults = LoadOptions(
         context_length=args.context or settings.context_length,
         exact=settings.exact_output,
         parallel=parallel,
+        workers=workers_from(args, settings),
     )
     loader = catalog_loader(
         runtime,

@@ -121,6 +121,13 @@ class CrashRecorder:
         finally:
             self.note(IDLE, held)
 
+    def note_abort(self, lines: list[str]) -> None:
+        """Add ``lines`` to the fatal record (the runtime is about to abort)."""
+        if self._fatal is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._fatal.write("".join(f"{line}\n" for line in lines))
+                self._fatal.flush()
+
     def stop(self) -> None:
         """A clean stop: say so, and stop writing fatal records."""
         self.note(STOPPED)
@@ -152,6 +159,15 @@ def stop_recording() -> None:
     if _recorder is not None:
         _recorder.stop()
         _recorder = None
+
+
+def note_runtime_abort(message: str, lost_workers: list[tuple[str, str]]) -> None:
+    """Record llama.cpp's abort message and the workers gone by then (``lost worker
+    HOST:PORT: why`` lines, which ``app.client.crash_report`` reads)."""
+    lines = [f"runtime abort: {message}"]
+    lines += [f"lost worker {worker}: {why}" for worker, why in lost_workers]
+    if _recorder is not None:
+        _recorder.note_abort(lines)
 
 
 def previous_crash() -> PreviousCrashReport | None:

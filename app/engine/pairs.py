@@ -100,7 +100,8 @@ def catalog_loader(
 
     ``conversation_cache_bytes`` > 0: the engine keeps that much of conversations' KV
     state, so interleaved conversations do not re-read their prompts. ``prefix_store``:
-    prompts' prefixes are kept on disk for later engines too.
+    prompts' prefixes are kept on disk for later engines too. The options' ``workers``
+    hold part of the target's layers (``serve --workers``).
     """
 
     def load(name: str, options: LoadOptions, report: Callable[[str], None]) -> Engine:
@@ -118,6 +119,7 @@ def catalog_loader(
                 conversation_cache_bytes=conversation_cache_bytes,
                 prefix_store=prefix_store,
                 on_progress=report,
+                workers=options.workers,
             ),
         )
 

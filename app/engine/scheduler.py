@@ -22,6 +22,7 @@ from typing import Protocol
 
 from app.client.wire import ConversationCacheReport, LoadedPairReport
 from backends.engine import Engine
+from backends.workers.cluster import Workers
 
 logger = logging.getLogger("draftpen.server")
 
@@ -35,6 +36,8 @@ class LoadOptions:
     # Sequences generating at once (``serve --parallel``); None: as many as memory
     # allows, up to four (app/models/fit.py).
     parallel: int | None = 1
+    # Other machines holding part of the target's layers (serve --workers); None: none.
+    workers: Workers | None = None
 
 
 class PairLoader(Protocol):
@@ -185,6 +188,8 @@ class PairScheduler:
             exact=loaded.options.exact,
             idle_seconds=round(idle, 3),
             unloads_in=unloads_in,
+            target_placement=getattr(engine.target, "placement", None),
+            draft_placement=getattr(engine.draft, "placement", None),
             conversation_cache=(
                 ConversationCacheReport(**conversations.stats().as_dict())
                 if conversations is not None

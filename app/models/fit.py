@@ -36,7 +36,10 @@ USABLE_VRAM_SHARE = 0.9
 APPLE_GPU_SHARE = 0.75
 """Metal lets the GPU wire about three quarters of unified memory by default."""
 
-FitPlace = Literal["gpu", "ram", "none"]
+USABLE_WORKER_SHARE = 0.9
+"""Of the free memory a worker reports, what a share of a target may take."""
+
+FitPlace = Literal["gpu", "ram", "workers", "none"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class MachineMemory:
     """Apple Silicon: the GPU shares RAM, so VRAM is a share of ``ram_bytes``."""
     cpu_cores: int | None = None
     """Physical cores, for the CPU speed estimate of a recommendation (None: unknown)."""
+    worker_free_bytes: tuple[int, ...] = ()
+    """Free memory of each reachable ``draftpen worker`` (the workers setting)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,8 @@ class FitVerdict:
     ram_bytes: int
     vram_bytes: int | None
     n_ctx: int
+    workers: int = 0  # place "workers": how many share the target
+    capacity_bytes: int = 0  # place "workers": this machine's and the workers' memory
 
     @property
     def fits(self) -> bool:
@@ -76,6 +83,9 @@ class FitVerdict:
         if self.place == "ram":
             where = "RAM, CPU only" if self.vram_bytes else "RAM"
             return f"fits {where} ({needed} of {format_bytes(self.ram_bytes)})"
+        if self.place == "workers":
+            count = f"{self.workers} worker" + ("s" if self.workers != 1 else "")
+            return f"fits with {count} ({needed} of {format_bytes(self.capacity_bytes)})"
         return f"too big ({needed}; RAM {format_bytes(self.ram_bytes)})"
 
 
@@ -163,4 +173,34 @@ def pair_fit(
             place = "gpu"
     if place == "none" and not machine.unified and needed <= machine.ram_bytes * USABLE_RAM_SHARE:
         place = "ram"
+    if place == "none" and machine.worker_free_bytes:
+        return _fit_with_workers(models, machine, n_ctx, needed)
     return FitVerdict(place, needed, machine.ram_bytes, machine.vram_bytes, n_ctx)
+
+
+def _local_capacity(machine: MachineMemory) -> int:
+    if machine.vram_bytes is not None:
+        share = 1.0 if machine.unified else USABLE_VRAM_SHARE
+        return int(machine.vram_bytes * share)
+    return int(machine.ram_bytes * USABLE_RAM_SHARE)
+
+
+def _fit_with_workers(
+    models: Sequence[ModelEntry], machine: MachineMemory, n_ctx: int, needed: int
+) -> FitVerdict:
+    """The target's layers (and their KV) split over this machine and the workers; the
+    draft, which never leaves this machine, must fit here beside this machine's share."""
+    local = _local_capacity(machine)
+    draft = pair_memory_bytes(models[1:], n_ctx) if len(models) > 1 else 0
+    workers = sum(int(free * USABLE_WORKER_SHARE) for free in machine.worker_free_bytes)
+    capacity = local + workers
+    place: FitPlace = "workers" if needed <= capacity and draft <= local else "none"
+    return FitVerdict(
+        place,
+        needed,
+        machine.ram_bytes,
+        machine.vram_bytes,
+        n_ctx,
+        workers=len(machine.worker_free_bytes),
+        capacity_bytes=capacity,
+    )

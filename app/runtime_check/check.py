@@ -45,6 +45,7 @@ class RuntimeCheck:
     llama_cpp_version: str | None = None
     system_info: str | None = None  # llama.cpp's "CPU : AVX2 = 1 | ..." line
     gpu_offload: bool | None = None
+    rpc: bool | None = None  # llama.cpp's RPC backend: can use and be a worker
     n_threads: int | None = None
     tokens_one_at_a_time: int = 0
     batch_tokens: int = 0
@@ -109,6 +110,7 @@ def _interpret(
         "llama_cpp_version": imported.get("llama_cpp_version"),
         "system_info": imported.get("system_info"),
         "gpu_offload": imported.get("gpu_offload"),
+        "rpc": imported.get("rpc"),
         "n_threads": loaded.get("n_threads"),
         "tokens_one_at_a_time": int(single.get("tokens", 0)),
         "batch_tokens": int(batch.get("tokens", 0)),

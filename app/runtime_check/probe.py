@@ -83,6 +83,7 @@ def _finite_rows(logits: np.ndarray) -> int:
 def run(model_path: Path) -> None:
     """Load ``model_path`` and decode; each stage is printed as it completes."""
     started = time.perf_counter()
+    from backends.llamacpp import ggml_devices
     from backends.llamacpp import library as llamacpp_library
     from backends.llamacpp import model as llamacpp
 
@@ -91,6 +92,7 @@ def run(model_path: Path) -> None:
         llama_cpp_version=llamacpp_library.llama_cpp.__version__,
         system_info=llamacpp_library.system_info(),
         gpu_offload=llamacpp_library.supports_gpu_offload(),
+        rpc=ggml_devices.supports_rpc(),
     )
     model = llamacpp.LlamaCppModel(
         model_path, n_ctx=CONTEXT, n_batch=BATCH, gpu_layers=0, name=model_path.stem

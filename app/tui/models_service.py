@@ -19,7 +19,8 @@ from app.models.pair_files import pair_models
 from app.models.recommend import Recommendation, recommend_pair
 from app.models.sources.on_this_machine import ScanPlaces, ScanResult, scan
 from app.models.store import ModelStore
-from app.settings import models_dir
+from app.models.worker_memory import with_workers
+from app.settings import load_settings, models_dir
 from backends.select import choose_runtime
 
 
@@ -76,7 +77,10 @@ class ModelsService:
         self.catalog = catalog if catalog is not None else load_catalog()
         self.store = store if store is not None else ModelStore(models_dir())
         self.runtime = runtime if runtime is not None else choose_runtime(None)
-        self.machine = machine if machine is not None else machine_memory()
+        # The workers setting's workers count too: a pair may fit only across machines.
+        self.machine = (
+            machine if machine is not None else with_workers(machine_memory(), load_settings())[0]
+        )
         self.check_tokenizers = check_tokenizers
         # Where scan() looks (None: this user's HF cache, LM Studio and Ollama folders).
         self.scan_places = scan_places

@@ -26,6 +26,7 @@ import numpy as np
 
 from backends.base import SequenceState
 from backends.errors import ContextOverflowError, DecodeError, ModelLoadError
+from backends.llamacpp.ggml_devices import release_workers
 
 # First: the runtime's own import, so that a missing runtime says how to install it.
 from backends.llamacpp.library import (
@@ -37,8 +38,9 @@ from backends.llamacpp.library import (
     physical_cores,
     recent_errors,
 )
-from backends.llamacpp.mtp import LlamaCppMtpHead
+from backends.llamacpp.mtp import LlamaCppMtpHead, load_mtp_weights
 from backends.llamacpp.params import context_params, model_params, parallel_refusal
+from backends.llamacpp.placement import load_weights, placement_for
 from backends.llamacpp.rollback import (
     DEFAULT_SNAPSHOTS,
     RecurrentRollback,
@@ -47,6 +49,8 @@ from backends.llamacpp.rollback import (
 )
 from backends.llamacpp.state_files import read_payload, state_identity, write_payload
 from backends.llamacpp.vocab import LlamaCppTokens
+from backends.workers.endpoints import Endpoint
+from backends.workers.wire import WorkerInfo
 
 
 def _uint8_pointer(buffer: np.ndarray) -> Any:
@@ -74,6 +78,8 @@ class LlamaCppModel(LlamaCppTokens):
         rollback_snapshots: int | None = None,
         load_mtp: bool = True,
         parallel: int = 1,
+        workers: Sequence[WorkerInfo] = (),
+        worker_split: Sequence[float] | None = None,
     ) -> None:
         self.path = Path(path)
         check_gguf_file(self.path)
@@ -83,6 +89,7 @@ class LlamaCppModel(LlamaCppTokens):
         self._context = None
         self._batch = None
         self._mtp: LlamaCppMtpHead | None = None
+        self._workers: tuple[Endpoint, ...] = ()
         # This model's sequence in its context; the views of a parallel context
         # (backends/llamacpp/sequences.py) each have their own.
         self._seq = 0
@@ -94,14 +101,12 @@ class LlamaCppModel(LlamaCppTokens):
         self.exact_kernels = exact_kernels
         self.gpu_layers = gpu_layers
         self.bf16_v_cache = exact_kernels and gpu_layers == 0
-        params = model_params(gpu_layers=gpu_layers, load_mtp=load_mtp, exact_kernels=exact_kernels)
-        recent_errors.clear()
-        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
-        if not self._model:
-            raise ModelLoadError(
-                f"llama.cpp could not load {self.path} ({last_llama_error()}). The file may "
-                "be truncated or corrupt: delete it and download it again."
-            )
+        # With workers, the target's layers are split over them and this machine.
+        placement = placement_for(self.path, gpu_layers, workers, worker_split)
+        self.placement = placement.where
+        params = model_params(placement=placement, load_mtp=load_mtp, exact_kernels=exact_kernels)
+        self._model = load_weights(self.path, placement, params)
+        self._workers = placement.workers  # held (see load_weights) until close()
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.size_bytes = int(llama_cpp.llama_model_size(self._model))
@@ -401,18 +406,9 @@ class LlamaCppModel(LlamaCppTokens):
 
     def attach_mtp_file(self, path: str | Path) -> LlamaCppMtpHead:
         """Draft with the MTP head in a separate GGUF (as some publishers ship it)."""
-        check_gguf_file(Path(path))
-        params = llama_cpp.llama_model_default_params()
-        params.n_gpu_layers = 999 if self.gpu_offload else 0
-        params.load_mtp = True
-        weights = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
-        if not weights:
-            raise ModelLoadError(f"llama.cpp could not load the MTP head {path}")
-        if llama_cpp.llama_model_n_layer_nextn(weights) <= 0 or llama_cpp.llama_model_n_embd(
-            weights
-        ) != llama_cpp.llama_model_n_embd(self._model):
-            llama_cpp.llama_model_free(weights)
-            raise ModelLoadError(f"{path} holds no MTP head for {self.name}")
+        weights = load_mtp_weights(
+            Path(path), self._model, self.name, gpu_layers=999 if self.gpu_offload else 0
+        )
         if self._mtp is not None:
             self._mtp.close()
         self._mtp = self._new_mtp_head(weights, owns_weights=True)
@@ -443,6 +439,7 @@ class LlamaCppModel(LlamaCppTokens):
         if self._model:
             llama_cpp.llama_model_free(self._model)
             self._model = None
+            release_workers(self._workers)
 
     def __del__(self) -> None:
         # At interpreter shutdown llama_cpp may already be torn down.

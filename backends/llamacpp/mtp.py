@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import llama_cpp
@@ -37,7 +38,8 @@ import numpy as np
 from llama_cpp import llama_cpp_ext
 
 from backends.errors import DecodeError, ModelLoadError
-from backends.llamacpp.library import note_decoding_thread
+from backends.llamacpp.library import check_gguf_file, note_decoding_thread
+from backends.llamacpp.placement import local_placement
 from backends.sampling.rows import HostRows
 
 # Target rows waiting beyond this many are fed to the MTP context at once (a prompt,
@@ -269,3 +271,21 @@ class LlamaCppMtpHead:
             self._logits_row = np.ctypeslib.as_array(pointer, shape=(1, self.n_vocab))
             self._logits_address = address
         return HostRows(self._logits_row)
+
+
+def load_mtp_weights(path: Path, target: Any, target_name: str, *, gpu_layers: int) -> Any:
+    """Load a separate GGUF holding ``target``'s MTP head (this machine's devices alone:
+    the head drafts, and drafting never waits on a worker); the caller owns the weights."""
+    check_gguf_file(path)
+    params = llama_cpp.llama_model_default_params()
+    local_placement(gpu_layers).apply(params)
+    params.load_mtp = True
+    weights = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
+    if not weights:
+        raise ModelLoadError(f"llama.cpp could not load the MTP head {path}")
+    if llama_cpp.llama_model_n_layer_nextn(weights) <= 0 or llama_cpp.llama_model_n_embd(
+        weights
+    ) != llama_cpp.llama_model_n_embd(target):
+        llama_cpp.llama_model_free(weights)
+        raise ModelLoadError(f"{path} holds no MTP head for {target_name}")
+    return weights

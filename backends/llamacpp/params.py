@@ -4,17 +4,20 @@ batches round like one-token decoding."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backends.llamacpp.library import llama_cpp
+
+if TYPE_CHECKING:
+    from backends.llamacpp.placement import Placement
 
 GGML_TYPE_BF16 = 30  # ggml.h; llama_cpp does not export this one
 
 
-def model_params(*, gpu_layers: int, load_mtp: bool, exact_kernels: bool) -> Any:
-    """``llama_model_params`` for loading a model's weights."""
+def model_params(*, placement: Placement, load_mtp: bool, exact_kernels: bool) -> Any:
+    """``llama_model_params`` for loading a model's weights where ``placement`` says."""
     params = llama_cpp.llama_model_default_params()
-    params.n_gpu_layers = gpu_layers
+    placement.apply(params)
     # The multi-token-prediction layers, where the file has them (one block): the
     # "mtp" drafter runs them (backends/llamacpp/mtp.py).
     params.load_mtp = load_mtp

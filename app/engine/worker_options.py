@@ -1,0 +1,122 @@
+"""``serve --workers``: other machines that hold part of the target's layers.
+
+The workers come from ``--workers`` (else the ``workers`` setting), their shares from
+``--worker-split`` (else ``worker_split``; default: by free memory). They are asked at
+start, so a wrong address is said at once; a worker that is down then is a warning, and
+each load asks them again (``app.loading``), failing with the worker's name. A load
+request may name other workers, or none (``"workers": []``), to load without one that
+has gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from app.engine import crash_record
+from app.engine.schema import ApiError
+from app.errors import DraftpenError
+from app.settings import Settings
+from backends.errors import BackendError
+from backends.workers import keepalive
+from backends.workers.cluster import Workers
+from backends.workers.endpoints import Endpoint, WorkerAddressError
+
+logger = logging.getLogger("draftpen.server")
+
+
+def add_worker_options(serve: argparse.ArgumentParser) -> None:
+    """Add ``--workers`` and ``--worker-split`` to ``serve``."""
+    serve.add_argument(
+        "--workers",
+        default=None,
+        metavar="HOST:PORT,...",
+        help="split the target's layers over this machine and these `draftpen worker`s "
+        "(llama.cpp RPC; the draft stays here); '' for none (default: the workers setting)",
+    )
+    serve.add_argument(
+        "--worker-split",
+        default=None,
+        metavar="W,W,...",
+        help="the layers' shares: this machine's weight, then each worker's in --workers "
+        "order, e.g. 2,1,1 (default: the worker_split setting, else by free memory)",
+    )
+
+
+def workers_from(args: argparse.Namespace, settings: Settings) -> Workers | None:
+    """The workers ``serve`` was asked to use (None: none), each asked once now."""
+    addresses = settings.workers if args.workers is None else args.workers
+    split = settings.worker_split if args.worker_split is None else args.worker_split
+    if not addresses.strip():
+        if args.worker_split:
+            raise DraftpenError("--worker-split needs --workers (or the workers setting).")
+        return None
+    try:
+        workers = Workers.parse(addresses, split or None)
+    except WorkerAddressError as error:
+        raise DraftpenError(str(error)) from None
+    for endpoint in workers.endpoints:
+        try:
+            info = Workers((endpoint,)).ask()[0]
+        except BackendError as error:
+            # Not fatal: the worker may start later; each load asks again and says so.
+            logger.warning("%s", error)
+            continue
+        logger.info(
+            "worker %s: protocol %s, %d device(s), %.1f GiB free",
+            endpoint,
+            ".".join(map(str, info.protocol)),
+            len(info.devices),
+            info.free_bytes / (1 << 30),
+        )
+    return workers
+
+
+def workers_named(addresses: list[str]) -> Workers | None:
+    """A load request's ``workers`` ([] for none); a bad address is a 400."""
+    if not addresses:
+        return None
+    try:
+        return Workers.parse(",".join(addresses))
+    except WorkerAddressError as error:
+        raise ApiError(400, str(error), param="workers", code="invalid_value") from None
+
+
+def watch_runtime_aborts() -> None:
+    """When llama.cpp aborts the engine (a worker lost mid-reply ends in GGML_ABORT), say
+    which workers are gone, in the log and the crash record, before the process dies."""
+    from backends.llamacpp import ggml_devices
+    from backends.workers.wire import unreachable
+
+    def on_abort(message: str) -> None:
+        lost = []
+        for endpoint in ggml_devices.registered_workers():
+            why = unreachable(endpoint)
+            if why is not None:
+                lost.append((str(endpoint), why))
+        crash_record.note_runtime_abort(message, lost)
+        print(f"llama.cpp aborted: {message}", file=sys.stderr, flush=True)
+        for worker, why in lost:
+            print(f"worker {worker} is gone: {why}", file=sys.stderr, flush=True)
+
+    ggml_devices.on_abort(on_abort)
+
+
+def keep_worker_connections_alive() -> None:
+    """Keepalive on this engine's connections to its workers, so a worker machine that
+    vanishes mid-reply ends the wait (and the engine, with the worker named) in about 11
+    seconds instead of never (``backends/workers/keepalive.py``)."""
+    from backends.llamacpp import ggml_devices
+
+    resolved: dict[Endpoint, set[str]] = {}
+
+    def to_a_worker(local: tuple[str, int], remote: tuple[str, int]) -> bool:
+        for endpoint in ggml_devices.registered_workers():
+            if endpoint not in resolved:
+                resolved[endpoint] = keepalive.addresses_of(endpoint.host)
+            if remote[1] == endpoint.port and remote[0] in resolved[endpoint]:
+                return True
+        return False
+
+    keepalive.watch(to_a_worker, active=ggml_devices.workers_registered)

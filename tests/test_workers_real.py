@@ -1,0 +1,275 @@
+"""A target split over `draftpen worker`s (llama.cpp's RPC), with real workers.
+
+Every worker here is a real ``draftpen worker`` process on 127.0.0.1 (one thread each),
+serving llama.cpp's RPC from this draftpen's own llama.cpp library; the engines are
+real ``draftpen serve`` processes with SmolLM2 split over this machine and two workers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from app.client import ChatTurn, EngineCrashedError, crash_report, ensure_engine
+from app.client.errors import EngineRequestError
+from app.settings import Settings
+from backends.base import ChatMessage
+from backends.generation_events import GenerationEvent
+from backends.sampling.filters import SamplingParams
+from backends.workers.endpoints import Endpoint
+from backends.workers.wire import PROTOCOL, WorkerUnreachableError, probe, unreachable
+from tests.model_files import SMOLLM2_KEY, models_dir, require_model
+from tests.test_cli_generate import REPO
+from tests.test_engine_clients import short_socket, stop_engine
+from tests.test_server import RunningServer, chat, start_server
+from tests.test_tui_real import COUNT_PROMPT
+
+pytestmark = pytest.mark.real_model
+
+PAIR = "smollm2"
+SMOLLM2_FILE = "smollm2-135m-instruct-q4_1.gguf"
+WORKER_COMMAND = (sys.executable, "-m", "app.main", "worker")
+
+
+def free_port() -> int:
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        return int(probe_socket.getsockname()[1])
+
+
+@dataclass
+class Worker:
+    """A ``draftpen worker`` process and its address."""
+
+    process: subprocess.Popen[str]
+    endpoint: Endpoint
+    log: Path
+
+    @property
+    def address(self) -> str:
+        return str(self.endpoint)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_worker(home: Path, *options: str) -> Worker:
+    """``draftpen worker --port P --threads 1``, waited for until it answers."""
+    port = free_port()
+    log = home / f"worker-{port}.log"
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            [*WORKER_COMMAND, "--port", str(port), "--threads", "1", *options],
+            cwd=REPO,
+            env={**os.environ, "DRAFTPEN_HOME": str(home)},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    endpoint = Endpoint("127.0.0.1", port)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            probe(endpoint, timeout=2)
+            return Worker(process, endpoint, log)
+        except WorkerUnreachableError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"draftpen worker did not start:\n{log.read_text()}")
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One DRAFTPEN_HOME for the module (forward costs measured once)."""
+    return tmp_path_factory.mktemp("workers-home")
+
+
+@pytest.fixture
+def two_workers(home: Path) -> Iterator[tuple[Worker, Worker]]:
+    first, second = start_worker(home), start_worker(home)
+    yield first, second
+    first.stop()
+    second.stop()
+
+
+def greedy_reply(server: RunningServer, text: str) -> str:
+    with server.client(timeout=120) as client:
+        answer = client.post("/v1/chat/completions", json=chat(text, max_tokens=48))
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["choices"][0]["message"]["content"])
+
+
+def test_a_worker_answers_in_this_draftpens_protocol_and_says_its_memory(home: Path) -> None:
+    worker = start_worker(home)
+    try:
+        info = probe(worker.endpoint)
+        assert info.protocol == PROTOCOL  # the pin in wire.py is this build's protocol
+        assert len(info.devices) == 1 and 0 < info.devices[0].free <= info.devices[0].total
+    finally:
+        worker.stop()
+    assert worker.process.returncode == 0  # Ctrl-C (SIGINT) stops it cleanly
+    assert "draftpen worker stopped." in worker.log.read_text()
+    assert unreachable(worker.endpoint) is not None  # and nothing listens any more
+
+
+def test_the_target_split_over_two_workers_writes_what_it_writes_alone(
+    home: Path, two_workers: tuple[Worker, Worker]
+) -> None:
+    require_model(SMOLLM2_KEY)
+    first, second = two_workers
+    prompts = ["Name three colours.", "What is 2 + 2? Answer in one sentence."]
+    alone = start_server(home, short_socket("alone"))
+    try:
+        expected = [greedy_reply(alone, prompt) for prompt in prompts]
+        assert alone.health()["loaded"][0]["target_placement"] == "this machine"
+    finally:
+        alone.stop()
+    workers = f"{first.address},{second.address}"
+    split = start_server(home, short_socket("split"), "--workers", workers)
+    try:
+        assert [greedy_reply(split, prompt) for prompt in prompts] == expected
+        loaded = split.health()["loaded"][0]
+        # SmolLM2's 30 layers, a third each by free memory (one machine: equal).
+        assert loaded["target_placement"] == (
+            f"10 layers on this CPU, ~10 on {first.address}, ~10 on {second.address}"
+        )
+    finally:
+        split.stop()
+    for worker in (first, second):
+        assert "Accepted client connection" in worker.log.read_text()
+
+
+DRAFT_STAYS_LOCAL = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    from backends.llamacpp.model import LlamaCppModel
+    from backends.workers.cluster import Workers
+
+    path, addresses = sys.argv[1], sys.argv[2]
+    target = LlamaCppModel(path, n_ctx=256, workers=Workers.parse(addresses).ask())
+    draft = LlamaCppModel(path, n_ctx=256)
+    target.forward(draft.tokenize("Hello"))  # the split target computes on the workers
+    print("placements", target.placement, "|", draft.placement, flush=True)
+    sys.stdin.readline()  # the test stops the workers here
+    tokens = draft.tokenize("The capital of France is")
+    out = []
+    row = draft.forward(tokens)[-1]
+    for _ in range(8):
+        out.append(int(np.argmax(row)))
+        row = draft.forward([out[-1]])[-1]
+    print("draft", out, flush=True)
+    os._exit(0)  # freeing the target would talk to the stopped workers
+    """
+)
+
+
+def test_the_draft_model_stays_on_this_machine_when_the_target_is_split(
+    home: Path, two_workers: tuple[Worker, Worker]
+) -> None:
+    require_model(SMOLLM2_KEY)
+    path = models_dir() / SMOLLM2_FILE
+    addresses = ",".join(worker.address for worker in two_workers)
+    child = subprocess.Popen(
+        [sys.executable, "-c", DRAFT_STAYS_LOCAL, str(path), addresses],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    placements = child.stdout.readline()
+    assert placements.startswith("placements 10 layers on this CPU") and "| this machine" in (
+        placements
+    )
+    for worker in two_workers:
+        worker.process.kill()
+        worker.process.wait()
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    # With the workers gone, a draft that used them would abort; this one decodes.
+    drafted = child.stdout.readline()
+    assert child.wait(60) == 0, drafted
+    assert drafted.startswith("draft [") and len(drafted.split(",")) == 8
+
+
+def long_turn() -> ChatTurn:
+    return ChatTurn(
+        PAIR,
+        (ChatMessage("user", COUNT_PROMPT),),
+        SamplingParams(temperature=0.0),
+        max_tokens=400,
+        drafter="none",
+    )
+
+
+def test_a_worker_killed_mid_reply_is_named_and_the_pair_loads_again_without_it(
+    home: Path, two_workers: tuple[Worker, Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_model(SMOLLM2_KEY)
+    first, second = two_workers
+    monkeypatch.setenv("DRAFTPEN_HOME", str(home))
+    monkeypatch.setenv("DRAFTPEN_MODELS_DIR", str(models_dir()))
+    crash_report.forget_crashes()
+    socket_path = short_socket("killed")
+    workers = f"{first.address},{second.address}"
+    options = ["--keep-alive", "-1", "--workers", workers]
+    client = ensure_engine(Settings(), socket_path=socket_path, serve_options=options)
+    try:
+        received: list[str] = []
+        with pytest.raises(EngineCrashedError) as caught:
+            for item in client.chat(long_turn()):
+                if isinstance(item, GenerationEvent) and item.text:
+                    received.append(item.text)
+                    if len(received) == 5:
+                        second.process.kill()
+        assert "".join(received).strip(), "the reply had begun"
+        message = str(caught.value)
+        assert caught.value.signal_name == "SIGABRT"
+        assert f"Worker {second.address} stopped answering" in message
+        assert first.address not in message  # the worker still running is not blamed
+        assert "draftpen worker" in message and "without" in message
+
+        # The front end starts the engine again; it loads the pair with the worker left.
+        client = ensure_engine(Settings(), socket_path=socket_path, serve_options=options)
+        with pytest.raises(EngineRequestError) as refused:
+            client.load(PAIR)  # the engine's own workers: one is gone, said by name
+        assert f"Worker {second.address} cannot be reached" in str(refused.value)
+        loaded = client.load(PAIR, workers=[first.address])
+        assert loaded.target_placement is not None and first.address in loaded.target_placement
+        assert second.address not in loaded.target_placement
+        text = "".join(
+            item.text
+            for item in client.chat(
+                ChatTurn(
+                    PAIR,
+                    (ChatMessage("user", "Say hello."),),
+                    SamplingParams(temperature=0.0),
+                    max_tokens=8,
+                )
+            )
+            if isinstance(item, GenerationEvent)
+        )
+        assert text.strip()
+        assert client.load(PAIR, workers=[]).target_placement == "this machine"
+    finally:
+        stop_engine(client)
+        crash_report.forget_crashes()
