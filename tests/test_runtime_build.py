@@ -111,7 +111,8 @@ def test_the_no_amx_flags_win_over_march_native_on_an_amx_cpu() -> None:
     compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if compiler is None:
         pytest.skip("no C compiler here (the build needs one; this check does too)")
-    flags = shlex.split(shell_output("llama_cmake_args cpu", machine="x86_64"))[0]
+    args = shlex.split(shell_output("llama_cmake_args cpu", machine="x86_64"))
+    flags = next(arg for arg in args if arg.startswith("-DCMAKE_C_FLAGS="))
     no_amx = flags.removeprefix("-DCMAKE_C_FLAGS=").split()
 
     def macros(*options: str) -> str:
@@ -192,6 +193,7 @@ def test_the_no_amx_flags_are_one_argument_each_for_cmake() -> None:
     # scikit-build-core splits CMAKE_ARGS with shlex: each quoted flag stays whole.
     args = shell_output("llama_cmake_args cpu", machine="x86_64")
     assert shlex.split(args) == [
+        "-DGGML_RPC=ON",
         f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}",
         f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}",
     ]
@@ -203,7 +205,17 @@ def test_draftpen_llama_amx_turns_the_amx_kernels_back_on() -> None:
 
 
 def test_no_amx_flags_where_the_cpu_is_not_x86() -> None:
-    assert shell_output("llama_cmake_args cpu", machine="aarch64") == ""
+    assert shell_output("llama_cmake_args cpu", machine="aarch64") == "-DGGML_RPC=ON"
+
+
+def test_every_standard_build_has_the_rpc_backend_for_workers(cpuinfo: Path) -> None:
+    env = {"DRAFTPEN_CPUINFO": str(cpuinfo)}
+    for flavour in ("cpu", "cuda", "metal", "portable"):
+        args = shlex.split(shell_output(f"llama_cmake_args {flavour}", env=env, machine="x86_64"))
+        assert "-DGGML_RPC=ON" in args, flavour
+    # A custom build is the user's flags exactly (doctor says whether it has RPC).
+    custom = {**env, "DRAFTPEN_LLAMA_CMAKE_ARGS": "-DGGML_NATIVE=ON"}
+    assert shell_output("llama_cmake_args custom", env=custom) == "-DGGML_NATIVE=ON"
 
 
 def test_the_wheel_cache_directory_changes_with_the_flags_and_the_cpu(

@@ -227,6 +227,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.queue < 0:
         raise DraftpenError("--queue must be 0 or more.")
     parallel = _parallel_option(args.parallel)
+    workers = workers_from(args, settings)  # asked now: a wrong address is said at once
     if args.context is not None and args.context < 16:
         raise DraftpenError("--context must be at least 16 tokens.")
     keep_alive = parse_duration(args.keep_alive, "--keep-alive")
@@ -256,7 +257,7 @@ def run_serve(args: argparse.Namespace) -> int:
         context_length=args.context or settings.context_length,
         exact=settings.exact_output,
         parallel=parallel,
-        workers=workers_from(args, settings),
+        workers=workers,
     )
     loader = catalog_loader(
         runtime,
