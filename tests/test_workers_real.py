@@ -8,6 +8,7 @@ real ``draftpen serve`` processes with SmolLM2 split over this machine and two w
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -272,4 +273,97 @@ def test_a_worker_killed_mid_reply_is_named_and_the_pair_loads_again_without_it(
         assert client.load(PAIR, workers=[]).target_placement == "this machine"
     finally:
         stop_engine(client)
+        crash_report.forget_crashes()
+
+
+@dataclass
+class Namespace:
+    """A network namespace joined to this one by a veth pair: another machine, as far
+    as TCP can tell. Its end of the link can be cut to make that machine vanish."""
+
+    name: str
+    inside: str  # the veth end in the namespace
+    address: str
+
+    def run(self, *command: str) -> None:
+        subprocess.run(["ip", "netns", "exec", self.name, *command], check=True)
+
+
+@pytest.fixture
+def other_machine() -> Iterator[Namespace]:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 to make a network namespace")
+    tag = f"{os.getpid() % 100000}"
+    name, outside, inside = f"dpw{tag}", f"dpo{tag}", f"dpi{tag}"
+    subnet = f"10.{77 + os.getpid() % 100}.{os.getpid() % 250}"
+    steps = [
+        ["ip", "netns", "add", name],
+        ["ip", "link", "add", outside, "type", "veth", "peer", "name", inside],
+        ["ip", "link", "set", inside, "netns", name],
+        ["ip", "addr", "add", f"{subnet}.1/24", "dev", outside],
+        ["ip", "link", "set", outside, "up"],
+        ["ip", "netns", "exec", name, "ip", "addr", "add", f"{subnet}.2/24", "dev", inside],
+        ["ip", "netns", "exec", name, "ip", "link", "set", inside, "up"],
+        ["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"],
+    ]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True)
+        yield Namespace(name, inside, f"{subnet}.2")
+    finally:
+        subprocess.run(["ip", "link", "del", outside], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def test_a_worker_machine_that_vanishes_mid_reply_ends_the_wait_and_is_named(
+    home: Path, other_machine: Namespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its link cut, the worker closes nothing: without keepalive the engine would wait
+    for its answer forever (tried: still waiting after 100 s)."""
+    require_model(SMOLLM2_KEY)
+    port = free_port()
+    log = home / "vanishing-worker.log"
+    with log.open("w") as output:
+        worker = subprocess.Popen(
+            [
+                *("ip", "netns", "exec", other_machine.name, *WORKER_COMMAND),
+                *("--host", other_machine.address, "--port", str(port)),
+                *("--threads", "1", "--allow-network"),
+            ],
+            cwd=REPO,
+            env={**os.environ, "DRAFTPEN_HOME": str(home)},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    endpoint = Endpoint(other_machine.address, port)
+    monkeypatch.setenv("DRAFTPEN_HOME", str(home))
+    monkeypatch.setenv("DRAFTPEN_MODELS_DIR", str(models_dir()))
+    crash_report.forget_crashes()
+    socket_path = short_socket("vanish")
+    client = None
+    try:
+        deadline = time.monotonic() + 60
+        while unreachable(endpoint) is not None:
+            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        options = ["--keep-alive", "-1", "--workers", str(endpoint)]
+        client = ensure_engine(Settings(), socket_path=socket_path, serve_options=options)
+        received = 0
+        cut_at = 0.0
+        with pytest.raises(EngineCrashedError) as caught:
+            for item in client.chat(long_turn()):
+                if isinstance(item, GenerationEvent) and item.text:
+                    received += 1
+                    if received == 5:
+                        other_machine.run("ip", "link", "set", other_machine.inside, "down")
+                        cut_at = time.monotonic()
+        waited = time.monotonic() - cut_at
+        assert f"Worker {endpoint} stopped answering" in str(caught.value)
+        # keepalive.USER_TIMEOUT_MS (data in flight) or keepalive's probes, plus slack.
+        assert waited < 60, f"the engine waited {waited:.0f} s for a vanished worker"
+    finally:
+        worker.kill()
+        worker.wait()
+        if client is not None:
+            stop_engine(client)
         crash_report.forget_crashes()
