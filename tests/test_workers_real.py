@@ -254,6 +254,8 @@ def test_a_worker_killed_mid_reply_is_named_and_the_pair_loads_again_without_it(
         with pytest.raises(EngineRequestError) as refused:
             client.load(PAIR)  # the engine's own workers: one is gone, said by name
         assert f"Worker {second.address} cannot be reached" in str(refused.value)
+        with pytest.raises(EngineRequestError, match="A worker is HOST:PORT"):
+            client.load(PAIR, workers=["gpu-box:port"])
         loaded = client.load(PAIR, workers=[first.address])
         assert loaded.target_placement is not None and first.address in loaded.target_placement
         assert second.address not in loaded.target_placement

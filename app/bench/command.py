@@ -44,6 +44,7 @@ from app.settings import Settings
 from backends.engine import Engine
 from backends.speculation.calibration import measure_costs
 from backends.speculation.cost_model import CostModel
+from backends.workers.cluster import Workers
 
 FORWARD_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16)
 
@@ -147,8 +148,14 @@ def _run_in_process(
     print(f"draftpen bench: loading {pair} ...", file=sys.stderr)
     n_ctx = args.context or settings.context_length
     exact_kernels = settings.exact_output if args.exact is None else args.exact
+    workers = Workers.parse(args.workers, args.worker_split) if args.workers else None
     engine = load_engine(
-        pair, n_ctx=n_ctx, runtime=args.runtime, calibrate=False, exact_output=exact_kernels
+        pair,
+        n_ctx=n_ctx,
+        runtime=args.runtime,
+        calibrate=False,
+        exact_output=exact_kernels,
+        workers=workers,
     )
     yardsticks: list[Yardstick] = []
     try:
@@ -184,13 +191,11 @@ def _run_in_process(
         for yardstick in yardsticks:
             yardstick.close()
         engine.close()
+    where = {"process": "this process"}
+    if workers is not None:
+        where["target"] = str(getattr(engine.target, "placement", ""))
     return BenchRun(
-        modes,
-        results,
-        costs,
-        size_ratio,
-        [yardstick.name for yardstick in yardsticks],
-        {"process": "this process"},
+        modes, results, costs, size_ratio, [yardstick.name for yardstick in yardsticks], where
     )
 
 
@@ -332,6 +337,18 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="run the suite through the engine (draftpen serve; started if none runs), as "
         "its clients see it, instead of loading the pair here; forward costs and "
         "llama-cpp-python's decoders are measured in-process only",
+    )
+    bench.add_argument(
+        "--workers",
+        default=None,
+        metavar="HOST:PORT,...",
+        help="split the target over these `draftpen worker`s (in-process runs only)",
+    )
+    bench.add_argument(
+        "--worker-split",
+        default=None,
+        metavar="W,W,...",
+        help="the layers' shares: this machine's, then each worker's (default: by free memory)",
     )
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument("--output", default=None, help="also write the JSON results to this file")

@@ -91,7 +91,7 @@ def watch_runtime_aborts() -> None:
 
     def on_abort(message: str) -> None:
         lost = []
-        for endpoint in ggml_devices.registered_workers():
+        for endpoint in ggml_devices.workers_in_use():
             why = unreachable(endpoint)
             if why is not None:
                 lost.append((str(endpoint), why))
@@ -119,4 +119,4 @@ def keep_worker_connections_alive() -> None:
                 return True
         return False
 
-    keepalive.watch(to_a_worker, active=ggml_devices.workers_registered)
+    keepalive.watch(to_a_worker, active=lambda: bool(ggml_devices.workers_in_use()))

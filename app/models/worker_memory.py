@@ -16,7 +16,7 @@ from backends.workers.cluster import Workers
 from backends.workers.endpoints import WorkerAddressError
 from backends.workers.wire import probe
 
-WORKER_ASK_TIMEOUT = 2.0
+WORKER_ASK_TIMEOUT = 1.0  # the models screen asks on its thread: a LAN answers in ms
 
 
 def with_workers(machine: MachineMemory, settings: Settings) -> tuple[MachineMemory, list[str]]:

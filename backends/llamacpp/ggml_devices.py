@@ -27,7 +27,7 @@ from backends.errors import RuntimeUnavailableError
 from backends.llamacpp.library import ensure_backend, llama_cpp
 from backends.workers.endpoints import Endpoint
 
-DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU, DEVICE_ACCEL = 0, 1, 2, 3
+DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU = 0, 1, 2  # ggml_backend_dev_type
 _LIBRARY_DIR = Path(llama_cpp.__file__).parent / "lib"
 
 _lock = threading.Lock()
