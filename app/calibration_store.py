@@ -47,6 +47,11 @@ def calibration_key(engine: Engine, runtime: str) -> str:
             "gpu": getattr(model, "gpu_offload", None),
             "exact_kernels": getattr(model, "exact_kernels", None),
         }
+        # A target split over workers costs what the network adds: measured apart,
+        # per split (a model on this machine alone keeps the key it always had).
+        placement = getattr(model, "placement", None)
+        if placement not in (None, "this machine"):
+            parts[role]["placement"] = placement  # type: ignore[index]
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
     return digest[:24]
 

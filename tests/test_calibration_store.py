@@ -65,3 +65,15 @@ def test_damaged_calibration_file_is_measured_again():
     ensure_calibrated(engine, "llamacpp")
     assert CountingEngine.calibrations == 1
     assert load_costs(key) is not None
+
+
+def test_a_target_split_over_workers_is_calibrated_apart_per_split():
+    target = HashModel()
+    here = CountingEngine(target)
+    key_here = calibration_key(here, "llamacpp")
+    target.placement = "this machine"  # type: ignore[attr-defined]
+    assert calibration_key(here, "llamacpp") == key_here  # the key it always had
+    target.placement = "9 layers on this CPU, ~10 on a:1, ~10 on b:2"  # type: ignore[attr-defined]
+    split = calibration_key(here, "llamacpp")
+    target.placement = "0 layers on this CPU, ~14 on a:1, ~14 on b:2"  # type: ignore[attr-defined]
+    assert len({key_here, split, calibration_key(here, "llamacpp")}) == 3
