@@ -34,14 +34,17 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_worker(home: Path, threads: int) -> tuple[subprocess.Popen[bytes], int]:
+def start_worker(
+    home: Path, threads: int, prefix: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A ``draftpen worker`` on a free loopback port (``prefix``: e.g. taskset), waited for."""
     from backends.workers.endpoints import Endpoint
     from backends.workers.wire import unreachable
 
     port = free_port()
     command = [sys.executable, "-m", "app.main", "worker", "--port", str(port)]
     process = subprocess.Popen(
-        [*command, "--threads", str(threads)],
+        [*prefix, *command, "--threads", str(threads)],
         cwd=REPO,
         env={**os.environ, "DRAFTPEN_HOME": str(home)},
         stdout=subprocess.DEVNULL,

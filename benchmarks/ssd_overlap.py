@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -131,7 +132,10 @@ def generate(
         if target.is_end_of_generation(context[-1]):
             break
     seconds = time.perf_counter() - started
-    tokens = context[len(prompt) :]
+    # A round may pass the limit or an end token by a few: compared up to both.
+    tokens = context[len(prompt) :][:max_tokens]
+    ends = [i for i, token in enumerate(tokens) if target.is_end_of_generation(token)]
+    tokens = tokens[: ends[0] + 1] if ends else tokens
     return {"tokens": tokens, "seconds": seconds, "rounds": rounds, "held": held}
 
 
@@ -172,11 +176,23 @@ def main() -> None:
     parser.add_argument("--draft-tokens", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--worker-split", default="0,1,1")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="workers on CPU 1, this process (draft, verify's local part) on CPU 0 with one "
+        "thread: the main machine's CPU is then idle while the workers verify, as it is "
+        "when they are other machines",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="ssd-overlap-"))
-    workers = [start_worker(home, 1) for _ in range(2)]
-    draft = LlamaCppModel(args.draft, n_ctx=2048)
+    prefix = ("taskset", "-c", "1") if args.pin else ()
+    workers = [start_worker(home, 1, prefix) for _ in range(2)]
+    threads = None
+    if args.pin:
+        os.sched_setaffinity(0, {0})
+        threads = 1
+    draft = LlamaCppModel(args.draft, n_ctx=2048, n_threads=threads)
     drafter = Drafter(draft)
     rows = []
     try:
@@ -185,7 +201,11 @@ def main() -> None:
             addresses = ",".join(proxy.address for proxy in proxies)
             chosen = Workers.parse(addresses, args.worker_split)
             target = LlamaCppModel(
-                args.target, n_ctx=2048, workers=chosen.ask(), worker_split=chosen.weights
+                args.target,
+                n_ctx=2048,
+                n_threads=threads,
+                workers=chosen.ask(),
+                worker_split=chosen.weights,
             )
             row = {
                 "rtt_ms": rtt,
@@ -201,7 +221,13 @@ def main() -> None:
         for process, _ in workers:
             process.terminate()
             process.wait()
-    result = {"commit": tree_commit(), "draft_tokens": args.draft_tokens, "rows": rows}
+    result = {
+        "commit": tree_commit(),
+        "draft_tokens": args.draft_tokens,
+        "pinned": args.pin,
+        "worker_split": args.worker_split,
+        "rows": rows,
+    }
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

@@ -112,7 +112,7 @@ class MlxModel(MlxStateFiles):
         # GPU. MLX's CPU kernels for it are slower than numpy on the same cores.
         self.device_sampling = uses_gpu() if device_sampling is None else device_sampling
         try:
-            self._model, self._tokenizer = mlx_lm_load(str(path))
+            self._model, self._tokenizer = self._load(self.path)
         except (FileNotFoundError, ValueError, OSError) as error:
             raise ModelLoadError(
                 f"mlx-lm could not load {path} ({error}). Download the model again, or "
@@ -156,6 +156,10 @@ class MlxModel(MlxStateFiles):
             self._facts.get("end_of_generation_ids") or self._tokenizer.eos_token_ids
         )
         self.chat_template = self._facts.get("chat_template") or hf.chat_template
+
+    def _load(self, path: Path) -> tuple[Any, Any]:
+        """mlx-lm's model and tokenizer from ``path`` (a split target loads its share)."""
+        return mlx_lm_load(str(path))
 
     def _read_conversion_facts(self) -> dict[str, Any]:
         marker = self.path / CONVERSION_FACTS
