@@ -143,21 +143,30 @@ def main() -> None:
             )
             print(rows[-1], file=sys.stderr)
     finally:
-        for process, _ in workers:
-            process.terminate()
-            process.wait()
+        stop_workers(workers)
     result = {
-        "commit": tree_commit(),
         "pair": args.pair,
         "max_tokens": args.max_tokens,
         "categories": args.category,
         "worker_threads": args.worker_threads,
         "rows": rows,
     }
-    text = json.dumps(result, indent=2)
+    write_result(result, args.json)
+
+
+def stop_workers(workers: list[tuple[subprocess.Popen[bytes], int]]) -> None:
+    """Stop the workers :func:`start_worker` started."""
+    for process, _ in workers:
+        process.terminate()
+        process.wait()
+
+
+def write_result(result: dict[str, Any], path: str | None) -> None:
+    """Print the result as JSON, with the commit it ran at, and write it to ``path``."""
+    text = json.dumps({"commit": tree_commit(), **result}, indent=2)
     print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    if path:
+        Path(path).write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ build; see issue 34): measured here is whether overlapping could pay at all.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -41,8 +40,7 @@ from backends.llamacpp.model import LlamaCppModel
 from backends.speculation.drafters import common_prefix_length
 from backends.workers.cluster import Workers
 from benchmarks.latency_proxy import LatencyProxy
-from benchmarks.serve_process import tree_commit
-from benchmarks.split_target import start_worker
+from benchmarks.split_target import start_worker, stop_workers, write_result
 
 PROMPTS = [
     "<|im_start|>user\nWrite a Python function that merges two sorted lists.<|im_end|>\n"
@@ -218,20 +216,14 @@ def main() -> None:
             for proxy in proxies:
                 proxy.close()
     finally:
-        for process, _ in workers:
-            process.terminate()
-            process.wait()
+        stop_workers(workers)
     result = {
-        "commit": tree_commit(),
         "draft_tokens": args.draft_tokens,
         "pinned": args.pin,
         "worker_split": args.worker_split,
         "rows": rows,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    write_result(result, args.json)
 
 
 if __name__ == "__main__":
