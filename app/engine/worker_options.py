@@ -100,13 +100,17 @@ def watch_runtime_aborts() -> None:
         for worker, why in lost:
             print(f"worker {worker} is gone: {why}", file=sys.stderr, flush=True)
 
-    ggml_devices.on_abort(on_abort)
+    try:
+        ggml_devices.on_abort(on_abort)
+    except (BackendError, OSError, AttributeError) as error:
+        # Only the words of a crash depend on it: serving goes on without.
+        logger.warning("cannot watch llama.cpp's aborts (%s): a lost worker is not named", error)
 
 
 def keep_worker_connections_alive() -> None:
     """Keepalive on this engine's connections to its workers, so a worker machine that
-    vanishes mid-reply ends the wait (and the engine, with the worker named) in about 11
-    seconds instead of never (``backends/workers/keepalive.py``)."""
+    vanishes mid-reply ends the wait (and the engine, with the worker named) within about
+    20 seconds instead of never (``backends/workers/keepalive.py``)."""
     from backends.llamacpp import ggml_devices
 
     resolved: dict[Endpoint, set[str]] = {}
