@@ -104,9 +104,14 @@ def physical_cores() -> int:
 
 
 def supports_gpu_offload() -> bool:
-    """Whether this llama.cpp build can put layers on a GPU (CUDA, Metal, ...)."""
+    """Whether this llama.cpp build can put layers on a GPU of this machine (CUDA,
+    Metal, ...). Not llama.cpp's own ``llama_supports_gpu_offload``, which is true in
+    every build with the RPC backend (workers count as offload there): on a CPU, a
+    model would then ask for GPU layers and lose the CPU's exact-kernel settings."""
+    from backends.llamacpp.ggml_devices import local_accelerators
+
     ensure_backend()
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    return bool(local_accelerators())
 
 
 def system_info() -> str:

@@ -37,6 +37,7 @@ from backends.llamacpp.library import (
     note_decoding_thread,
     physical_cores,
     recent_errors,
+    supports_gpu_offload,
 )
 from backends.llamacpp.mtp import LlamaCppMtpHead, load_mtp_weights
 from backends.llamacpp.params import context_params, model_params, parallel_refusal
@@ -95,7 +96,7 @@ class LlamaCppModel(LlamaCppTokens):
         self._seq = 0
         self._state_owner: object = self
 
-        self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
+        self.gpu_offload = supports_gpu_offload()
         if gpu_layers is None:
             gpu_layers = 999 if self.gpu_offload else 0
         self.exact_kernels = exact_kernels
