@@ -31,7 +31,7 @@ def machine_description() -> dict[str, object]:
         "python": platform.python_version(),
     }
     try:
-        from backends.llamacpp.library import supports_gpu_offload
+        from backends.llamacpp.ggml_devices import supports_gpu_offload
 
         description["llama_cpp_gpu_offload"] = supports_gpu_offload()
     except Exception as error:  # a description, not a requirement

@@ -56,6 +56,7 @@ def apply_knobs() -> dict[str, Any]:
     reference). Returns what was set."""
     import backends.llamacpp.model as ours
     import backends.llamacpp.reference as reference
+    from backends.llamacpp.ggml_devices import supports_gpu_offload
 
     knobs: dict[str, Any] = {}
     threads = os.environ.get("DP_MEASURE_THREADS", "").strip()
@@ -74,7 +75,8 @@ def apply_knobs() -> dict[str, Any]:
         ours.LlamaCppModel.__init__ = init  # type: ignore[method-assign]
         if int(layers) == 0:
             reference.supports_gpu_offload = lambda: False
-    knobs["gpu_offload_in_build"] = bool(llama_cpp.llama_supports_gpu_offload())
+    # A GPU of this machine (llama.cpp's own answer is true in any build with RPC).
+    knobs["gpu_offload_in_build"] = supports_gpu_offload()
     knobs["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     return knobs
 

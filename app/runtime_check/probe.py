@@ -91,7 +91,7 @@ def run(model_path: Path) -> None:
         "imported",
         llama_cpp_version=llamacpp_library.llama_cpp.__version__,
         system_info=llamacpp_library.system_info(),
-        gpu_offload=llamacpp_library.supports_gpu_offload(),
+        gpu_offload=ggml_devices.supports_gpu_offload(),
         rpc=ggml_devices.supports_rpc(),
     )
     model = llamacpp.LlamaCppModel(

@@ -166,6 +166,14 @@ def local_accelerators() -> list[Device]:
     ]
 
 
+def supports_gpu_offload() -> bool:
+    """Whether this llama.cpp build can put layers on a GPU of this machine (CUDA,
+    Metal, ...). Not llama.cpp's own ``llama_supports_gpu_offload``, which is true in
+    every build with the RPC backend (workers count as offload there): on a CPU, a
+    model would then ask for GPU layers and lose the CPU's exact-kernel settings."""
+    return bool(local_accelerators())
+
+
 def add_worker(endpoint: Endpoint) -> list[Device]:
     """Register the worker at ``endpoint`` (probed first: llama.cpp aborts the process on
     one it cannot reach) as devices of this process; once per endpoint."""

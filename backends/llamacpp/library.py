@@ -103,17 +103,6 @@ def physical_cores() -> int:
     return max(1, cores or os.cpu_count() or 1)
 
 
-def supports_gpu_offload() -> bool:
-    """Whether this llama.cpp build can put layers on a GPU of this machine (CUDA,
-    Metal, ...). Not llama.cpp's own ``llama_supports_gpu_offload``, which is true in
-    every build with the RPC backend (workers count as offload there): on a CPU, a
-    model would then ask for GPU layers and lose the CPU's exact-kernel settings."""
-    from backends.llamacpp.ggml_devices import local_accelerators
-
-    ensure_backend()
-    return bool(local_accelerators())
-
-
 def system_info() -> str:
     """llama.cpp's own list of what this build uses: ``CPU : AVX2 = 1 | AMX_INT8 = 1 | ...``.
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from backends.base import SequenceState
 from backends.errors import ContextOverflowError, DecodeError, ModelLoadError
-from backends.llamacpp.ggml_devices import release_workers
+from backends.llamacpp.ggml_devices import release_workers, supports_gpu_offload
 
 # First: the runtime's own import, so that a missing runtime says how to install it.
 from backends.llamacpp.library import (
@@ -37,7 +37,6 @@ from backends.llamacpp.library import (
     note_decoding_thread,
     physical_cores,
     recent_errors,
-    supports_gpu_offload,
 )
 from backends.llamacpp.mtp import LlamaCppMtpHead, load_mtp_weights
 from backends.llamacpp.params import context_params, model_params, parallel_refusal

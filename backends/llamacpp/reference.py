@@ -7,12 +7,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from backends.llamacpp.ggml_devices import supports_gpu_offload
 from backends.llamacpp.library import (
     ensure_backend,
     llama_cpp,
     log_callback,
     physical_cores,
-    supports_gpu_offload,
 )
 
 
