@@ -143,11 +143,13 @@ def test_the_target_split_over_two_workers_writes_what_it_writes_alone(
     finally:
         alone.stop()
     workers = f"{first.address},{second.address}"
-    split = start_server(home, short_socket("split"), "--workers", workers)
+    # A third each: by free memory they would be about equal here, but the three
+    # processes see the machine's free memory at different moments.
+    options = ("--workers", workers, "--worker-split", "1,1,1")
+    split = start_server(home, short_socket("split"), *options)
     try:
         assert [greedy_reply(split, prompt) for prompt in prompts] == expected
         loaded = split.health()["loaded"][0]
-        # SmolLM2's 30 layers, a third each by free memory (one machine: equal).
         assert loaded["target_placement"] == (
             f"10 layers on this CPU, ~10 on {first.address}, ~10 on {second.address}"
         )
@@ -165,7 +167,8 @@ DRAFT_STAYS_LOCAL = textwrap.dedent(
     from backends.workers.cluster import Workers
 
     path, addresses = sys.argv[1], sys.argv[2]
-    target = LlamaCppModel(path, n_ctx=256, workers=Workers.parse(addresses).ask())
+    workers = Workers.parse(addresses, "1,1,1")
+    target = LlamaCppModel(path, n_ctx=256, workers=workers.ask(), worker_split=workers.weights)
     draft = LlamaCppModel(path, n_ctx=256)
     target.forward(draft.tokenize("Hello"))  # the split target computes on the workers
     print("placements", target.placement, "|", draft.placement, flush=True)
