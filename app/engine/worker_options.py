@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 
 from app.engine import crash_record
 from app.engine.schema import ApiError
@@ -24,6 +25,8 @@ from backends.workers.cluster import Workers
 from backends.workers.endpoints import Endpoint, WorkerAddressError
 
 logger = logging.getLogger("draftpen.server")
+# How long an abort looks for the worker that went (see watch_runtime_aborts).
+ABORT_LOOK_SECONDS = 1.5
 
 
 def add_worker_options(serve: argparse.ArgumentParser) -> None:
@@ -90,11 +93,19 @@ def watch_runtime_aborts() -> None:
     from backends.workers.wire import unreachable
 
     def on_abort(message: str) -> None:
-        lost = []
-        for endpoint in ggml_devices.workers_in_use():
-            why = unreachable(endpoint)
-            if why is not None:
-                lost.append((str(endpoint), why))
+        # A worker killed a moment ago may still hold its listening socket while its
+        # connection to us is already gone (its descriptors close one by one as it
+        # exits): look again for a little while before saying no worker is gone.
+        deadline = time.monotonic() + ABORT_LOOK_SECONDS
+        while True:
+            lost = []
+            for endpoint in ggml_devices.workers_in_use():
+                why = unreachable(endpoint)
+                if why is not None:
+                    lost.append((str(endpoint), why))
+            if lost or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         crash_record.note_runtime_abort(message, lost)
         print(f"llama.cpp aborted: {message}", file=sys.stderr, flush=True)
         for worker, why in lost:
