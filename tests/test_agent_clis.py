@@ -76,6 +76,11 @@ AGENTS_ROOT = Path(
 KEPT = Path("draftpen") / "cache" / "prefixes"
 
 
+# Claude Code's reply cap in these tests, and the words of its error when a reply hits it.
+CLAUDE_MAX_OUTPUT_TOKENS = 512
+CLAUDE_CAPPED = f"exceeded the {CLAUDE_MAX_OUTPUT_TOKENS} output token maximum"
+
+
 @pytest.fixture(scope="module")
 def agents_home() -> Iterator[AgentsHome]:
     require_model(TARGET_KEY)
@@ -152,7 +157,7 @@ def launch(agents: AgentsHome, agent: str, arguments: list[str]) -> Launched:
         # that rambles fills the context (~14k tokens, 15+ minutes on this CPU; seen
         # once). Its own setting bounds the reply as a user would; what the test
         # asserts does not depend on the reply's length.
-        env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = "512"
+        env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(CLAUDE_MAX_OUTPUT_TOKENS)
     command = [sys.executable, "-m", "app.main", "launch", agent, "--pair", "starter"]
     started = time.monotonic()
     result = subprocess.run(
@@ -188,10 +193,19 @@ def test_claude_code_answers_through_draftpen_launch(agents_home: AgentsHome):
         "claude",
         ["-p", "What is 2+3?", "--output-format", "json"],
     )
-    assert launched.result.returncode == 0, launched.report
-    outcome = json.loads(launched.result.stdout)
-    # Success, whatever the model answered ("result" may be empty after a tool call).
-    assert outcome["is_error"] is False and outcome["subtype"] == "success", launched.report
+    try:
+        outcome = json.loads(launched.result.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(launched.report)
+    # A sampled reply (temperature 1) that runs to the test's 512-token cap is cut there
+    # by draftpen (stop reason max_tokens), and Claude Code reports that as its own error
+    # and exits 1 (CI, once: four 512-token replies in a row). It read draftpen's answers,
+    # which is what this test is about; any other error fails it.
+    capped = outcome.get("is_error") is True and CLAUDE_CAPPED in str(outcome.get("result"))
+    if not capped:
+        assert launched.result.returncode == 0, launched.report
+        # Success, whatever the model answered ("result" may be empty after a tool call).
+        assert outcome["is_error"] is False and outcome["subtype"] == "success", launched.report
     # Claude Code's system prompt and tools are ~19k tokens: a usage near zero would mean
     # it never read ours from message_start / message_delta.
     usage = outcome["usage"]
