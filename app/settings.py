@@ -190,9 +190,9 @@ def _range_problem(settings: Settings) -> str | None:
             parse_byte_size(settings.prefix_cache) is not None,
             f"prefix_cache must be {BYTE_SIZE_HINT}, not {settings.prefix_cache!r}",
         ),
-        (_workers_problem(settings) is None, _workers_problem(settings) or ""),
     ]
-    return next((message for ok, message in checks if not ok), None)
+    problem = next((message for ok, message in checks if not ok), None)
+    return problem or _workers_problem(settings)
 
 
 def _workers_problem(settings: Settings) -> str | None:

@@ -23,6 +23,7 @@ from backends.errors import BackendError
 from backends.workers import keepalive
 from backends.workers.cluster import Workers
 from backends.workers.endpoints import Endpoint, WorkerAddressError
+from backends.workers.wire import probe, unreachable
 
 logger = logging.getLogger("draftpen.server")
 # How long an abort looks for the worker that went (see watch_runtime_aborts).
@@ -61,7 +62,7 @@ def workers_from(args: argparse.Namespace, settings: Settings) -> Workers | None
         raise DraftpenError(str(error)) from None
     for endpoint in workers.endpoints:
         try:
-            info = Workers((endpoint,)).ask()[0]
+            info = probe(endpoint)
         except BackendError as error:
             # Not fatal: the worker may start later; each load asks again and says so.
             logger.warning("%s", error)
@@ -90,7 +91,6 @@ def watch_runtime_aborts() -> None:
     """When llama.cpp aborts the engine (a worker lost mid-reply ends in GGML_ABORT), say
     which workers are gone, in the log and the crash record, before the process dies."""
     from backends.llamacpp import ggml_devices
-    from backends.workers.wire import unreachable
 
     def on_abort(message: str) -> None:
         # A worker killed a moment ago may still hold its listening socket while its
