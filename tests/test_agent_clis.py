@@ -79,6 +79,10 @@ KEPT = Path("draftpen") / "cache" / "prefixes"
 # Claude Code's reply cap in these tests, and the words of its error when a reply hits it.
 CLAUDE_MAX_OUTPUT_TOKENS = 512
 CLAUDE_CAPPED = f"exceeded the {CLAUDE_MAX_OUTPUT_TOKENS} output token maximum"
+# Claude Code's agent turns in these tests: a temperature-1 model that goes on calling
+# tools and starting sub-agents (each with its own ~11k-token prompt to read) took
+# ~15 minutes of CI once; two turns show it read draftpen's answers and acted on them.
+CLAUDE_MAX_TURNS = 2
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +195,7 @@ def test_claude_code_answers_through_draftpen_launch(agents_home: AgentsHome):
     launched = launch(
         agents_home,
         "claude",
-        ["-p", "What is 2+3?", "--output-format", "json"],
+        ["-p", "What is 2+3?", "--output-format", "json", "--max-turns", str(CLAUDE_MAX_TURNS)],
     )
     try:
         outcome = json.loads(launched.result.stdout)
@@ -202,7 +206,10 @@ def test_claude_code_answers_through_draftpen_launch(agents_home: AgentsHome):
     # and exits 1 (CI, once: four 512-token replies in a row). It read draftpen's answers,
     # which is what this test is about; any other error fails it.
     capped = outcome.get("is_error") is True and CLAUDE_CAPPED in str(outcome.get("result"))
-    if not capped:
+    # A model that is still calling tools after the test's turns ends the same way
+    # (subtype error_max_turns): it read and acted on draftpen's replies.
+    out_of_turns = outcome.get("subtype") == "error_max_turns"
+    if not (capped or out_of_turns):
         assert launched.result.returncode == 0, launched.report
         # Success, whatever the model answered ("result" may be empty after a tool call).
         assert outcome["is_error"] is False and outcome["subtype"] == "success", launched.report
