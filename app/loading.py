@@ -45,8 +45,8 @@ def load_engine(
     ``conversation_cache_bytes`` > 0 lets the engine keep that much of conversations'
     KV state in RAM (the engine process does; one-shot commands need none). With a
     ``prefix_store`` prompts' prefixes are saved to disk and loaded from it.
-    ``parallel`` N > 1 loads both models for N sequences generating at once (llama.cpp;
-    None: as many as fit in memory, up to four). ``workers`` hold part of the target's
+    ``parallel`` N > 1 loads both models for N sequences generating at once (None: as
+    many as fit in memory, up to four). ``workers`` hold part of the target's
     layers (llama.cpp RPC); each is asked first, so one that has gone is an error that
     names it; the draft stays on this machine.
     """
@@ -101,9 +101,7 @@ def load_engine(
 
 def _parallel_that_fits(pair_name: str, runtime: str, n_ctx: int) -> int:
     """``serve --parallel auto``: as many sequences as the pair holds in memory, up to
-    four; one on MLX, which generates one at a time."""
-    if runtime != "llamacpp":
-        return 1
+    four (on MLX too: each sequence's cache grows as it is filled, but may fill)."""
     return parallel_that_fits(pair_models(load_catalog(), pair_name, runtime), n_ctx=n_ctx)
 
 

@@ -5,18 +5,19 @@ An :class:`~backends.engine.Engine` whose target was loaded with ``parallel`` N 
 :meth:`~backends.engine.Engine.sibling`) over one sequence of the target's context and
 one of the draft's, so each generation keeps its own loop, drafter state, grammar,
 penalties and statistics, while the sequences' forwards are batched by the runtime
-(``backends/llamacpp/decode_batcher.py``). A generation takes the free slot whose
-cache shares the most with its prompt, so a conversation that comes back finds its
-state where it left it.
+(``backends/llamacpp/decode_batcher.py``; ``backends/mlx/forward_batcher.py``). A
+generation takes the free slot whose cache shares the most with its prompt, so a
+conversation that comes back finds its state where it left it.
 
-A pair whose runtime cannot batch its sequences (MLX, a recurrent target, an MTP head)
-has one slot: it generates in turn, and ``refusal`` says why.
+A pair that cannot hold several sequences (a recurrent target, an MTP head) has one
+slot: it generates in turn, and ``refusal`` says why.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from backends.engine import Engine, GenerationRequest
 from backends.generation_events import GenerationEvent
@@ -56,19 +57,16 @@ class EngineSlots:
     """The slots of a parallel engine; generations take and give them back."""
 
     def __init__(self, engine: Engine, exchange: RuntimeExchange) -> None:
-        from backends.llamacpp.sequences import sequence_views
-
         self.engine = engine
         self.count, self.refusal = parallel_of(engine)
         if self.count < 2:
             raise ValueError("one sequence: generate on the engine itself")
-        self._target_views = sequence_views(engine.target, exchange)  # type: ignore[arg-type]
+        self._target_views = _sequence_views(engine.target, exchange)
         self._draft_views = (
-            sequence_views(engine.draft, exchange)  # type: ignore[arg-type]
-            if engine.draft is not None
-            else None
+            _sequence_views(engine.draft, exchange) if engine.draft is not None else None
         )
-        if getattr(engine.target, "exact_kernels", False):
+        target = engine.target
+        if getattr(target, "exact_kernels", False) or getattr(target, "exact_output", False):
             # Rows round like one-token decoding only in batches up to the measured
             # size: the sequences' rounds gather up to it (the draft's need not).
             costs = engine.costs
@@ -115,6 +113,18 @@ class EngineSlots:
         self._target_views.close()
         if self._draft_views is not None:
             self._draft_views.close()
+
+
+def _sequence_views(model: object, exchange: RuntimeExchange) -> Any:
+    """The views of ``model``'s sequences, by its runtime's own room (imported here
+    only: a runtime is imported where it is used)."""
+    if type(model).__module__.startswith("backends.mlx."):
+        from backends.mlx.sequences import sequence_views as mlx_views
+
+        return mlx_views(model, exchange)  # type: ignore[arg-type]
+    from backends.llamacpp.sequences import sequence_views
+
+    return sequence_views(model, exchange)  # type: ignore[arg-type]
 
 
 def generate_on_slot(

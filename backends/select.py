@@ -120,9 +120,11 @@ def load_model(
     """Load one model (a GGUF file for llama.cpp, an MLX directory for mlx) with ``runtime``.
 
     ``exact_kernels`` asks llama.cpp for kernels whose small verify batches round like
-    one-token decoding (see backends/llamacpp/model.py); MLX has no such choice to make.
-    ``parallel`` N > 1 gives llama.cpp a context of N sequences (``n_ctx`` each) that
-    generate at once (backends/engine_slots.py); MLX runs one at a time. ``workers``
+    one-token decoding (see backends/llamacpp/model.py); MLX has no such choice to make,
+    but its sequences beside others then share only forwards that round as alone.
+    ``parallel`` N > 1 gives llama.cpp a context of N sequences (``n_ctx`` each), and
+    MLX N views of the one loaded model, that generate at once
+    (backends/engine_slots.py). ``workers``
     (llama.cpp) split the model's layers over them and this machine (``worker_split``:
     the shares, this machine's first; default: by free memory).
     """
@@ -146,5 +148,5 @@ def load_model(
     if runtime == "mlx":
         from backends.mlx.model import MlxModel
 
-        return MlxModel(path, n_ctx=n_ctx, name=name)
+        return MlxModel(path, n_ctx=n_ctx, name=name, parallel=parallel, exact_output=exact_kernels)
     raise RuntimeUnavailableError(f"Runtime {runtime!r} is not available in this build.")

@@ -10,7 +10,9 @@ MLX evaluates lazily, which gives a prefill without the output layer for free: t
 prompt goes through the model, but only the cache's keys and values are evaluated, so
 the vocabulary projection (the largest matmul for a 150k vocabulary) is never run.
 
-Only this module and state_files.py (saved caches in files) import ``mlx`` and ``mlx_lm``.
+Only the modules of this package import ``mlx`` and ``mlx_lm``: this one, device_rows.py
+(sampling on the device), state_files.py (saved caches in files), and for several
+sequences at once sequences.py, forward_batcher.py and batched_forward.py.
 """
 
 from __future__ import annotations
@@ -33,10 +35,7 @@ from backends.errors import (
 )
 from backends.mlx.rollback import cache_nbytes, cache_rollback, untrimmable_cache_reason
 from backends.output.chat_template import render_with_model_tokens
-from backends.sampling.filters import SamplingParams, distribution
 from backends.sampling.rows import HostRows, LogitRows
-from backends.sampling.sparse_distribution import SparseDistribution
-from backends.sampling.top_logits import distribution_from_top
 
 # mlx-lm imports transformers, which prints a PyTorch advisory on stderr; the TUI owns
 # the terminal, and MLX needs no PyTorch.
@@ -47,6 +46,7 @@ try:
     from mlx_lm.models.cache import ArraysCache, RotatingKVCache, make_prompt_cache
     from mlx_lm.utils import load as mlx_lm_load
 
+    from backends.mlx.device_rows import MlxRows
     from backends.mlx.state_files import MlxStateFiles
 except ImportError as error:  # pragma: no cover - exercised where mlx is absent
     raise RuntimeUnavailableError(
@@ -57,10 +57,6 @@ except ImportError as error:  # pragma: no cover - exercised where mlx is absent
 # Facts the GGUF converter (app/gguf_to_mlx.py) records next to the weights.
 CONVERSION_FACTS = "draftpen-mlx.json"
 PREFILL_CHUNK = 512
-# How many of a row's largest logits come back from the device for sampling: enough for
-# top-k 40 and for the nuclei of an LLM's rows (a few tokens, sometimes tens).
-DEVICE_CANDIDATES = 64
-MAX_DEVICE_CANDIDATES = 1024  # a larger top-k filters the whole row on the host
 _VOCAB_TYPES = {"BPE": "bpe", "Unigram": "ugm", "WordPiece": "wpm"}
 
 
@@ -72,6 +68,13 @@ def mlx_version() -> str:
 def uses_gpu() -> bool:
     """Whether MLX computes on a GPU (Metal or CUDA) here rather than on the CPU."""
     return mx.default_device().type == mx.DeviceType.gpu
+
+
+def _parallel_refusal(recurrent: bool, parallel: int) -> str | None:
+    """Why a model asked for ``parallel`` sequences loads with one (None: it does not)."""
+    if parallel > 1 and recurrent:
+        return "a hybrid target's recurrent state rolls back by replay, one sequence at a time"
+    return None
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -105,9 +108,13 @@ class MlxModel(MlxStateFiles):
         name: str | None = None,
         cpu_float32: bool = True,
         device_sampling: bool | None = None,
+        parallel: int = 1,
+        exact_output: bool = False,
     ) -> None:
         self.path = Path(path)
         self.name = name or self.path.name
+        # Exact output: sequences beside others read their forwards as alone (sequences.py).
+        self.exact_output = exact_output
         # Sampling math on the device (see forward_rows); by default where that is a
         # GPU. MLX's CPU kernels for it are slower than numpy on the same cores.
         self.device_sampling = uses_gpu() if device_sampling is None else device_sampling
@@ -135,6 +142,10 @@ class MlxModel(MlxStateFiles):
         self._rollback = cache_rollback(self._cache, recurrent=ArraysCache)
         self.recurrent = self._rollback.recurrent
         self.rollback_limit = self._rollback.rollback_limit  # None: any depth, for free
+        # ``parallel`` N > 1: N views generate at once (backends/mlx/sequences.py).
+        self.parallel_refusal = _parallel_refusal(self.recurrent, parallel)
+        self.parallel = 1 if self.parallel_refusal else max(1, parallel)
+        self._state_owner: object = self  # the views' states are the loaded model's
         self.n_ctx = n_ctx
         self.size_bytes = sum(f.stat().st_size for f in self.path.glob("*.safetensors"))
         self._tokens: list[int] = []
@@ -351,12 +362,15 @@ class MlxModel(MlxStateFiles):
         saved = copy.deepcopy(self._cache)
         mx.eval([layer.state for layer in saved])
         return SequenceState(
-            tuple(self._tokens), cache_nbytes(saved, recurrent=ArraysCache), saved, owner=self
+            tuple(self._tokens),
+            cache_nbytes(saved, recurrent=ArraysCache),
+            saved,
+            owner=self._state_owner,
         )
 
     def restore_state(self, state: SequenceState) -> None:
         """Make a fresh copy of a saved prompt cache the live one."""
-        if state.owner is not self:
+        if state.owner is not self._state_owner:
             raise ValueError(f"this state was saved by another model, not {self.name}")
         restored = copy.deepcopy(state.payload)
         mx.eval([layer.state for layer in restored])
@@ -369,79 +383,3 @@ class MlxModel(MlxStateFiles):
         self._cache = []
         self._model = None
         mx.clear_cache()
-
-
-class MlxRows:
-    """A forward's logits kept as an MLX array; the loop's questions answered by MLX.
-
-    Each kind of answer is computed for every row at once, in one evaluation, the
-    first time a row is asked (a verify batch needs most of its rows): argmaxes; for
-    sampling, each row's ``DEVICE_CANDIDATES`` largest logits and its log-sum-exp at
-    the temperature, from which :func:`backends.sampling.top_logits.distribution_from_top`
-    filters on the host; log-sum-exps at temperature 1 for confidences. Where the
-    candidates cannot settle a distribution, that row is copied back and filtered
-    whole, as on the host.
-    """
-
-    def __init__(self, logits: Any) -> None:
-        self._logits = logits
-        self._argmax: np.ndarray | None = None
-        self._log_mass_at_1: np.ndarray | None = None
-        self._top: dict[tuple[float, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._rows: dict[int, np.ndarray] = {}
-
-    def __len__(self) -> int:
-        """How many rows."""
-        return int(self._logits.shape[0])
-
-    def row(self, index: int) -> np.ndarray:
-        """The whole row, copied to the host once."""
-        row = self._rows.get(index)
-        if row is None:
-            row = np.array(self._logits[index])
-            self._rows[index] = row
-        return row
-
-    def greedy(self, index: int) -> int:
-        """The row's argmax (every row's, computed together)."""
-        if self._argmax is None:
-            self._argmax = np.array(mx.argmax(self._logits, axis=-1))
-        return int(self._argmax[index])
-
-    def distribution(self, index: int, params: SamplingParams) -> SparseDistribution:
-        """The row's filtered distribution from its top candidates (else the whole row)."""
-        if params.greedy:
-            return SparseDistribution.point(self.greedy(index))
-        wanted = DEVICE_CANDIDATES
-        if 0 < params.top_k <= MAX_DEVICE_CANDIDATES:
-            wanted = max(wanted, params.top_k)
-        ids, values, log_mass = self._candidates(params.temperature, wanted)
-        n_vocab = int(self._logits.shape[1])
-        found = distribution_from_top(
-            ids[index], values[index], float(log_mass[index]), n_vocab, params
-        )
-        if found is not None:
-            return found
-        return distribution(self.row(index), params)
-
-    def top_probability(self, index: int, token: int) -> float:
-        """Softmax probability of ``token`` at temperature 1, from a device log-sum-exp."""
-        if self._log_mass_at_1 is None:
-            self._log_mass_at_1 = np.array(mx.logsumexp(self._logits, axis=-1))
-        value = float(self._logits[index, token].item())
-        return float(np.exp(value - float(self._log_mass_at_1[index])))
-
-    def _candidates(
-        self, temperature: float, wanted: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        found = self._top.get((temperature, wanted))
-        if found is None:
-            logits = self._logits
-            wanted = min(wanted, int(logits.shape[1]))
-            ids = mx.argpartition(-logits, kth=wanted - 1, axis=-1)[:, :wanted]
-            values = mx.take_along_axis(logits, ids, axis=-1)
-            log_mass = mx.logsumexp(logits * (1.0 / temperature), axis=-1)
-            mx.eval(ids, values, log_mass)
-            found = (np.array(ids).astype(np.int64), np.array(values), np.array(log_mass))
-            self._top[(temperature, wanted)] = found
-        return found

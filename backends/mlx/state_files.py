@@ -54,6 +54,7 @@ class MlxStateFiles:
     prefill_chunk: int
     _model: Any
     _state_layout: list[Any] | None = None  # what a state of this model looks like
+    _state_owner: object  # whose states these are (a parallel model's views share it)
 
     def state_identity(self) -> Mapping[str, object]:
         """What a state saved by another process must match to be loaded here."""
@@ -111,7 +112,7 @@ class MlxStateFiles:
             for index, (entry, kind) in enumerate(zip(layers, kinds, strict=True))
         ]
         mx.eval(arrays)
-        return SequenceState(tuple(tokens), nbytes, cache, owner=self)
+        return SequenceState(tuple(tokens), nbytes, cache, owner=self._state_owner)
 
     def _parameters(self) -> list[tuple[str, Any]]:
         return list(tree_flatten(self._model.parameters()))

@@ -1,0 +1,207 @@
+"""The forwards of several sequences of one MLX model, run as one mlx-lm forward.
+
+Each sequence's view (``sequences.py``) submits its forward and waits; the runtime
+thread (``backends/runtime_exchange.py``) asks :meth:`ForwardBatcher.ready_work`
+whether to run what has gathered. As for llama.cpp (``backends/llamacpp/
+decode_batcher.py``), a batch is ready when every generating sequence has submitted,
+or when the oldest forward has waited a grace (a share of the last forward's time), so
+a lone sequence never waits.
+
+What gathers differs, because an MLX batch is ``[B, L]``, each row padded to the
+longest (``batched_forward.py``): the sequences' rounds (a verify of K+1 tokens, a
+draft step, a plain decode) gather into one forward, while a prompt chunk, tens of
+tokens, runs by itself rather than pad every round to its length. Chunks and rounds
+take turns in the order they came, so a long prompt never holds the others' rounds
+back for more than one chunk.
+
+Exactness: a forward run by itself is the very call the model makes alone. A gathered
+one rounds as alone where ``batch_exact`` was measured on the loaded model (the same
+rows, bit for bit, from a probe forward) and, under exact output, only up to
+``exact_limit`` rows (the calibration's largest batch that rounds like one-token
+decoding). Elsewhere, under exact output, every forward runs by itself (in turn).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from backends.mlx.batched_forward import forward_together
+
+# A forward waits for the sequences still on their way at most this share of the last
+# forward's time, and never longer than MAX_GRACE seconds (as decode_batcher.py does).
+GRACE_SHARE = 0.25
+MAX_GRACE = 0.02
+# A prompt chunk is about PROMPT_SECONDS' worth of reading at the measured speed (the
+# others' rounds wait for one chunk at most), within [MIN_PROMPT_CHUNK, MAX_PROMPT_CHUNK].
+PROMPT_SECONDS = 0.5
+MIN_PROMPT_CHUNK = 32
+MAX_PROMPT_CHUNK = 512
+SMOOTHING = 0.3
+
+
+@dataclass(eq=False)
+class ForwardRequest:
+    """One sequence's ``tokens`` through the model into its ``cache`` (its layers);
+    ``logits``: whether its rows are wanted (a round) or only the cache (a prompt)."""
+
+    seq: int
+    cache: Sequence[Any]
+    tokens: Sequence[int]
+    logits: bool
+    arrived: float
+    rows: np.ndarray | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class ForwardBatcher:
+    """Gathers one MLX model's forwards, sequence by sequence, into batches."""
+
+    def __init__(
+        self, model: Any, *, name: str, condition: threading.Condition, gathers: bool
+    ) -> None:
+        self._model = model
+        self.name = name
+        self.condition = condition
+        # Whether this model's rounds can share a forward at all (its family's attention
+        # runs per sequence, batched_forward.gathers_attention), and whether its rows
+        # then round as alone (measured by sequences.py).
+        self.gathers = gathers
+        self.batch_exact = False
+        # Exact output: set (by backends/engine_slots.py) to the largest batch whose rows
+        # round like one-token decoding; None: any batch will do (fast output).
+        self.exact_limit: int | None = None
+        self._pending: list[ForwardRequest] = []
+        self._generating: set[int] = set()
+        self._last_seconds = 0.0
+        self._last_end = 0.0
+        self._seconds_per_token: float | None = None
+        self.forwards = 0  # forwards run
+        self.gathered = 0  # of them, ones that carried several sequences
+
+    # -- generation threads (condition not held) -------------------------------
+
+    def generating(self, seq: int, active: bool) -> None:
+        """Say whether ``seq`` is generating: a batch waits for generating sequences."""
+        with self.condition:
+            if active:
+                self._generating.add(seq)
+            else:
+                self._generating.discard(seq)
+            self.condition.notify_all()
+
+    def generating_count(self) -> int:
+        """How many sequences are generating (they share each forward)."""
+        return len(self._generating)
+
+    def prompt_chunk(self) -> int:
+        """How many prompt tokens one forward reads beside others (see PROMPT_SECONDS)."""
+        if self._seconds_per_token is None:
+            return MIN_PROMPT_CHUNK * 2
+        tokens = int(PROMPT_SECONDS / self._seconds_per_token)
+        return max(MIN_PROMPT_CHUNK, min(MAX_PROMPT_CHUNK, tokens))
+
+    def forward(
+        self, seq: int, cache: Sequence[Any], tokens: Sequence[int], *, logits: bool
+    ) -> np.ndarray | None:
+        """Run ``tokens`` into ``cache`` with the others gathered; the float32 logits rows
+        (a host copy) when ``logits``. Raises what the forward raised."""
+        request = ForwardRequest(seq, cache, tokens, logits, time.monotonic())
+        with self.condition:
+            self._pending.append(request)
+            self.condition.notify_all()
+            while not request.done:
+                self.condition.wait()
+        if request.error is not None:
+            raise request.error
+        return request.rows
+
+    # -- the runtime thread ----------------------------------------------------
+
+    def ready_work(self, now: float) -> tuple[Callable[[], None] | None, float | None]:
+        """The batch to run now, or when to look again (condition held)."""
+        if not self._pending:
+            return None, None
+        waiting_for = self._generating - {request.seq for request in self._pending}
+        grace = min(MAX_GRACE, GRACE_SHARE * self._last_seconds) if self.forwards else MAX_GRACE
+        due = max(self._pending[0].arrived, self._last_end) + grace
+        if waiting_for and self._pending[0].logits and now < due:
+            return None, due
+        group = self._take_group()
+        return lambda: self._run(group), None
+
+    def _may_gather(self) -> bool:
+        if not self.gathers:
+            return False
+        return self.exact_limit is None or self.batch_exact
+
+    def _take_group(self) -> list[ForwardRequest]:
+        """The oldest request, and when it is a round, the other rounds that may share
+        its forward: under exact output, up to ``exact_limit`` rows of ``[B, L]``
+        (condition held)."""
+        first = self._pending[0]
+        group = [first]
+        if first.logits and self._may_gather():
+            limit = self.exact_limit
+            for request in self._pending[1:]:
+                if not request.logits:
+                    continue
+                width = max(len(r.tokens) for r in [*group, request])
+                if limit is not None and width * (len(group) + 1) > limit:
+                    continue
+                group.append(request)
+        for request in group:
+            self._pending.remove(request)
+        return group
+
+    def _run(self, group: list[ForwardRequest]) -> None:
+        """Run ``group`` in one forward and hand out the results."""
+        started = time.perf_counter()
+        try:
+            self._forward(group)
+        except BaseException as error:  # every request of the batch fails with it
+            for request in group:
+                request.error = error
+        seconds = time.perf_counter() - started
+        with self.condition:
+            self._last_seconds = seconds
+            self._last_end = time.monotonic()
+            if not group[0].logits and len(group[0].tokens) >= MIN_PROMPT_CHUNK:
+                per_token = seconds / len(group[0].tokens)
+                last = self._seconds_per_token
+                self._seconds_per_token = (
+                    per_token if last is None else last + SMOOTHING * (per_token - last)
+                )
+            self.forwards += 1
+            self.gathered += len(group) > 1
+            for request in group:
+                request.done = True
+            self.condition.notify_all()
+
+    def _forward(self, group: list[ForwardRequest]) -> None:
+        if len(group) == 1:
+            # By itself: exactly the call the model makes alone (backends/mlx/model.py).
+            request = group[0]
+            out = self._model(mx.array([list(request.tokens)], dtype=mx.int32), cache=request.cache)
+            states = [layer.state for layer in request.cache]
+            if not request.logits:
+                mx.eval(states)  # the output layer is never run for a prompt
+                return
+            logits = out[0].astype(mx.float32)
+            mx.eval(logits, states)
+            request.rows = np.array(logits)
+            return
+        out = forward_together(
+            self._model, [r.cache for r in group], [list(r.tokens) for r in group]
+        )
+        rows = [out[row, : len(r.tokens)].astype(mx.float32) for row, r in enumerate(group)]
+        mx.eval(rows, [layer.state for r in group for layer in r.cache])
+        for request, logits in zip(group, rows, strict=True):
+            request.rows = np.array(logits)
