@@ -65,6 +65,9 @@ def _tiny_llama(directory: Path, *, seed: int, like: Path | None = None) -> Path
             for name, value in weights.items()
         }
     directory.mkdir()
+    # Stored in float16 as published models are: loading converts them to float32 on
+    # the loading thread, which the runtime thread must not have to finish.
+    weights = {name: value.astype(mx.float16) for name, value in weights.items()}
     mx.save_safetensors(str(directory / "model.safetensors"), weights)
     (directory / "config.json").write_text(json.dumps(config))
     source = require_mlx_model(SMOLLM2_KEY)

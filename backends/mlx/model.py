@@ -129,6 +129,9 @@ class MlxModel(MlxStateFiles):
             # MLX's CPU kernels are fastest (and most precise) in float32: measured on
             # SmolLM2, one token takes 265 ms in float32, 334 in bfloat16, 685 in float16.
             self._model.set_dtype(mx.float32)
+            # Converted now, on this thread: MLX streams are per thread, and a parallel
+            # model's forwards run on the runtime thread, which cannot run this one's.
+            mx.eval(self._model.parameters())
         self._cache = make_prompt_cache(self._model)
         refusal = untrimmable_cache_reason(
             self._cache, sliding=RotatingKVCache, recurrent=ArraysCache
