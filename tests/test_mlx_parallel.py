@@ -206,3 +206,27 @@ def test_a_cancelled_sequence_is_freed_and_disturbs_no_other(
     # Its slot serves the next request as if nothing had happened.
     again = _run_together(slots, engine, (cancelled,), {})
     assert again[cancelled] == alone[cancelled]
+
+
+def test_the_probe_sends_a_family_it_cannot_gather_to_run_in_turn(
+    pair_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from backends.mlx import sequences
+    from backends.mlx.model import MlxModel
+
+    model = MlxModel(pair_dirs[0], n_ctx=64)
+    assert sequences.rounds_as_alone(model._model) is True  # MLX's CPU: bit for bit
+    real = sequences.forward_together
+
+    def misplaced(*args: Any) -> Any:  # as a family whose positions went wrong would
+        return real(*args) * -1.0
+
+    monkeypatch.setattr(sequences, "forward_together", misplaced)
+    assert sequences.rounds_as_alone(model._model) is None
+
+    def refused(*args: Any) -> Any:
+        raise ValueError("this family reads its cache's offset as a number")
+
+    monkeypatch.setattr(sequences, "forward_together", refused)
+    assert sequences.rounds_as_alone(model._model) is None
+    model.close()

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from backends.errors import ContextOverflowError, DecodeError
-from backends.llamacpp.library import last_llama_error, llama_cpp, note_decoding_thread
+from backends.llamacpp.ggml_devices import decode
+from backends.llamacpp.library import last_llama_error, llama_cpp
 
 # A decode waits for the sequences still on their way at most this share of the last
 # decode's time, and never longer than MAX_GRACE seconds.
@@ -245,8 +246,7 @@ class DecodeBatcher:
                     self._row_seq[index] = request.seq
             row = end
         batch.n_tokens = row
-        note_decoding_thread()
-        status = llama_cpp.llama_decode(self._context, batch)
+        status = decode(self._context, batch, row)
         if status == 1:
             raise ContextOverflowError(
                 "llama.cpp found no room in the KV cache for the sequences running at "

@@ -164,11 +164,16 @@ class ForwardBatcher:
     def _run(self, group: list[ForwardRequest]) -> None:
         """Run ``group`` in one forward and hand out the results."""
         started = time.perf_counter()
+        ends = [[int(layer.offset) for layer in request.cache] for request in group]
         try:
             self._forward(group)
         except BaseException as error:  # every request of the batch fails with it
-            for request in group:
+            for request, offsets in zip(group, ends, strict=True):
                 request.error = error
+                # Its cache keeps none of the failed forward: it must still hold what
+                # its view's cached tokens say.
+                for layer, offset in zip(request.cache, offsets, strict=True):
+                    layer.trim(int(layer.offset) - offset)
         seconds = time.perf_counter() - started
         with self.condition:
             self._last_seconds = seconds
