@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from backends.errors import RuntimeUnavailableError
-from backends.llamacpp.library import ensure_backend, llama_cpp
+from backends.llamacpp.library import ensure_backend, llama_cpp, note_decoding_thread
+from backends.workers import watchdog
 from backends.workers.endpoints import Endpoint
 
 DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU = 0, 1, 2  # ggml_backend_dev_type
@@ -211,6 +212,21 @@ def workers_in_use() -> list[Endpoint]:
     """The workers holding layers of a loaded model now."""
     with _lock:
         return list(_in_use)
+
+
+def decode(context: Any, batch: Any, tokens: int) -> int:
+    """``llama_decode``; while a model has layers on workers, timed as one runtime call
+    of ``tokens`` for the hung-worker watchdog (``backends/workers/watchdog.py``)."""
+    note_decoding_thread()
+    if not _in_use:
+        return int(llama_cpp.llama_decode(context, batch))
+    with watchdog.calls.timing(tokens):
+        status = int(llama_cpp.llama_decode(context, batch))
+        # llama_decode returns once the graph is sent; the wait on the workers comes at
+        # the next logits read. Waiting here puts that wait inside the timed call (the
+        # caller reads the logits next anyway: nothing overlaps a forward yet).
+        llama_cpp.llama_synchronize(context)
+        return status
 
 
 def registered_workers() -> list[Endpoint]:

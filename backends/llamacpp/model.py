@@ -26,7 +26,7 @@ import numpy as np
 
 from backends.base import SequenceState
 from backends.errors import ContextOverflowError, DecodeError, ModelLoadError
-from backends.llamacpp.ggml_devices import release_workers, supports_gpu_offload
+from backends.llamacpp.ggml_devices import decode, release_workers, supports_gpu_offload
 
 # First: the runtime's own import, so that a missing runtime says how to install it.
 from backends.llamacpp.library import (
@@ -34,7 +34,6 @@ from backends.llamacpp.library import (
     ensure_backend,
     last_llama_error,
     llama_cpp,
-    note_decoding_thread,
     physical_cores,
     recent_errors,
 )
@@ -234,8 +233,7 @@ class LlamaCppModel(LlamaCppTokens):
         wants_logits = self._batch_wants_logits
         wants_logits[:logits_from] = 0
         wants_logits[logits_from:count] = 1
-        note_decoding_thread()
-        status = llama_cpp.llama_decode(self._context, batch)
+        status = decode(self._context, batch, count)
         if status != 0:
             if status == 1:
                 raise ContextOverflowError(
