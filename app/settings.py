@@ -151,6 +151,10 @@ class Settings:
     # this machine's first ("2,1,1"; "" splits by free memory).
     workers: str = ""
     worker_split: str = ""
+    # Seconds a forward pass of a split target waits, at the least, before a worker that
+    # sends nothing is called hung and its connection broken (more where recent passes
+    # were slow: see backends/workers/hang.py); 0 waits forever.
+    worker_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         problem = _range_problem(self)
@@ -190,6 +194,7 @@ def _range_problem(settings: Settings) -> str | None:
             parse_byte_size(settings.prefix_cache) is not None,
             f"prefix_cache must be {BYTE_SIZE_HINT}, not {settings.prefix_cache!r}",
         ),
+        (settings.worker_timeout >= 0, "worker_timeout must be 0 or more (0 = wait forever)"),
     ]
     problem = next((message for ok, message in checks if not ok), None)
     return problem or _workers_problem(settings)

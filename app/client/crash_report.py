@@ -56,7 +56,7 @@ _FATAL_LINE = re.compile(r"^Fatal Python error: (?P<what>[A-Za-z -]+?)\s*$", re.
 _HEADER = re.compile(r"^draftpen engine pid (?P<pid>\d+)", re.MULTILINE)
 # Written by the engine (app.engine.crash_record.note_runtime_abort) as llama.cpp aborts,
 # for each worker that no longer listens: "lost worker 10.0.0.2:50052: connection refused".
-LOST_WORKER = re.compile(r"^lost worker (?P<worker>\S+): ", re.MULTILINE)
+LOST_WORKER = re.compile(r"^lost worker (?P<worker>\S+): (?P<why>.*)$", re.MULTILINE)
 # The signals a crash of native code ends in (a kill by a person or the OOM killer
 # is not a runtime crash, and is reported as a lost engine).
 FATAL_SIGNALS = frozenset(_FAULT_SIGNALS.values())
@@ -116,6 +116,9 @@ class EngineCrash:
     record: Path | None = None  # the fatal record, when the engine wrote one
     # Workers (HOST:PORT) found gone as the runtime aborted: the crash was theirs.
     lost_workers: tuple[str, ...] = ()
+    # Why each was found gone, in the same order ("connection refused", "did not answer
+    # for 31 s ..."); may be empty.
+    lost_reasons: tuple[str, ...] = ()
 
     def message(self, *, gives_up: bool = False) -> str:
         """What a person is told: the signal, the pair, the fix."""
@@ -124,7 +127,8 @@ class EngineCrash:
         text = f"The {runtime} runtime crashed ({self.signal_name}, {meaning}) {self.when()}."
         if self.lost_workers:
             text = (
-                f"Worker {', '.join(self.lost_workers)} stopped answering {self.when()}, and "
+                f"Worker {', '.join(self.lost_workers)} stopped answering {self.when()}"
+                f"{self._reasons()}, and "
                 "llama.cpp ended the engine with it (the target's layers there are gone). "
                 "Start `draftpen worker` there again and ask again, or load the pair without "
                 "it (serve without it in --workers or the workers setting)."
@@ -143,6 +147,16 @@ class EngineCrash:
         if self.record is not None:
             text += f" (The crash record: {self.record}.)"
         return text
+
+    def _reasons(self) -> str:
+        """`` (connection refused)``; each worker named where there are several."""
+        reasons = [why.strip() for why in self.lost_reasons if why.strip()]
+        if not reasons:
+            return ""
+        if len(reasons) == 1 and len(self.lost_workers) == 1:
+            return f" ({reasons[0]})"
+        pairs = zip(self.lost_workers, self.lost_reasons, strict=False)
+        return " (" + "; ".join(f"{worker}: {why}" for worker, why in pairs) + ")"
 
     def when(self) -> str:
         """``while generating with pair 'starter'``, and the like."""
@@ -198,6 +212,7 @@ def read_crash(
     signal_name: str | None = None
     record: Path | None = None
     lost: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
     if activity is not None:
         try:
             text = fatal_path(socket_path).read_text(errors="replace")
@@ -207,7 +222,9 @@ def read_crash(
         if header is not None and int(header["pid"]) == activity.pid:
             signal_name = fatal_signal(text)
             record = fatal_path(socket_path) if signal_name else None
-            lost = tuple(match["worker"] for match in LOST_WORKER.finditer(text))
+            matches = list(LOST_WORKER.finditer(text))
+            lost = tuple(match["worker"] for match in matches)
+            reasons = tuple(match["why"] for match in matches)
     # Our own child's exit status, unless the records speak of another engine.
     if signal_name is None and process is not None and _same_engine(process, pid, activity):
         signal_name = _exit_signal(process)
@@ -221,6 +238,7 @@ def read_crash(
         runtime=activity.runtime if activity is not None else None,
         record=record,
         lost_workers=lost if record is not None else (),
+        lost_reasons=reasons if record is not None else (),
     )
 
 

@@ -34,7 +34,9 @@ from app.engine.queue import DEFAULT_QUEUE_LIMIT
 from app.engine.worker_options import (
     add_worker_options,
     keep_worker_connections_alive,
+    watch_for_hung_workers,
     watch_runtime_aborts,
+    worker_timeout_from,
     workers_from,
 )
 from app.errors import DraftpenError
@@ -228,6 +230,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise DraftpenError("--queue must be 0 or more.")
     parallel = _parallel_option(args.parallel)
     workers = workers_from(args, settings)  # asked now: a wrong address is said at once
+    worker_timeout = worker_timeout_from(args, settings)
     if args.context is not None and args.context < 16:
         raise DraftpenError("--context must be at least 16 tokens.")
     keep_alive = parse_duration(args.keep_alive, "--keep-alive")
@@ -252,6 +255,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if runtime == "llamacpp":
         watch_runtime_aborts()
         keep_worker_connections_alive()
+        watch_for_hung_workers(worker_timeout)
     pairs = CatalogPairs(runtime)
     defaults = LoadOptions(
         context_length=args.context or settings.context_length,

@@ -20,7 +20,7 @@ from app.engine.schema import ApiError
 from app.errors import DraftpenError
 from app.settings import Settings
 from backends.errors import BackendError
-from backends.workers import keepalive
+from backends.workers import keepalive, watchdog
 from backends.workers.cluster import Workers
 from backends.workers.endpoints import Endpoint, WorkerAddressError
 from backends.workers.wire import probe, unreachable
@@ -45,6 +45,15 @@ def add_worker_options(serve: argparse.ArgumentParser) -> None:
         metavar="W,W,...",
         help="the layers' shares: this machine's weight, then each worker's in --workers "
         "order, e.g. 2,1,1 (default: the worker_split setting, else by free memory)",
+    )
+    serve.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the least a forward pass waits on a silent worker before it is called hung "
+        "and the engine ends naming it; 0 waits forever (default: the worker_timeout "
+        "setting, 30)",
     )
 
 
@@ -97,9 +106,13 @@ def watch_runtime_aborts() -> None:
         # connection to us is already gone (its descriptors close one by one as it
         # exits): look again for a little while before saying no worker is gone.
         deadline = time.monotonic() + ABORT_LOOK_SECONDS
+        # A worker the watchdog found hung still listens: its verdict names it.
+        hung = watchdog.verdicts()
         while True:
-            lost = []
+            lost = [(str(endpoint), why) for endpoint, why in hung.items()]
             for endpoint in ggml_devices.workers_in_use():
+                if endpoint in hung:
+                    continue
                 why = unreachable(endpoint)
                 if why is not None:
                     lost.append((str(endpoint), why))
@@ -124,14 +137,45 @@ def keep_worker_connections_alive() -> None:
     20 seconds instead of never (``backends/workers/keepalive.py``)."""
     from backends.llamacpp import ggml_devices
 
+    locate = worker_locator()
+    keepalive.watch(
+        lambda local, remote: locate(remote) is not None,
+        active=lambda: bool(ggml_devices.workers_in_use()),
+    )
+
+
+def worker_locator() -> watchdog.Locator:
+    """The registered worker a remote address belongs to (names resolved once each)."""
+    from backends.llamacpp import ggml_devices
+
     resolved: dict[Endpoint, set[str]] = {}
 
-    def to_a_worker(local: tuple[str, int], remote: tuple[str, int]) -> bool:
+    def locate(remote: tuple[str, int]) -> Endpoint | None:
         for endpoint in ggml_devices.registered_workers():
             if endpoint not in resolved:
                 resolved[endpoint] = keepalive.addresses_of(endpoint.host)
             if remote[1] == endpoint.port and remote[0] in resolved[endpoint]:
-                return True
-        return False
+                return endpoint
+        return None
 
-    keepalive.watch(to_a_worker, active=lambda: bool(ggml_devices.workers_in_use()))
+    return locate
+
+
+def worker_timeout_from(args: argparse.Namespace, settings: Settings) -> float:
+    """``--worker-timeout``, else the ``worker_timeout`` setting (0: wait forever)."""
+    seconds = settings.worker_timeout if args.worker_timeout is None else args.worker_timeout
+    if not seconds >= 0:
+        raise DraftpenError("--worker-timeout must be 0 or more seconds (0 waits forever).")
+    return float(seconds)
+
+
+def watch_for_hung_workers(floor: float) -> None:
+    """Break the connection to a worker that stops answering mid-forward (its process
+    hung while its machine still answers TCP), so the engine ends naming it instead of
+    waiting forever (``backends/workers/watchdog.py``). ``floor``: 0 turns it off."""
+    if floor <= 0:
+        return
+    from backends.llamacpp import ggml_devices
+
+    # While the workers are registered: a load that hangs on one is a wait too.
+    watchdog.watch(worker_locator(), floor, active=ggml_devices.workers_registered)
