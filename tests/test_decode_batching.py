@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("backends.llamacpp.library")
 
-from backends.llamacpp.decode_batcher import DecodeBatcher, DecodeRequest
+from backends.llamacpp.decode_batcher import MIN_BESIDE, DecodeBatcher, DecodeRequest
 from backends.runtime_exchange import RuntimeExchange
 
 VOCAB = 4
@@ -197,15 +197,54 @@ def test_a_short_prompt_is_read_before_the_rest_of_a_long_one_beside_the_rounds(
     exchange.add_batcher(batcher)
     for seq in (0, 1, 2):
         batcher.generating(seq, True)
-    chunk = batcher.prompt_chunk()
     gather_while_held(
         batcher,
         [
-            (0, [1] * chunk, 0, chunk, 2000),  # an agent's prompt
+            (0, [1] * 200, 0, 200, 2000),  # an agent's prompt, handed over a batch-size
             (1, [2] * 39, 0, 39, 39),  # a short chat's
             (2, [3], 9, 0),  # a round
         ],
     )
-    # The round and the short prompt first; the agent's chunk waits for the next batch.
-    assert sorted(batcher.batches[1]) == [(1, 39), (2, 1)]
-    assert batcher.batches[2] == [(0, chunk)]
+    # The round and the short prompt whole, and only a few of the agent's tokens; then
+    # the rest of the agent's prompt, alone, a chunk a batch, until all of it is read.
+    assert sorted(batcher.batches[1]) == [(0, MIN_BESIDE), (1, 39), (2, 1)]
+    rest = batcher.batches[2:]
+    assert all(len(batch) == 1 and batch[0][0] == 0 for batch in rest)
+    assert sum(batch[0][1] for batch in rest) == 200 - MIN_BESIDE
+
+
+def test_beside_a_decoding_sequence_a_long_prompt_reads_a_few_tokens_a_round(
+    exchange: RuntimeExchange,
+) -> None:
+    batcher = Recorded(exchange, n_batch=256)
+    exchange.add_batcher(batcher)
+    batcher.generating(0, True)
+    batcher.generating(1, True)
+    prompt = threading.Thread(target=batcher.decode, args=(0, [1] * 100, 0, 100, 3000))
+    prompt.start()
+    for position in range(5):  # a chat's rounds, one after another
+        assert batcher.decode(1, [2], 40 + position, 0) is not None
+    prompt.join(10)
+    with_the_rounds = [batch for batch in batcher.batches if (1, 1) in batch]
+    assert len(with_the_rounds) == 5
+    # Nothing measured yet: MIN_BESIDE of the prompt beside each round, never a chunk.
+    assert all(dict(batch).get(0, 0) <= MIN_BESIDE for batch in with_the_rounds)
+    assert sum(dict(batch).get(0, 0) for batch in batcher.batches) == 100
+
+
+def test_a_failed_piece_fails_the_whole_prompt_chunk(exchange: RuntimeExchange) -> None:
+    class FailingFirst(Recorded):
+        def _decode(self, group: list[DecodeRequest]) -> None:
+            super()._decode(group)
+            if len(self.batches) == 1:
+                raise RuntimeError("no room in the KV cache")
+
+    batcher = FailingFirst(exchange, n_batch=256)
+    exchange.add_batcher(batcher)
+    batcher.generating(0, True)
+    chunk = batcher.prompt_chunk()
+    with pytest.raises(RuntimeError, match="no room"):
+        batcher.decode(0, [1] * (3 * chunk), 0, 3 * chunk, 3 * chunk)
+    # Read in pieces: the chunk failed with its first, and the rest was never read.
+    assert batcher.batches == [[(0, chunk)]]
+    assert batcher.decode(0, [1], 0, 0) is not None

@@ -40,6 +40,13 @@ PROMPT_SECONDS = 0.5
 MIN_PROMPT_CHUNK = 64
 FIRST_PROMPT_CHUNK = 64
 SMOOTHING = 0.3
+# Beside other sequences' rounds, or a prompt that ends in this batch, a long prompt
+# reads only what costs about BESIDE_SHARE times those rounds' own forward (at least
+# MIN_BESIDE tokens, so it always moves): a chat's tokens keep coming at a third of
+# their speed alone, not at the pace of an agent's prompt (2 CPU cores: ~6 tokens of
+# prompt a round, against 64 before; a GPU: hundreds).
+BESIDE_SHARE = 2.0
+MIN_BESIDE = 4
 
 
 @dataclass(eq=False)
@@ -56,6 +63,38 @@ class DecodeRequest:
     logits: np.ndarray | None = None
     error: BaseException | None = None
     done: bool = False
+    # A prompt chunk is read in pieces, as much a batch as its neighbours allow:
+    # ``taken`` tokens handed to batches so far, ``read`` of them decoded.
+    taken: int = 0
+    read: int = 0
+    whole: DecodeRequest | None = None  # set on a piece: the chunk it is part of
+
+    @property
+    def is_prompt(self) -> bool:
+        """A prompt chunk: it asks for no logits (so it may be read in pieces)."""
+        return self.logits_from == len(self.tokens)
+
+    def prompt_left(self) -> int:
+        """Prompt tokens still to hand to a batch, this chunk's and the chunks after it."""
+        return self.remaining - self.taken
+
+    def take(self, count: int) -> DecodeRequest:
+        """The next ``count`` of this prompt chunk's tokens, to decode in one batch:
+        this request itself when that is all of it (condition held)."""
+        begin = self.taken
+        self.taken += count
+        if begin == 0 and count == len(self.tokens):
+            return self
+        end = begin + count
+        return DecodeRequest(
+            self.seq,
+            self.tokens[begin:end],
+            self.start + begin,
+            count,
+            self.arrived,
+            self.remaining - begin,
+            whole=self,
+        )
 
 
 class DecodeBatcher:
@@ -88,7 +127,8 @@ class DecodeBatcher:
         self._generating: set[int] = set()
         self._last_seconds = 0.0
         self._last_end = 0.0
-        self._seconds_per_token: float | None = None  # measured on batches of 16 or more
+        self._seconds_per_token: float | None = None  # measured on batches of 64 or more
+        self._round_seconds: float | None = None  # a batch of rounds only, smoothed
         # Exact kernels: the largest batch whose rows round like one-token decoding
         # (the calibration's exact_batch_limit); None: any batch will do.
         self.exact_limit: int | None = None
@@ -116,6 +156,14 @@ class DecodeBatcher:
         tokens = int(PROMPT_SECONDS / self._seconds_per_token)
         return max(MIN_PROMPT_CHUNK, min(self.n_batch, tokens))
 
+    def beside_chunk(self) -> int:
+        """How many tokens of a long prompt a batch reads beside other work (see
+        BESIDE_SHARE); MIN_BESIDE until a round and a prompt have been timed."""
+        if self._seconds_per_token is None or self._round_seconds is None:
+            return MIN_BESIDE
+        tokens = int(BESIDE_SHARE * self._round_seconds / self._seconds_per_token)
+        return max(MIN_BESIDE, min(self.prompt_chunk(), tokens))
+
     def decode(
         self, seq: int, tokens: Sequence[int], start: int, logits_from: int, remaining: int = 0
     ) -> np.ndarray | None:
@@ -141,7 +189,11 @@ class DecodeBatcher:
         if not self._pending:
             return None, None
         waiting_for = self._generating - {request.seq for request in self._pending}
-        queued = sum(len(request.tokens) for request in self._pending)
+        # A prompt chunk counts for what one batch would read of it.
+        queued = sum(
+            min(len(r.tokens) - r.taken, self.prompt_chunk()) if r.is_prompt else len(r.tokens)
+            for r in self._pending
+        )
         # Nothing measured yet: the longest grace (the first decodes gather prompts).
         grace = min(MAX_GRACE, GRACE_SHARE * self._last_seconds) if self.decodes else MAX_GRACE
         # The grace counts from when the runtime was free to run it: a decode that
@@ -163,30 +215,32 @@ class DecodeBatcher:
         """
         limit = self.exact_limit
         first = self._pending[0]
-        if limit is not None and (
-            len(first.tokens) > limit or first.logits_from == len(first.tokens)
-        ):
+        if limit is not None and (len(first.tokens) > limit or first.is_prompt):
             group = [first]
         elif limit is not None:
             group, room = [], limit
             for request in self._pending:
-                if request.logits_from < len(request.tokens) and len(request.tokens) <= room:
+                if not request.is_prompt and len(request.tokens) <= room:
                     group.append(request)
                     room -= len(request.tokens)
         else:
             group = self._rounds_then_prompts()
         for request in group:
-            self._pending.remove(request)
+            if request.whole is None:
+                request.taken = len(request.tokens)
+        self._pending = [r for r in self._pending if r.taken < len(r.tokens)]
         return group
 
     def _rounds_then_prompts(self) -> list[DecodeRequest]:
-        """Every waiting round, then prompt chunks up to one chunk's worth of tokens,
-        the prompt nearest its end first: a short chat's prompt goes before the rest
-        of an agent's, so its first token does not wait for that (condition held)."""
-        rounds = [r for r in self._pending if r.logits_from < len(r.tokens)]
+        """Every waiting round; then the prompts that end within a chunk, nearest their
+        end first; then pieces of longer prompts: a chunk's worth when the batch has
+        nothing else, else only :meth:`beside_chunk` tokens. So a short chat's prompt,
+        and then its rounds, never wait for a chunk of an agent's prompt, and the
+        agent's prompt still moves every batch (condition held)."""
+        rounds = [r for r in self._pending if not r.is_prompt]
         prompts = sorted(
-            (r for r in self._pending if r.logits_from == len(r.tokens)),
-            key=lambda request: (request.remaining, request.arrived),
+            (r for r in self._pending if r.is_prompt),
+            key=lambda request: (request.prompt_left(), request.arrived),
         )
         group: list[DecodeRequest] = []
         room = self.n_batch
@@ -194,12 +248,24 @@ class DecodeBatcher:
             if len(request.tokens) <= room:
                 group.append(request)
                 room -= len(request.tokens)
-        prompt_room = min(room, self.prompt_chunk())
+        chunk = self.prompt_chunk()
+        prompt_room = min(room, chunk)
+        long: list[DecodeRequest] = []
         for request in prompts:
-            first = not group
-            if len(request.tokens) <= prompt_room or (first and len(request.tokens) <= room):
-                group.append(request)
-                prompt_room -= len(request.tokens)
+            if request.prompt_left() > chunk:
+                long.append(request)
+                continue
+            count = len(request.tokens) - request.taken
+            if count <= prompt_room:
+                group.append(request.take(count))
+                prompt_room -= count
+        if group:
+            prompt_room = min(prompt_room, self.beside_chunk())
+        for request in long:
+            count = min(len(request.tokens) - request.taken, prompt_room)
+            if count > 0:
+                group.append(request.take(count))
+                prompt_room -= count
         return group
 
     def _run(self, group: list[DecodeRequest]) -> None:
@@ -216,15 +282,27 @@ class DecodeBatcher:
             self._last_seconds = seconds
             self._last_end = time.monotonic()
             if tokens >= MIN_PROMPT_CHUNK:
-                per_token = seconds / tokens
-                last = self._seconds_per_token
-                self._seconds_per_token = (
-                    per_token if last is None else last + SMOOTHING * (per_token - last)
-                )
+                self._seconds_per_token = _smoothed(self._seconds_per_token, seconds / tokens)
+            if not any(request.is_prompt for request in group):
+                self._round_seconds = _smoothed(self._round_seconds, seconds)
             self.decodes += 1
             for request in group:
                 request.done = True
+                if request.whole is not None:
+                    self._piece_done(request)
             self.condition.notify_all()
+
+    def _piece_done(self, piece: DecodeRequest) -> None:
+        """Count ``piece`` as read into its chunk; the chunk is done once all of it is,
+        or at the first piece that failed (condition held)."""
+        whole = piece.whole
+        assert whole is not None
+        whole.read += len(piece.tokens)
+        if piece.error is not None and whole.error is None:
+            whole.error = piece.error
+            if whole in self._pending:
+                self._pending.remove(whole)
+        whole.done = whole.error is not None or whole.read == len(whole.tokens)
 
     def _decode(self, group: list[DecodeRequest]) -> None:
         # Rows in sequence order: with a KV stream per sequence (exact kernels) llama.cpp
@@ -270,3 +348,8 @@ class DecodeBatcher:
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
+
+
+def _smoothed(last: float | None, measured: float) -> float:
+    """``measured`` folded into the running figure ``last`` (the first one as it is)."""
+    return measured if last is None else last + SMOOTHING * (measured - last)

@@ -8,10 +8,11 @@ go through the context's :class:`~backends.llamacpp.decode_batcher.DecodeBatcher
 the sequences generating at once share each forward, and everything else that touches
 the context runs on the runtime thread (``backends/runtime_exchange.py``).
 
-A prompt is read in chunks (the batcher's ``prompt_chunk``: about half a second's
-worth): each chunk is one decode that the other sequences' rounds ride along with, so
-nobody waits for a long prompt to be read whole before its next token, and a short
-prompt's chunks go before a long one's.
+A prompt is handed to the batcher a batch-size at a time, and the batcher reads it in
+pieces: about half a second's worth a decode when nothing else runs, and only a few
+tokens beside other sequences' rounds or a short prompt (``decode_batcher.py``), so
+nobody waits for a long prompt to be read before its next token, and a short prompt
+goes before a long one.
 """
 
 from __future__ import annotations
@@ -90,15 +91,15 @@ class LlamaCppSequence(LlamaCppModel):
         return self._last_logits[:rows]
 
     def prefill(self, tokens: Sequence[int]) -> None:
-        """Read ``tokens`` a chunk per decode, alongside the other sequences' rounds.
+        """Read ``tokens`` alongside the other sequences' rounds, in the pieces the
+        batcher chooses.
 
         Under exact kernels, in the batches the prompt would be read in alone (a
         prompt's rows round by the batch they are in), so the cache is the same."""
         offset = 0
         try:
             while offset < len(tokens):
-                size = self.n_batch if self.exact_kernels else self._batcher.prompt_chunk()
-                chunk = tokens[offset : offset + size]
+                chunk = tokens[offset : offset + self.n_batch]
                 self._remaining = len(tokens) - offset
                 self._decode(chunk, logits_from=len(chunk))
                 offset += len(chunk)
