@@ -8,6 +8,7 @@ real ``draftpen serve`` processes with SmolLM2 split over this machine and two w
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from app.client import ChatTurn, EngineCrashedError, crash_report, ensure_engine
+from app.client.engine_log import engine_log_path
 from app.client.errors import EngineRequestError
 from app.settings import Settings
 from backends.base import ChatMessage
@@ -371,4 +373,61 @@ def test_a_worker_machine_that_vanishes_mid_reply_ends_the_wait_and_is_named(
         worker.wait()
         if client is not None:
             stop_engine(client)
+        crash_report.forget_crashes()
+
+
+def test_a_worker_that_hangs_mid_reply_is_named_within_the_timeout_and_loads_again_without_it(
+    home: Path, two_workers: tuple[Worker, Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopped worker's kernel still acknowledges TCP, so keepalive never gives up on
+    it: the watchdog breaks its connection once it has been silent past the bound."""
+    require_model(SMOLLM2_KEY)
+    first, second = two_workers
+    monkeypatch.setenv("DRAFTPEN_HOME", str(home))
+    monkeypatch.setenv("DRAFTPEN_MODELS_DIR", str(models_dir()))
+    crash_report.forget_crashes()
+    socket_path = short_socket("hung")
+    timeout = 3.0  # the floor (worker_timeout)
+    options = ["--keep-alive", "-1", "--workers", f"{first.address},{second.address}"]
+    options += ["--worker-timeout", str(timeout)]
+    client = ensure_engine(Settings(), socket_path=socket_path, serve_options=options)
+    stopped_at = 0.0
+    try:
+        received: list[str] = []
+        with pytest.raises(EngineCrashedError) as caught:
+            for item in client.chat(long_turn()):
+                if isinstance(item, GenerationEvent) and item.text:
+                    received.append(item.text)
+                    if len(received) == 5:
+                        second.process.send_signal(signal.SIGSTOP)
+                        stopped_at = time.monotonic()
+        waited = time.monotonic() - stopped_at
+        assert "".join(received).strip(), "the reply had begun"
+        message = str(caught.value)
+        assert caught.value.signal_name == "SIGABRT"
+        assert f"Worker {second.address} stopped answering" in message
+        assert "did not answer for" in message and first.address not in message
+        # The bound: at least the floor, more where this machine's recent forward passes
+        # were slow (on 2 busy cores a decode here takes up to ~1.5 s: 15 s).
+        said = re.findall(
+            r"breaking its connection \(waited \S+ s, bound (\S+) s, a call",
+            (engine_log_path().read_text()),
+        )
+        assert said, "the watchdog's line is in the engine's log"
+        bound = float(said[-1])
+        # Then a tick of the watchdog, the abort and the crash report's reading.
+        assert timeout <= bound <= waited < bound + 8, f"named after {waited:.1f} s"
+
+        client = ensure_engine(Settings(), socket_path=socket_path, serve_options=options)
+        loaded = client.load(PAIR, workers=[first.address])
+        assert loaded.target_placement is not None and second.address not in (
+            loaded.target_placement
+        )
+        turn = ChatTurn(
+            PAIR, (ChatMessage("user", "Say hello."),), SamplingParams(temperature=0.0), 8
+        )
+        assert "".join(i.text for i in client.chat(turn) if isinstance(i, GenerationEvent))
+    finally:
+        second.process.send_signal(signal.SIGCONT)
+        stop_engine(client)
         crash_report.forget_crashes()
