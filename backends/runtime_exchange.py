@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -32,6 +32,74 @@ class GathersDecodes(Protocol):
         """The work that runs the ready batch, or None and when to look again
         (None: only when something is submitted). Called with the condition held."""
         ...
+
+
+# A batch waits for the generating sequences still on their way at most this share of
+# the last batch's time, and never longer than MAX_GRACE seconds: a sequence busy with
+# host work (sampling, a grammar) delays the others by little, a lone one not at all.
+GRACE_SHARE = 0.25
+MAX_GRACE = 0.02
+SMOOTHING = 0.3
+
+
+class GatheringBatcher:
+    """What every runtime's batcher shares: which sequences are generating (a batch waits
+    for them), the grace it waits at most, and how long its batches took. A subclass
+    keeps its pending work and decides what one batch takes."""
+
+    def __init__(self, condition: threading.Condition) -> None:
+        self.condition = condition
+        self._generating: set[int] = set()
+        self._pending: list[Any] = []  # the subclass's requests, oldest first
+        self._last_seconds = 0.0
+        self._last_end = 0.0
+        self.runs = 0  # batches run (none yet: the longest grace)
+
+    def generating(self, seq: int, active: bool) -> None:
+        """Say whether ``seq`` is generating: a batch waits for generating sequences."""
+        with self.condition:
+            if active:
+                self._generating.add(seq)
+            else:
+                self._generating.discard(seq)
+            self.condition.notify_all()
+
+    def generating_count(self) -> int:
+        """How many sequences are generating (they share each forward)."""
+        return len(self._generating)
+
+    def hand_over(self, request: Any) -> None:
+        """Queue ``request`` (a subclass's, with ``done`` and ``error``) for the runtime
+        thread and wait until it is done; raise what it raised (condition not held)."""
+        with self.condition:
+            self._pending.append(request)
+            self.condition.notify_all()
+            while not request.done:
+                self.condition.wait()
+        if request.error is not None:
+            raise request.error
+
+    def waiting_for(self, pending: set[int]) -> set[int]:
+        """The generating sequences that have not submitted yet (condition held)."""
+        return self._generating - pending
+
+    def due(self, oldest_arrived: float) -> float:
+        """When a batch whose oldest work came at ``oldest_arrived`` stops waiting. The
+        grace counts from when the runtime was free to run it: work that came while
+        another batch ran waits for that batch's sequences to come back."""
+        grace = min(MAX_GRACE, GRACE_SHARE * self._last_seconds) if self.runs else MAX_GRACE
+        return max(oldest_arrived, self._last_end) + grace
+
+    def ran(self, seconds: float) -> None:
+        """Count a batch that took ``seconds`` (condition held)."""
+        self._last_seconds = seconds
+        self._last_end = time.monotonic()
+        self.runs += 1
+
+
+def smoothed(last: float | None, measured: float) -> float:
+    """``measured`` folded into the running figure ``last`` (the first one as it is)."""
+    return measured if last is None else last + SMOOTHING * (measured - last)
 
 
 class RuntimeExchange:

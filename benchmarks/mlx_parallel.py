@@ -90,7 +90,7 @@ def at_once(args: argparse.Namespace) -> tuple[float, list[list[int]], float]:
     warm.join()
     replies[0] = []
     batcher = slots._target_views.batcher
-    before = (batcher.forwards, batcher.gathered)
+    before = (batcher.runs, batcher.gathered)
     threads = [threading.Thread(target=run, args=(index,)) for index in range(args.sequences)]
     started = time.perf_counter()
     for thread in threads:
@@ -98,7 +98,7 @@ def at_once(args: argparse.Namespace) -> tuple[float, list[list[int]], float]:
     for thread in threads:
         thread.join()
     seconds = time.perf_counter() - started
-    forwards, gathered = batcher.forwards - before[0], batcher.gathered - before[1]
+    forwards, gathered = batcher.runs - before[0], batcher.gathered - before[1]
     exchange.stop_serving(stop)
     runtime.join()
     slots.close()

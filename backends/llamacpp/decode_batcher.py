@@ -27,11 +27,8 @@ import numpy as np
 from backends.errors import ContextOverflowError, DecodeError
 from backends.llamacpp.ggml_devices import decode
 from backends.llamacpp.library import last_llama_error, llama_cpp
+from backends.runtime_exchange import GatheringBatcher, smoothed
 
-# A decode waits for the sequences still on their way at most this share of the last
-# decode's time, and never longer than MAX_GRACE seconds.
-GRACE_SHARE = 0.25
-MAX_GRACE = 0.02
 # Prompt tokens a batch reads: about PROMPT_SECONDS' worth at the measured speed (a
 # request arriving meanwhile waits for that much), within [MIN_PROMPT_CHUNK, n_batch].
 # On 2 CPU cores and the 1.5B starter target, ~40 tokens (64 read at 86 tokens/s,
@@ -39,7 +36,6 @@ MAX_GRACE = 0.02
 PROMPT_SECONDS = 0.5
 MIN_PROMPT_CHUNK = 64
 FIRST_PROMPT_CHUNK = 64
-SMOOTHING = 0.3
 # Beside other sequences' rounds, or a prompt that ends in this batch, a long prompt
 # reads only what costs about BESIDE_SHARE times those rounds' own forward (at least
 # MIN_BESIDE tokens, so it always moves): a chat's tokens keep coming at a third of
@@ -97,7 +93,7 @@ class DecodeRequest:
         )
 
 
-class DecodeBatcher:
+class DecodeBatcher(GatheringBatcher):
     """Gathers one context's decodes, sequence by sequence, into one batch."""
 
     def __init__(
@@ -109,13 +105,13 @@ class DecodeBatcher:
         condition: threading.Condition,
         logits_rows: Callable[[int], np.ndarray],
     ) -> None:
+        super().__init__(condition)
         self._context = context
         # The context's logits buffer as a view of its first n rows: the loaded model's
         # own (LlamaCppModel._logits_view), which keeps one view while the buffer stays.
         self._logits_rows = logits_rows
         self.n_batch = n_batch
         self.name = name
-        self.condition = condition
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         batch = self._batch
         self._tokens = np.ctypeslib.as_array(batch.token, shape=(n_batch,))
@@ -124,30 +120,13 @@ class DecodeBatcher:
         np.ctypeslib.as_array(batch.n_seq_id, shape=(n_batch,))[:] = 1
         self._row_seq = [-1] * n_batch  # the seq_id each row of the batch holds now
         self._pending: list[DecodeRequest] = []
-        self._generating: set[int] = set()
-        self._last_seconds = 0.0
-        self._last_end = 0.0
         self._seconds_per_token: float | None = None  # measured on batches of 64 or more
         self._round_seconds: float | None = None  # a batch of rounds only, smoothed
         # Exact kernels: the largest batch whose rows round like one-token decoding
         # (the calibration's exact_batch_limit); None: any batch will do.
         self.exact_limit: int | None = None
-        self.decodes = 0  # llama_decode calls run (none yet: the longest grace)
 
     # -- generation threads (condition not held) -------------------------------
-
-    def generating(self, seq: int, active: bool) -> None:
-        """Say whether ``seq`` is generating: a batch waits for generating sequences."""
-        with self.condition:
-            if active:
-                self._generating.add(seq)
-            else:
-                self._generating.discard(seq)
-            self.condition.notify_all()
-
-    def generating_count(self) -> int:
-        """How many sequences are generating (they share each forward)."""
-        return len(self._generating)
 
     def prompt_chunk(self) -> int:
         """How many prompt tokens one batch reads (see PROMPT_SECONDS)."""
@@ -173,13 +152,7 @@ class DecodeBatcher:
         if len(tokens) > self.n_batch:
             raise ValueError(f"{len(tokens)} tokens exceed the batch size {self.n_batch}")
         request = DecodeRequest(seq, tokens, start, logits_from, time.monotonic(), remaining)
-        with self.condition:
-            self._pending.append(request)
-            self.condition.notify_all()
-            while not request.done:
-                self.condition.wait()
-        if request.error is not None:
-            raise request.error
+        self.hand_over(request)
         return request.logits
 
     # -- the runtime thread ----------------------------------------------------
@@ -188,17 +161,13 @@ class DecodeBatcher:
         """The batch to run now, or when to look again (condition held)."""
         if not self._pending:
             return None, None
-        waiting_for = self._generating - {request.seq for request in self._pending}
+        waiting_for = self.waiting_for({request.seq for request in self._pending})
         # A prompt chunk counts for what one batch would read of it.
         queued = sum(
             min(len(r.tokens) - r.taken, self.prompt_chunk()) if r.is_prompt else len(r.tokens)
             for r in self._pending
         )
-        # Nothing measured yet: the longest grace (the first decodes gather prompts).
-        grace = min(MAX_GRACE, GRACE_SHARE * self._last_seconds) if self.decodes else MAX_GRACE
-        # The grace counts from when the runtime was free to run it: a decode that
-        # came while another batch ran waits for that batch's sequences to come back.
-        due = max(self._pending[0].arrived, self._last_end) + grace
+        due = self.due(self._pending[0].arrived)
         room = self.n_batch if self.exact_limit is None else self.exact_limit
         if waiting_for and queued < room and now < due:
             return None, due
@@ -279,13 +248,11 @@ class DecodeBatcher:
         seconds = time.perf_counter() - started
         tokens = sum(len(request.tokens) for request in group)
         with self.condition:
-            self._last_seconds = seconds
-            self._last_end = time.monotonic()
+            self.ran(seconds)
             if tokens >= MIN_PROMPT_CHUNK:
-                self._seconds_per_token = _smoothed(self._seconds_per_token, seconds / tokens)
+                self._seconds_per_token = smoothed(self._seconds_per_token, seconds / tokens)
             if not any(request.is_prompt for request in group):
-                self._round_seconds = _smoothed(self._round_seconds, seconds)
-            self.decodes += 1
+                self._round_seconds = smoothed(self._round_seconds, seconds)
             for request in group:
                 request.done = True
                 if request.whole is not None:
@@ -348,8 +315,3 @@ class DecodeBatcher:
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
-
-
-def _smoothed(last: float | None, measured: float) -> float:
-    """``measured`` folded into the running figure ``last`` (the first one as it is)."""
-    return measured if last is None else last + SMOOTHING * (measured - last)

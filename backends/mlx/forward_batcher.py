@@ -33,17 +33,13 @@ import mlx.core as mx
 import numpy as np
 
 from backends.mlx.batched_forward import forward_together
+from backends.runtime_exchange import GatheringBatcher, smoothed
 
-# A forward waits for the sequences still on their way at most this share of the last
-# forward's time, and never longer than MAX_GRACE seconds (as decode_batcher.py does).
-GRACE_SHARE = 0.25
-MAX_GRACE = 0.02
 # A prompt chunk is about PROMPT_SECONDS' worth of reading at the measured speed (the
 # others' rounds wait for one chunk at most), within [MIN_PROMPT_CHUNK, MAX_PROMPT_CHUNK].
 PROMPT_SECONDS = 0.5
 MIN_PROMPT_CHUNK = 32
 MAX_PROMPT_CHUNK = 512
-SMOOTHING = 0.3
 
 
 @dataclass(eq=False)
@@ -61,15 +57,15 @@ class ForwardRequest:
     done: bool = False
 
 
-class ForwardBatcher:
+class ForwardBatcher(GatheringBatcher):
     """Gathers one MLX model's forwards, sequence by sequence, into batches."""
 
     def __init__(
         self, model: Any, *, name: str, condition: threading.Condition, gathers: bool
     ) -> None:
+        super().__init__(condition)
         self._model = model
         self.name = name
-        self.condition = condition
         # Whether this model's rounds can share a forward at all (its family's attention
         # runs per sequence, batched_forward.gathers_attention), and whether its rows
         # then round as alone (measured by sequences.py).
@@ -79,27 +75,10 @@ class ForwardBatcher:
         # round like one-token decoding; None: any batch will do (fast output).
         self.exact_limit: int | None = None
         self._pending: list[ForwardRequest] = []
-        self._generating: set[int] = set()
-        self._last_seconds = 0.0
-        self._last_end = 0.0
         self._seconds_per_token: float | None = None
-        self.forwards = 0  # forwards run
         self.gathered = 0  # of them, ones that carried several sequences
 
     # -- generation threads (condition not held) -------------------------------
-
-    def generating(self, seq: int, active: bool) -> None:
-        """Say whether ``seq`` is generating: a batch waits for generating sequences."""
-        with self.condition:
-            if active:
-                self._generating.add(seq)
-            else:
-                self._generating.discard(seq)
-            self.condition.notify_all()
-
-    def generating_count(self) -> int:
-        """How many sequences are generating (they share each forward)."""
-        return len(self._generating)
 
     def prompt_chunk(self) -> int:
         """How many prompt tokens one forward reads beside others (see PROMPT_SECONDS)."""
@@ -114,13 +93,7 @@ class ForwardBatcher:
         """Run ``tokens`` into ``cache`` with the others gathered; the float32 logits rows
         (a host copy) when ``logits``. Raises what the forward raised."""
         request = ForwardRequest(seq, cache, tokens, logits, time.monotonic())
-        with self.condition:
-            self._pending.append(request)
-            self.condition.notify_all()
-            while not request.done:
-                self.condition.wait()
-        if request.error is not None:
-            raise request.error
+        self.hand_over(request)
         return request.rows
 
     # -- the runtime thread ----------------------------------------------------
@@ -129,9 +102,8 @@ class ForwardBatcher:
         """The batch to run now, or when to look again (condition held)."""
         if not self._pending:
             return None, None
-        waiting_for = self._generating - {request.seq for request in self._pending}
-        grace = min(MAX_GRACE, GRACE_SHARE * self._last_seconds) if self.forwards else MAX_GRACE
-        due = max(self._pending[0].arrived, self._last_end) + grace
+        waiting_for = self.waiting_for({request.seq for request in self._pending})
+        due = self.due(self._pending[0].arrived)
         if waiting_for and self._pending[0].logits and now < due:
             return None, due
         group = self._take_group()
@@ -176,15 +148,11 @@ class ForwardBatcher:
                     layer.trim(int(layer.offset) - offset)
         seconds = time.perf_counter() - started
         with self.condition:
-            self._last_seconds = seconds
-            self._last_end = time.monotonic()
+            self.ran(seconds)
             if not group[0].logits and len(group[0].tokens) >= MIN_PROMPT_CHUNK:
-                per_token = seconds / len(group[0].tokens)
-                last = self._seconds_per_token
-                self._seconds_per_token = (
-                    per_token if last is None else last + SMOOTHING * (per_token - last)
+                self._seconds_per_token = smoothed(
+                    self._seconds_per_token, seconds / len(group[0].tokens)
                 )
-            self.forwards += 1
             self.gathered += len(group) > 1
             for request in group:
                 request.done = True
