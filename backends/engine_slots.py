@@ -16,7 +16,7 @@ slot: it generates in turn, and ``refusal`` says why.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from backends.engine import Engine, GenerationRequest
@@ -128,15 +128,21 @@ def _sequence_views(model: object, exchange: RuntimeExchange) -> Any:
 
 
 def generate_on_slot(
-    slot: Engine, request: GenerationRequest, cancel: threading.Event | None = None
+    slot: Engine,
+    request: GenerationRequest,
+    cancel: threading.Event | None = None,
+    generating: Callable[[], None] | None = None,
 ) -> Iterator[GenerationEvent]:
     """``slot.generate``, with its sequences marked as generating meanwhile: the
-    batcher waits for a generating sequence's decode before it runs the others'."""
+    batcher waits for a generating sequence's decode before it runs the others'
+    (``generating``: called once they are marked)."""
     views = [slot.target]
     if slot.draft is not None and slot._draft_in_use(request) is not None:
         views.append(slot.draft)
     for view in views:
         view.generating(True)  # type: ignore[attr-defined]
+    if generating is not None:
+        generating()
     try:
         yield from slot.generate(request, cancel)
     finally:

@@ -110,6 +110,10 @@ class RuntimeExchange:
         self._calls: deque[tuple[Callable[[], object], Future[object]]] = deque()
         self._batchers: list[GathersDecodes] = []
         self._runtime_thread: int | None = None
+        # Whether a request is on its way to a sequence (condition held): set by the
+        # engine's queue. Batchers keep long prompts' batches short meanwhile, so the
+        # newcomer's setup does not wait a whole chunk of someone else's prompt.
+        self.arriving: Callable[[], bool] = lambda: False
 
     def bind(self) -> None:
         """Make the calling thread the runtime thread."""

@@ -248,3 +248,33 @@ def test_a_failed_piece_fails_the_whole_prompt_chunk(exchange: RuntimeExchange) 
     # Read in pieces: the chunk failed with its first, and the rest was never read.
     assert batcher.batches == [[(0, chunk)]]
     assert batcher.decode(0, [1], 0, 0) is not None
+
+
+def test_while_another_sequence_generates_a_long_prompt_reads_a_few_tokens_a_batch(
+    exchange: RuntimeExchange,
+) -> None:
+    batcher = Recorded(exchange, n_batch=256)
+    exchange.add_batcher(batcher)
+    batcher.generating(0, True)
+    batcher.generating(1, True)  # a chat setting up: its calls wait for the batch running
+    batcher.decode(0, [1] * 40, 0, 40, 3000)
+    assert batcher.batches == [[(0, MIN_BESIDE)]] * (40 // MIN_BESIDE)
+    batcher.generating(1, False)  # alone again: whole chunks
+    batcher.decode(0, [1] * 40, 40, 40, 2960)
+    assert batcher.batches[-1] == [(0, 40)]
+
+
+def test_while_a_request_is_arriving_a_long_prompt_reads_a_few_tokens_a_batch(
+    exchange: RuntimeExchange,
+) -> None:
+    arriving = threading.Event()
+    arriving.set()  # the engine's queue says a request is on its way to a free slot
+    batcher = Recorded(exchange, n_batch=256)
+    batcher._arriving = arriving.is_set
+    exchange.add_batcher(batcher)
+    batcher.generating(0, True)
+    batcher.decode(0, [1] * 12, 0, 12, 3000)
+    assert batcher.batches == [[(0, MIN_BESIDE)]] * 3
+    arriving.clear()  # it took its slot, or went away
+    batcher.decode(0, [1] * 12, 12, 12, 2988)
+    assert batcher.batches[-1] == [(0, 12)]

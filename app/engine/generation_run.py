@@ -43,11 +43,15 @@ END = object()
 
 
 def run_generation(
-    job: GenerationJob, engine: Engine, started: float, slots: EngineSlots | None = None
+    job: GenerationJob,
+    engine: Engine,
+    started: float,
+    slots: EngineSlots | None = None,
+    on_slot: Callable[[], None] | None = None,
 ) -> str:
     """Prepare ``job``'s request against ``engine``, generate (on a slot of ``slots``,
-    the one whose cache shares most of the prompt, when given) and post every event;
-    "completed", "cancelled" or "failed"."""
+    the one whose cache shares most of the prompt, when given; ``on_slot`` is called
+    once it holds it) and post every event; "completed", "cancelled" or "failed"."""
     assert job.prepare is not None
     last: GenerationEvent | None = None
     slot: Engine | None = None
@@ -62,7 +66,7 @@ def run_generation(
                 events = engine.generate(request, job.cancel_event)
             else:
                 slot = slots.take(request.prompt_tokens)
-                events = generate_on_slot(slot, request, job.cancel_event)
+                events = generate_on_slot(slot, request, job.cancel_event, on_slot)
             for event in events:
                 job.post(event)
                 last = event

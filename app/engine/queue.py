@@ -187,9 +187,12 @@ class GenerationQueue:
         # Jobs generating on a parallel engine's slots, each on a thread of its own,
         # while the worker runs the runtime's batched decodes (backends/engine_slots.py).
         self._on_slots: list[EngineJob] = []
+        # Of those, the ones still setting up (their prompt not yet on a sequence).
+        self._starting: set[EngineJob] = set()
         self._slots: EngineSlots | None = None
         self._parallel: tuple[int, str | None] = (scheduler.defaults.parallel or 1, None)
         self.exchange = RuntimeExchange(self._condition)
+        self.exchange.arriving = self._arriving
         self._accepting = True
         self._completed = self._cancelled = self._failed = 0
         self._idle_since: float | None = time.monotonic()
@@ -412,6 +415,7 @@ class GenerationQueue:
                 return run_generation(job, loaded.engine, started)
             with self._condition:
                 self._on_slots.append(job)
+                self._starting.add(job)
             arguments = (job, loaded.engine, slots, started)
             threading.Thread(target=self._run_on_slot, args=arguments, daemon=True).start()
             return "on a slot"
@@ -424,12 +428,27 @@ class GenerationQueue:
         """A generation's own thread: its loop on a slot; the worker runs its decodes."""
         outcome = "failed"
         try:
-            outcome = run_generation(job, engine, started, slots)
+            outcome = run_generation(job, engine, started, slots, lambda: self._started(job))
         finally:
             with self._condition:
+                self._starting.discard(job)
                 self._on_slots.remove(job)
                 self._count(outcome)
             self.scheduler.touch()
+
+    def _started(self, job: EngineJob) -> None:
+        """``job`` holds its slot: it is no longer arriving."""
+        with self._condition:
+            self._starting.discard(job)
+
+    def _arriving(self) -> bool:
+        """Whether a generation is on its way to a free slot (condition held): one
+        setting up on its thread, or one queued that a slot is free for."""
+        if self._starting:
+            return True
+        slots = self._slots
+        free = slots is not None and len(self._on_slots) < slots.count
+        return free and any(job.prepare is not None for job in self._waiting)
 
     def _inspect(self, job: EngineJob, engine: Engine) -> str:
         assert job.inspect is not None

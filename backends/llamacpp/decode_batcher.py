@@ -104,8 +104,11 @@ class DecodeBatcher(GatheringBatcher):
         name: str,
         condition: threading.Condition,
         logits_rows: Callable[[int], np.ndarray],
+        arriving: Callable[[], bool] = lambda: False,
     ) -> None:
         super().__init__(condition)
+        # Whether a request is on its way to a sequence (RuntimeExchange.arriving).
+        self._arriving = arriving
         self._context = context
         # The context's logits buffer as a view of its first n rows: the loaded model's
         # own (LlamaCppModel._logits_view), which keeps one view while the buffer stays.
@@ -122,6 +125,10 @@ class DecodeBatcher(GatheringBatcher):
         self._pending: list[DecodeRequest] = []
         self._seconds_per_token: float | None = None  # measured on batches of 64 or more
         self._round_seconds: float | None = None  # a batch of rounds only, smoothed
+        # What a prompt token adds to a batch of rounds: a CPU reads a few tokens far
+        # dearer each than a chunk's (1 round + 7 prompt tokens: 190 ms, against 36 ms
+        # and 11 ms a token in 64-token chunks, 2-core EPYC).
+        self._beside_seconds_per_token: float | None = None
         # Exact kernels: the largest batch whose rows round like one-token decoding
         # (the calibration's exact_batch_limit); None: any batch will do.
         self.exact_limit: int | None = None
@@ -138,9 +145,10 @@ class DecodeBatcher(GatheringBatcher):
     def beside_chunk(self) -> int:
         """How many tokens of a long prompt a batch reads beside other work (see
         BESIDE_SHARE); MIN_BESIDE until a round and a prompt have been timed."""
-        if self._seconds_per_token is None or self._round_seconds is None:
+        per_token = self._beside_seconds_per_token or self._seconds_per_token
+        if per_token is None or self._round_seconds is None:
             return MIN_BESIDE
-        tokens = int(BESIDE_SHARE * self._round_seconds / self._seconds_per_token)
+        tokens = int(BESIDE_SHARE * self._round_seconds / per_token)
         return max(MIN_BESIDE, min(self.prompt_chunk(), tokens))
 
     def decode(
@@ -202,9 +210,9 @@ class DecodeBatcher(GatheringBatcher):
 
     def _rounds_then_prompts(self) -> list[DecodeRequest]:
         """Every waiting round; then the prompts that end within a chunk, nearest their
-        end first; then pieces of longer prompts: a chunk's worth when the batch has
-        nothing else, else only :meth:`beside_chunk` tokens. So a short chat's prompt,
-        and then its rounds, never wait for a chunk of an agent's prompt, and the
+        end first; then pieces of longer prompts: a chunk's worth when nothing else
+        runs, else only :meth:`beside_chunk` tokens. So a short chat's setup, its
+        prompt and its rounds never wait for a chunk of an agent's prompt, and the
         agent's prompt still moves every batch (condition held)."""
         rounds = [r for r in self._pending if not r.is_prompt]
         prompts = sorted(
@@ -228,7 +236,12 @@ class DecodeBatcher(GatheringBatcher):
             if count <= prompt_room:
                 group.append(request.take(count))
                 prompt_room -= count
-        if group:
+        # Other work, in this batch or on its way (a sequence generating: between its
+        # rounds, or still setting up, its cache's state restored on this thread; a
+        # request arriving), gets batches kept short; long prompts alone share whole
+        # chunks.
+        elsewhere = self._generating - {request.seq for request in long}
+        if group or elsewhere or self._arriving():
             prompt_room = min(prompt_room, self.beside_chunk())
         for request in long:
             count = min(len(request.tokens) - request.taken, prompt_room)
@@ -251,8 +264,12 @@ class DecodeBatcher(GatheringBatcher):
             self.ran(seconds)
             if tokens >= MIN_PROMPT_CHUNK:
                 self._seconds_per_token = smoothed(self._seconds_per_token, seconds / tokens)
-            if not any(request.is_prompt for request in group):
+            prompt_tokens = sum(len(r.tokens) for r in group if r.is_prompt)
+            if not prompt_tokens:
                 self._round_seconds = smoothed(self._round_seconds, seconds)
+            elif prompt_tokens < tokens and self._round_seconds is not None:
+                added = max(seconds - self._round_seconds, 0.0) / prompt_tokens
+                self._beside_seconds_per_token = smoothed(self._beside_seconds_per_token, added)
             for request in group:
                 request.done = True
                 if request.whole is not None:

@@ -163,6 +163,7 @@ def sequence_views(model: LlamaCppModel, exchange: RuntimeExchange) -> SequenceV
         name=model.name,
         condition=exchange.condition,
         logits_rows=model._logits_view,
+        arriving=lambda: exchange.arriving(),
     )
     views = [LlamaCppSequence._of(model, seq, batcher, exchange) for seq in range(model.parallel)]
     # The views start empty: drop what the model itself decoded (calibration).
