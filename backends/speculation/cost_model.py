@@ -5,11 +5,35 @@ by every round) and for one step of the draft model or of the target's MTP head.
 from __future__ import annotations
 
 import bisect
+import statistics
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-SMOOTHING = 0.15  # weight of the newest measured cost in the running estimate
+# A cost is the median of its last RECENT measurements, where the value it started
+# from (calibrated, or interpolated) counts as PRIOR_WEIGHT of them: a stall is not a
+# cost. With a running average, one slow step moved the estimate: with a target split
+# over workers, a one-token forward now and then took 0.18-0.23 s against 0.066 s,
+# each raised the plain cost ~30%, and `auto` then drafted at a loss for the rest of
+# the reply (0.94x of plain), never timing a plain step again to see it. A lasting
+# change comes through once most of the recent measurements show it.
+RECENT = 9
+PRIOR_WEIGHT = 5
+
+
+class RecentMedian:
+    """One cost: the median of its recent measurements."""
+
+    __slots__ = ("_samples",)
+
+    def __init__(self, start: float, weight: int = PRIOR_WEIGHT) -> None:
+        self._samples: deque[float] = deque([start] * weight, maxlen=RECENT)
+
+    def add(self, seconds: float) -> float:
+        """Count a measurement; the cost now."""
+        self._samples.append(seconds)
+        return statistics.median(self._samples)
 
 
 @dataclass
@@ -27,6 +51,7 @@ class CostModel:
     exact_batch_limit: int | None = None
     # One step of the target's own MTP head (measured while it drafts; not calibrated).
     mtp_step_seconds: float | None = None
+    _recent: dict[object, RecentMedian] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if 1 not in self.target_seconds:
@@ -63,9 +88,7 @@ class CostModel:
     def observe_verify(self, batch: int, seconds: float) -> None:
         """Refine the estimate for ``batch`` with a measured forward."""
         previous = self.target_seconds.get(batch)
-        self.target_seconds[batch] = (
-            seconds if previous is None else previous + SMOOTHING * (seconds - previous)
-        )
+        self.target_seconds[batch] = self._measured(batch, self.verify(batch), seconds)
         if previous is None:
             self._sizes = sorted(self.target_seconds)
         self._table = []
@@ -73,19 +96,24 @@ class CostModel:
 
     def observe_draft_step(self, seconds: float) -> None:
         """Refine the per-step cost of the draft model."""
-        previous = self.draft_step_seconds
-        self.draft_step_seconds = (
-            seconds if previous is None else previous + SMOOTHING * (seconds - previous)
-        )
+        self.draft_step_seconds = self._measured("draft", self.draft_step_seconds, seconds)
         self.version += 1
 
     def observe_mtp_step(self, seconds: float) -> None:
         """Refine the per-step cost of the target's MTP head."""
-        previous = self.mtp_step_seconds
-        self.mtp_step_seconds = (
-            seconds if previous is None else previous + SMOOTHING * (seconds - previous)
-        )
+        self.mtp_step_seconds = self._measured("mtp", self.mtp_step_seconds, seconds)
         self.version += 1
+
+    def _measured(self, key: object, start: float | None, seconds: float) -> float:
+        """The cost ``key`` after a measurement of ``seconds`` (``start``: its value so
+        far; None: nothing known, the first measurement starts it)."""
+        recent = self._recent.get(key)
+        if recent is None:
+            recent = RecentMedian(seconds, 1) if start is None else RecentMedian(start)
+            self._recent[key] = recent
+            if start is None:
+                return seconds
+        return recent.add(seconds)
 
     def ceiling(self, draft_tokens: int) -> float:
         """Speedup of a free drafter that is always right, at this K."""
