@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.queue import GenerationQueue, ShuttingDownError
+from app.engine.jobs import ShuttingDownError
+from app.engine.queue import GenerationQueue
 from app.engine.scheduler import LoadOptions, PairScheduler
 from tests.test_server import chat, start_server
 

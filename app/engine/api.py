@@ -60,6 +60,7 @@ from app.engine.dialects.openai_chat_format import ChatFormat
 from app.engine.dialects.openai_chat_schema import ChatCompletionRequest
 from app.engine.dialects.openai_completions import CompletionFormat, CompletionRequest
 from app.engine.dialects.openai_responses import responses_routes
+from app.engine.generation_run import END
 from app.engine.http_errors import (
     api_error_response,
     generation_error,
@@ -75,16 +76,9 @@ from app.engine.job_requests import (
     reply_plan,
 )
 from app.engine.job_responses import JobResponses
+from app.engine.jobs import EngineJob, Inspected, Preparer, QueueFullError, ShuttingDownError
 from app.engine.pairs import PairDirectory, model_not_found
-from app.engine.queue import (
-    END,
-    EngineJob,
-    GenerationQueue,
-    Inspected,
-    Preparer,
-    QueueFullError,
-    ShuttingDownError,
-)
+from app.engine.queue import GenerationQueue
 from app.engine.request_body import MAX_BODY_BYTES, read_json_body
 from app.engine.scheduler import LoadOptions, PairScheduler
 from app.engine.schema import ApiError, GenerationFields, parse_request

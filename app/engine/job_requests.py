@@ -25,7 +25,7 @@ from app.engine.dialects.openai_chat_schema import (
     ResponseFormatField,
 )
 from app.engine.dialects.openai_completions import CompletionFormat, CompletionRequest
-from app.engine.queue import Prepared, Preparer
+from app.engine.jobs import Prepared, Preparer
 from app.engine.schema import ApiError, GenerationFields
 from app.settings import Settings
 from backends.base import ToolSpec

@@ -20,15 +20,10 @@ from starlette.types import Receive, Scope, Send
 
 from app.client.wire import QueueNotice
 from app.engine.chunks import ResponseFormat, sse_event
+from app.engine.generation_run import END
 from app.engine.http_errors import generation_error
-from app.engine.queue import (
-    END,
-    EngineJob,
-    GenerationQueue,
-    LoadedNotice,
-    LoadingNotice,
-    Prepared,
-)
+from app.engine.jobs import EngineJob, LoadedNotice, LoadingNotice, Prepared
+from app.engine.queue import GenerationQueue
 from app.engine.scheduler import PairScheduler
 from backends.generation_events import GenerationEvent
 
