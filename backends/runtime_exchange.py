@@ -47,8 +47,12 @@ class GatheringBatcher:
     for them), the grace it waits at most, and how long its batches took. A subclass
     keeps its pending work and decides what one batch takes."""
 
-    def __init__(self, condition: threading.Condition) -> None:
+    def __init__(
+        self, condition: threading.Condition, arriving: Callable[[], bool] | None = None
+    ) -> None:
         self.condition = condition
+        # Whether a request is on its way to a sequence (RuntimeExchange.arriving).
+        self._arriving = arriving or (lambda: False)
         self._generating: set[int] = set()
         self._pending: list[Any] = []  # the subclass's requests, oldest first
         self._last_seconds = 0.0
@@ -78,6 +82,12 @@ class GatheringBatcher:
                 self.condition.wait()
         if request.error is not None:
             raise request.error
+
+    def others_busy(self, mine: set[int]) -> bool:
+        """Whether a sequence not in ``mine`` is generating (between its rounds, or
+        setting up), or a request is on its way to one (condition held): then a long
+        prompt reads in short pieces, so they do not wait for a chunk of it."""
+        return bool(self._generating - mine) or self._arriving()
 
     def waiting_for(self, pending: set[int]) -> set[int]:
         """The generating sequences that have not submitted yet (condition held)."""

@@ -230,3 +230,29 @@ def test_the_probe_sends_a_family_it_cannot_gather_to_run_in_turn(
     monkeypatch.setattr(sequences, "forward_together", refused)
     assert sequences.rounds_as_alone(model._model) is None
     model.close()
+
+
+def test_a_long_prompt_reads_short_chunks_while_another_sequence_generates():
+    from backends.mlx.forward_batcher import MIN_BESIDE, ForwardBatcher  # imports mlx
+
+    arriving = threading.Event()
+    batcher = ForwardBatcher(
+        None,
+        name="chunks",
+        condition=threading.Condition(),
+        gathers=False,
+        arriving=arriving.is_set,
+    )
+    batcher._seconds_per_token = 0.002  # 250 tokens in PROMPT_SECONDS
+    batcher._round_seconds = 0.02  # a round of the others: 20 tokens' worth
+    batcher.generating(0, True)
+    alone = batcher.prompt_chunk(0)
+    assert alone == 250
+    batcher.generating(1, True)  # a chat: its rounds take turns with the chunks
+    assert batcher.prompt_chunk(0) == 20  # two rounds' worth
+    batcher._round_seconds = 0.002
+    assert batcher.prompt_chunk(0) == MIN_BESIDE  # never fewer
+    batcher.generating(1, False)
+    assert batcher.prompt_chunk(0) == alone
+    arriving.set()  # a request on its way to a free slot
+    assert batcher.prompt_chunk(0) < alone

@@ -104,11 +104,9 @@ class DecodeBatcher(GatheringBatcher):
         name: str,
         condition: threading.Condition,
         logits_rows: Callable[[int], np.ndarray],
-        arriving: Callable[[], bool] = lambda: False,
+        arriving: Callable[[], bool] | None = None,
     ) -> None:
-        super().__init__(condition)
-        # Whether a request is on its way to a sequence (RuntimeExchange.arriving).
-        self._arriving = arriving
+        super().__init__(condition, arriving)
         self._context = context
         # The context's logits buffer as a view of its first n rows: the loaded model's
         # own (LlamaCppModel._logits_view), which keeps one view while the buffer stays.
@@ -240,8 +238,7 @@ class DecodeBatcher(GatheringBatcher):
         # rounds, or still setting up, its cache's state restored on this thread; a
         # request arriving), gets batches kept short; long prompts alone share whole
         # chunks.
-        elsewhere = self._generating - {request.seq for request in long}
-        if group or elsewhere or self._arriving():
+        if group or self.others_busy({request.seq for request in long}):
             prompt_room = min(prompt_room, self.beside_chunk())
         for request in long:
             count = min(len(request.tokens) - request.taken, prompt_room)

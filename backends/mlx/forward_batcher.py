@@ -40,6 +40,10 @@ from backends.runtime_exchange import GatheringBatcher, smoothed
 PROMPT_SECONDS = 0.5
 MIN_PROMPT_CHUNK = 32
 MAX_PROMPT_CHUNK = 512
+# Beside others, a chunk costs about BESIDE_SHARE times their round (as
+# decode_batcher.py does for llama.cpp), and reads at least MIN_BESIDE tokens.
+BESIDE_SHARE = 2.0
+MIN_BESIDE = 16
 
 
 @dataclass(eq=False)
@@ -61,9 +65,15 @@ class ForwardBatcher(GatheringBatcher):
     """Gathers one MLX model's forwards, sequence by sequence, into batches."""
 
     def __init__(
-        self, model: Any, *, name: str, condition: threading.Condition, gathers: bool
+        self,
+        model: Any,
+        *,
+        name: str,
+        condition: threading.Condition,
+        gathers: bool,
+        arriving: Callable[[], bool] | None = None,
     ) -> None:
-        super().__init__(condition)
+        super().__init__(condition, arriving)
         self._model = model
         self.name = name
         # Whether this model's rounds can share a forward at all (its family's attention
@@ -76,16 +86,27 @@ class ForwardBatcher(GatheringBatcher):
         self.exact_limit: int | None = None
         self._pending: list[ForwardRequest] = []
         self._seconds_per_token: float | None = None
+        self._round_seconds: float | None = None  # a forward of rounds, smoothed
         self.gathered = 0  # of them, ones that carried several sequences
 
     # -- generation threads (condition not held) -------------------------------
 
-    def prompt_chunk(self) -> int:
-        """How many prompt tokens one forward reads beside others (see PROMPT_SECONDS)."""
+    def prompt_chunk(self, seq: int | None = None) -> int:
+        """How many prompt tokens ``seq``'s next forward reads: about PROMPT_SECONDS'
+        worth alone; while another sequence generates or a request is arriving, only
+        what costs about BESIDE_SHARE of their round (at least MIN_BESIDE tokens), so
+        their rounds, which take turns with the chunks, wait little for one."""
         if self._seconds_per_token is None:
             return MIN_PROMPT_CHUNK * 2
-        tokens = int(PROMPT_SECONDS / self._seconds_per_token)
-        return max(MIN_PROMPT_CHUNK, min(MAX_PROMPT_CHUNK, tokens))
+        alone = max(
+            MIN_PROMPT_CHUNK, min(MAX_PROMPT_CHUNK, int(PROMPT_SECONDS / self._seconds_per_token))
+        )
+        with self.condition:
+            busy = self.others_busy(set() if seq is None else {seq})
+        if not busy or self._round_seconds is None:
+            return alone
+        beside = int(BESIDE_SHARE * self._round_seconds / self._seconds_per_token)
+        return max(MIN_BESIDE, min(alone, beside))
 
     def forward(
         self, seq: int, cache: Sequence[Any], tokens: Sequence[int], *, logits: bool
@@ -149,6 +170,8 @@ class ForwardBatcher(GatheringBatcher):
         seconds = time.perf_counter() - started
         with self.condition:
             self.ran(seconds)
+            if group[0].logits:
+                self._round_seconds = smoothed(self._round_seconds, seconds)
             if not group[0].logits and len(group[0].tokens) >= MIN_PROMPT_CHUNK:
                 self._seconds_per_token = smoothed(
                     self._seconds_per_token, seconds / len(group[0].tokens)

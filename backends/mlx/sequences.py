@@ -89,7 +89,7 @@ class MlxSequence(MlxModel):
         self._check_room(len(tokens))
         offset = 0
         while offset < len(tokens):
-            size = PREFILL_CHUNK if self.exact_output else self._batcher.prompt_chunk()
+            size = PREFILL_CHUNK if self.exact_output else self._batcher.prompt_chunk(self._seq)
             chunk = list(tokens[offset : offset + size])
             self._check_ids(chunk)
             self._batcher.forward(self._seq, self._cache, chunk, logits=False)
@@ -163,6 +163,7 @@ def sequence_views(model: MlxModel, exchange: RuntimeExchange) -> SequenceViews:
         name=model.name,
         condition=exchange.condition,
         gathers=plain and gathers_attention(model._model),
+        arriving=lambda: exchange.arriving(),
     )
     if batcher.gathers:
         exact = exchange.call(lambda: rounds_as_alone(model._model))
