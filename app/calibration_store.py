@@ -18,6 +18,7 @@ from pathlib import Path
 from app.machine import cpu_model
 from app.settings import cache_dir
 from backends.engine import Engine
+from backends.speculation.calibration import disturbed
 from backends.speculation.cost_model import CostModel
 
 # 2: every batch size to 8, and the exact batch limit; 3: measured past 512 tokens
@@ -100,16 +101,30 @@ def save_costs(key: str, costs: CostModel) -> None:
 def ensure_calibrated(
     engine: Engine, runtime: str, report: Callable[[str], None] = lambda message: None
 ) -> CostModel:
-    """Load this engine's cost model from disk, or measure and store it."""
+    """Load this engine's cost model from disk, or measure and store it. Figures that
+    look taken on a busy machine (``calibration.disturbed``) are measured again, and
+    kept only once they look sound: `auto` decides with them for every reply."""
     key = calibration_key(engine, runtime)
     costs = load_costs(key)
+    why = disturbed(costs) if costs is not None else None
+    if costs is not None and why is not None:
+        report(f"the stored calibration looks disturbed ({why}): measuring again")
+        costs = None
     if costs is None:
         report("measuring forward costs on this machine")
         costs = engine.calibrate()
-        try:
-            save_costs(key, costs)
-        except OSError as error:
-            report(f"could not save the calibration ({error}); it will be measured next time")
+        why = disturbed(costs)
+        if why is not None:
+            report(f"the machine looked busy while measuring ({why}): measuring once more")
+            costs = engine.calibrate()
+            why = disturbed(costs)
+        if why is not None:
+            report(f"still disturbed ({why}): used for now, measured again next start")
+        else:
+            try:
+                save_costs(key, costs)
+            except OSError as error:
+                report(f"could not save the calibration ({error}); it will be measured next time")
     engine.costs = costs
     return costs
 

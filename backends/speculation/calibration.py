@@ -44,12 +44,41 @@ DRAFT_STEP_SAMPLES = 4
 # llama.cpp's CPU attention changes how it decodes a single token.
 MEASURED_POSITION = 520
 DRAFT_POSITION = 64  # a draft step barely depends on the position; keep it cheap
+# A forward of n tokens never costs much more than n forwards of one (a batch reads the
+# weights once), nor much less than a smaller batch (kernels switch at thresholds: a
+# batch of 4 may cost less than one of 3, not half). Figures outside these were taken
+# while the machine was busy: seen, T(4) = 1.1 s and T(16) = 0.95 s against T(1) =
+# 0.036 s, measured during a compile, which made `auto` draft where it loses, and
+# stayed cached for the machine.
+DISTURBED_OVER_SEQUENTIAL = 2.0
+DISTURBED_UNDER_SMALLER = 0.5
 # Ordinary text, so the forwards run with varied tokens.
 _CONTEXT_TEXT = (
     "measure the cost of a forward pass at a realistic position in the context. "
     "the quick brown fox jumps over the lazy dog, then writes a short function "
     "that returns the sum of a list of numbers, and explains each line in plain words. "
 )
+
+
+def disturbed(costs: CostModel) -> str | None:
+    """Why ``costs`` look measured on a busy machine, in words; None if they look sound."""
+    seconds = costs.target_seconds
+    one = seconds[1]
+    sizes = sorted(seconds)
+    for size in sizes:
+        if seconds[size] > DISTURBED_OVER_SEQUENTIAL * size * one:
+            return (
+                f"a forward of {size} tokens took {seconds[size] * 1000:.0f} ms, more than "
+                f"{DISTURBED_OVER_SEQUENTIAL:g}x {size} forwards of one ({one * 1000:.0f} ms each)"
+            )
+    for index, size in enumerate(sizes[1:], start=1):
+        dearest = max(sizes[:index], key=lambda smaller: seconds[smaller])
+        if seconds[size] < DISTURBED_UNDER_SMALLER * seconds[dearest]:
+            return (
+                f"a forward of {size} tokens took {seconds[size] * 1000:.0f} ms, under half "
+                f"of one of {dearest} ({seconds[dearest] * 1000:.0f} ms)"
+            )
+    return None
 
 
 def time_forward(model: Model, tokens: Sequence[int]) -> tuple[float, np.ndarray]:
