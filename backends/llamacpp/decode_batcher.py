@@ -36,11 +36,12 @@ from backends.runtime_exchange import GatheringBatcher, smoothed
 PROMPT_SECONDS = 0.5
 MIN_PROMPT_CHUNK = 64
 FIRST_PROMPT_CHUNK = 64
-# Beside other sequences' rounds, or a prompt that ends in this batch, a long prompt
-# reads only what costs about BESIDE_SHARE times those rounds' own forward (at least
-# MIN_BESIDE tokens, so it always moves): a chat's tokens keep coming at a third of
-# their speed alone, not at the pace of an agent's prompt (2 CPU cores: ~6 tokens of
-# prompt a round, against 64 before; a GPU: hundreds).
+# While anything else runs (other sequences' rounds, a short prompt, a sequence
+# setting up, a request arriving), a long prompt reads only what costs about
+# BESIDE_SHARE times a round's own forward (at least MIN_BESIDE tokens, so it always
+# moves): a chat's tokens keep coming at about a third of their speed alone, not at the
+# pace of an agent's prompt (2 CPU cores: 4 tokens of prompt a round, against a
+# 64-token chunk before; a GPU, where a few more rows cost little: a whole chunk).
 BESIDE_SHARE = 2.0
 MIN_BESIDE = 4
 
