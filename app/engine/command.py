@@ -127,8 +127,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--parallel",
         default="auto",
         metavar="N",
-        help="generate up to N requests at once, their forwards batched (llama.cpp; "
-        "each sequence gets the whole --context, so the KV cache takes N times the "
+        help="generate up to N requests at once, their forwards batched (llama.cpp "
+        "and MLX; each sequence gets the whole --context, so the KV cache takes N times the "
         "memory); 1: one at a time; auto: as many as memory holds, up to "
         f"{DEFAULT_PARALLEL} (default auto)",
     )
