@@ -29,7 +29,14 @@ class PromptInput(TextArea):
         super().__init__(soft_wrap=True, show_line_numbers=False, **kwargs)  # type: ignore[arg-type]
 
     def action_submit(self) -> None:
-        """Send the text (unless it is blank); the receiver clears the box if it takes it."""
+        """Send the text (unless it is blank); the receiver clears the box if it takes it.
+
+        Enter is a priority binding, so the app runs this as soon as it reads the key,
+        while letters that came in the same read may still wait in this box's queue
+        (a paste ending in a newline): the text is looked at once they are in."""
+        self.call_later(self._submit_typed)
+
+    def _submit_typed(self) -> None:
         if not self.text.strip():
             return
         self.post_message(self.Submitted(self.text))
