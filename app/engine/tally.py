@@ -34,6 +34,9 @@ class GenerationTally:
         self.decision = ""
         self.prediction_drafted = 0
         self.prediction_accepted = 0
+        # Draft tokens each drafter proposed and had accepted, over the whole reply: the
+        # last event's drafter is only the last round's (often "none" at the end).
+        self.drafted_by: dict[str, list[int]] = {}
         self._drafted = 0
         self._accepted = 0
 
@@ -47,6 +50,10 @@ class GenerationTally:
         if event.drafter in ("prediction", "grammar+prediction"):
             self.prediction_drafted += drafted
             self.prediction_accepted += accepted
+        if drafted:
+            counts = self.drafted_by.setdefault(event.drafter, [0, 0])
+            counts[0] += drafted
+            counts[1] += accepted
         self.latest = self._split(event)
         self.pieces.append(self.latest.answer_text)
         self.reasoning_pieces.append(self.latest.reasoning_text)
@@ -90,6 +97,11 @@ class GenerationTally:
             **repeated,
             **self.last.stats.as_dict(),
             "drafter": self.last.drafter,
+            # {drafter: {"drafted": n, "accepted": m}} over the reply so far.
+            "drafted_by": {
+                name: {"drafted": drafted, "accepted": accepted}
+                for name, (drafted, accepted) in self.drafted_by.items()
+            },
             "draft_length": self.last.draft_length,
             "estimated_speedup": round(self.last.estimated_speedup, 3),
             "decision": self.decision,
