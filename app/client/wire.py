@@ -20,7 +20,8 @@ Stream chunk additions (all inside ``chunk["draftpen"]``):
 - ``left_out_messages``: how many of the oldest messages ``fit_context`` left out of
   the prompt so that it fits the context (on every chunk of the reply; absent when none);
 - everything :meth:`~backends.generation_events.SpeculativeStats.as_dict` holds, and
-  ``drafter``, ``draft_length``, ``estimated_speedup``, ``decision``.
+  ``drafter``, ``draft_length``, ``estimated_speedup``, ``decision`` (the latest
+  round's), and ``drafted_by`` (``{drafter: {"drafted", "accepted"}}`` so far).
 """
 
 from __future__ import annotations
