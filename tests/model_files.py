@@ -59,3 +59,18 @@ def require_mlx_model(key: str) -> Path:
     """
     pytest.importorskip("mlx_lm", reason="mlx and mlx-lm are not installed")
     return require_model(MLX_OF[key], runtime="mlx")
+
+
+# A 2-layer llama small enough to write in a test (random weights; SmolLM2's tokenizer
+# and vocabulary, so the tests copy its tokenizer files beside it): its MLX config.
+TINY_MLX_LLAMA: dict[str, object] = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}

@@ -17,7 +17,7 @@ import pytest
 from backends.errors import DecodeError, ModelLoadError
 from backends.sampling.filters import SamplingParams, distribution
 from backends.sampling.top_logits import distribution_from_top
-from tests.model_files import SMOLLM2_KEY, require_mlx_model
+from tests.model_files import SMOLLM2_KEY, TINY_MLX_LLAMA, require_mlx_model
 
 pytestmark = pytest.mark.real_model
 
@@ -32,15 +32,7 @@ def _tiny_llama(directory: Path, *, layer_types: list[str]) -> Path:
 
     source = require_mlx_model(SMOLLM2_KEY)
     config = {
-        "model_type": "llama",
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-5,
-        "vocab_size": 49152,
-        "tie_word_embeddings": True,
+        **TINY_MLX_LLAMA,
         "layer_types": layer_types,
         "sliding_window": 8,
     }

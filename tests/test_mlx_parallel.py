@@ -22,7 +22,7 @@ from backends.engine_slots import EngineSlots, generate_on_slot, parallel_of
 from backends.runtime_exchange import RuntimeExchange
 from backends.sampling.filters import SamplingParams
 from backends.speculation.cost_model import CostModel
-from tests.model_files import SMOLLM2_KEY, require_mlx_model
+from tests.model_files import SMOLLM2_KEY, TINY_MLX_LLAMA, require_mlx_model
 
 pytest.importorskip("mlx_lm")
 
@@ -44,17 +44,7 @@ def _tiny_llama(directory: Path, *, seed: int, like: Path | None = None) -> Path
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
 
-    config = {
-        "model_type": "llama",
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-5,
-        "vocab_size": 49152,
-        "tie_word_embeddings": True,
-    }
+    config = dict(TINY_MLX_LLAMA)
     mx.random.seed(seed)
     if like is None:
         weights = dict(tree_flatten(llama.Model(llama.ModelArgs.from_dict(config)).parameters()))
