@@ -305,6 +305,9 @@ class GenerationQueue:
             if slots is None:
                 return run_generation(job, loaded.engine, started)
             with self._condition:
+                # It moves from running on the worker to a slot, in one step: counted
+                # in both, /health said 4 running on 3 slots (16 clients, CI).
+                self._running = None
                 self._on_slots.append(job)
                 self._starting.add(job)
             arguments = (job, loaded.engine, slots, started)
