@@ -16,13 +16,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from app.client import ChatTurn, EngineCrashedError, crash_report, ensure_engine
+from app.client import ChatTurn, EngineClient, EngineCrashedError, crash_report, ensure_engine
 from app.client.engine_log import engine_log_path
 from app.client.errors import EngineRequestError
 from app.settings import Settings
@@ -227,6 +227,23 @@ def long_turn() -> ChatTurn:
     )
 
 
+def crash_mid_reply(
+    client: EngineClient, fault: Callable[[], None]
+) -> tuple[str, EngineCrashedError, float]:
+    """A long reply on ``client``, ``fault`` done once five pieces of it came: the text
+    that came, the crash that ended the reply, and the seconds from the fault to it."""
+    received: list[str] = []
+    faulted_at = 0.0
+    with pytest.raises(EngineCrashedError) as caught:
+        for item in client.chat(long_turn()):
+            if isinstance(item, GenerationEvent) and item.text:
+                received.append(item.text)
+                if len(received) == 5:
+                    fault()
+                    faulted_at = time.monotonic()
+    return "".join(received), caught.value, time.monotonic() - faulted_at
+
+
 def test_a_worker_killed_mid_reply_is_named_and_the_pair_loads_again_without_it(
     home: Path, two_workers: tuple[Worker, Worker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -240,16 +257,10 @@ def test_a_worker_killed_mid_reply_is_named_and_the_pair_loads_again_without_it(
     options = ["--keep-alive", "-1", "--workers", workers]
     client = ensure_engine(Settings(), socket_path=socket_path, serve_options=options)
     try:
-        received: list[str] = []
-        with pytest.raises(EngineCrashedError) as caught:
-            for item in client.chat(long_turn()):
-                if isinstance(item, GenerationEvent) and item.text:
-                    received.append(item.text)
-                    if len(received) == 5:
-                        second.process.kill()
-        assert "".join(received).strip(), "the reply had begun"
-        message = str(caught.value)
-        assert caught.value.signal_name == "SIGABRT"
+        received, crash, _ = crash_mid_reply(client, second.process.kill)
+        assert received.strip(), "the reply had begun"
+        message = str(crash)
+        assert crash.signal_name == "SIGABRT"
         assert f"Worker {second.address} stopped answering" in message
         assert first.address not in message  # the worker still running is not blamed
         assert "draftpen worker" in message and "without" in message
@@ -355,17 +366,10 @@ def test_a_worker_machine_that_vanishes_mid_reply_ends_the_wait_and_is_named(
             time.sleep(0.2)
         options = ["--keep-alive", "-1", "--workers", str(endpoint)]
         client = ensure_engine(Settings(), socket_path=socket_path, serve_options=options)
-        received = 0
-        cut_at = 0.0
-        with pytest.raises(EngineCrashedError) as caught:
-            for item in client.chat(long_turn()):
-                if isinstance(item, GenerationEvent) and item.text:
-                    received += 1
-                    if received == 5:
-                        other_machine.run("ip", "link", "set", other_machine.inside, "down")
-                        cut_at = time.monotonic()
-        waited = time.monotonic() - cut_at
-        assert f"Worker {endpoint} stopped answering" in str(caught.value)
+        _, crash, waited = crash_mid_reply(
+            client, lambda: other_machine.run("ip", "link", "set", other_machine.inside, "down")
+        )
+        assert f"Worker {endpoint} stopped answering" in str(crash)
         # keepalive.USER_TIMEOUT_MS (data in flight) or keepalive's probes, plus slack.
         assert waited < 60, f"the engine waited {waited:.0f} s for a vanished worker"
     finally:
@@ -391,20 +395,13 @@ def test_a_worker_that_hangs_mid_reply_is_named_within_the_timeout_and_loads_aga
     options = ["--keep-alive", "-1", "--workers", f"{first.address},{second.address}"]
     options += ["--worker-timeout", str(timeout)]
     client = ensure_engine(Settings(), socket_path=socket_path, serve_options=options)
-    stopped_at = 0.0
     try:
-        received: list[str] = []
-        with pytest.raises(EngineCrashedError) as caught:
-            for item in client.chat(long_turn()):
-                if isinstance(item, GenerationEvent) and item.text:
-                    received.append(item.text)
-                    if len(received) == 5:
-                        second.process.send_signal(signal.SIGSTOP)
-                        stopped_at = time.monotonic()
-        waited = time.monotonic() - stopped_at
-        assert "".join(received).strip(), "the reply had begun"
-        message = str(caught.value)
-        assert caught.value.signal_name == "SIGABRT"
+        received, crash, waited = crash_mid_reply(
+            client, lambda: second.process.send_signal(signal.SIGSTOP)
+        )
+        assert received.strip(), "the reply had begun"
+        message = str(crash)
+        assert crash.signal_name == "SIGABRT"
         assert f"Worker {second.address} stopped answering" in message
         assert "did not answer for" in message and first.address not in message
         # The bound: at least the floor, more where this machine's recent forward passes
