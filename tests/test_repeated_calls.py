@@ -126,14 +126,16 @@ WEATHER = ToolSpec(
 )
 
 
-def forced_calls(reply: str, *, parallel: bool = True, max_tokens: int = 400) -> list:
+def forced_calls(
+    reply: str, *, parallel: bool = True, max_tokens: int = 400, drafter: str = "ngram"
+) -> list:
     """The events of a scripted model writing ``reply`` under a required-call grammar."""
     engine = Engine(ScriptedByteModel([reply]))
     calls = ToolCallOutput((WEATHER,), HERMES, "required", parallel=parallel)
     request = GenerationRequest(
         prompt_tokens=tuple(engine.target.tokenize("<|user|>Weather?<|assistant|>")),
         max_tokens=max_tokens,
-        drafter="ngram",
+        drafter=drafter,
         constraint=ConstraintSpec(tool_calls=calls),
     )
     return list(engine.generate(request))
@@ -152,6 +154,18 @@ def test_the_loop_stops_at_a_repeated_call_and_says_so():
     # It stopped at the repeat (and the round's drafts after it), not four calls on.
     generated = sum(len(event.tokens) for event in events)
     assert generated < 3 * len(PARIS)
+
+
+def test_a_repeated_call_ends_the_reply_at_the_token_plain_decoding_ends_it():
+    # The n-gram drafter runs far past the repeat's end in one round; those accepted
+    # drafts are not the reply's, so the usage counts are plain decoding's.
+    reply = f"{PARIS}\n{PARIS}\n{PARIS}\n{PARIS}"
+    plain = forced_calls(reply, drafter="none")
+    drafted = forced_calls(reply)
+    assert drafted[-1].stats.drafted > 0
+    assert [t for e in drafted for t in e.tokens] == [t for e in plain for t in e.tokens]
+    assert drafted[-1].stats.generated_tokens == plain[-1].stats.generated_tokens
+    assert text_of(drafted) == text_of(plain)
 
 
 def test_without_parallel_calls_the_grammar_itself_ends_the_reply_after_one_call():

@@ -91,6 +91,11 @@ def char_provenance(record: GenerationRecord, model: HashModel) -> list[bool]:
     return flags
 
 
+def ended_on_text(event: GenerationEvent) -> bool:
+    """The reply ended at a stop string or a repeated call, maybe inside the round."""
+    return event.stop_sequence is not None or event.repeated_call
+
+
 def assert_invariants(record: GenerationRecord, max_draft: int) -> None:
     """What must hold for every event and for the whole generation."""
     previous = SpeculativeStats()
@@ -131,7 +136,10 @@ def assert_invariants(record: GenerationRecord, max_draft: int) -> None:
             assert flags == [True] * from_draft + [False] * (len(flags) - from_draft)
             assert len(flags) - from_draft <= 1, "one target token per round at most"
             accepted = stats.accepted - previous.accepted
-            if accepted == from_draft + 1:  # an accepted EOS draft ends the reply, unshown
+            if ended_on_text(event):
+                # Drafts accepted past a stop string are not the reply's (nor counted).
+                assert accepted >= from_draft
+            elif accepted == from_draft + 1:  # an accepted EOS draft ends the reply, unshown
                 assert event.finish_reason == FINISH_STOP and len(flags) == from_draft
             else:
                 assert accepted == from_draft
@@ -139,6 +147,8 @@ def assert_invariants(record: GenerationRecord, max_draft: int) -> None:
         # The target's cache holds the committed tokens minus the pending one.
         if not final:
             assert list(cache) == committed[:-1]
+        elif ended_on_text(event):
+            assert list(cache)[: len(committed) - 1] == committed[:-1]
         elif event.finish_reason == FINISH_STOP:
             assert list(cache) in (committed[:-1], committed, [*committed, EOS])
         else:
@@ -546,6 +556,20 @@ def test_stop_strings_are_never_shown_and_text_before_them_is(
     assert record.text == shown
     assert record.finish_reason == FINISH_STOP
     assert_invariants(record, 8)
+
+
+@pytest.mark.parametrize("policy_name", POLICY_NAMES[1:])
+@pytest.mark.parametrize("stop", [["\nend"], ["t s"], ["sat", "cat"], ["the"], ["sat."]])
+def test_a_stop_string_ends_the_reply_at_the_token_plain_decoding_ends_it(
+    policy_name: str, stop: list[str]
+) -> None:
+    # Drafts accepted past the stop string are not the reply's: the usage counts and
+    # the tokens are plain decoding's, however far the round ran.
+    _, alone = generate_script(SCRIPT, "plain", stop=stop, max_tokens=200)
+    _, record = generate_script(SCRIPT, policy_name, stop=stop, max_tokens=200)
+    assert record.tokens == alone.tokens
+    assert record.stats.generated_tokens == alone.stats.generated_tokens == len(alone.tokens)
+    assert record.events[-1].stop_sequence == alone.events[-1].stop_sequence is not None
 
 
 @pytest.mark.parametrize("policy_name", POLICY_NAMES)

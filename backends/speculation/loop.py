@@ -19,12 +19,11 @@ an adaptive one can measure costs and acceptance and choose per round.
 
 Its parts live beside it: the policy's interface in ``draft_policy.py``, one round's
 verification in ``verification.py``, events and stats in ``generation_events.py``,
-stop strings in ``stop_strings.py``.
+where a reply ends on its text (stop strings, a repeated call) in ``reply_end.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -51,13 +50,12 @@ from backends.generation_events import (
 )
 from backends.output.constraints import GrammarState
 from backends.output.repeated_calls import RepeatedCallStop
-from backends.output.stop_strings import StopStringFilter
+from backends.output.reply_end import ReplyEnd
 from backends.sampling.filters import SamplingParams
 from backends.sampling.penalties import TokenCounts
-from backends.sampling.rows import forward_rows
-from backends.sampling.sparse_distribution import SparseDistribution
-from backends.speculation.draft_policy import DraftPolicy, RoundOutcome, RoundPlan
-from backends.speculation.drafters import EMPTY_PROPOSAL, DraftProposal, common_prefix_length
+from backends.speculation.draft_policy import DraftPolicy, RoundOutcome
+from backends.speculation.drafters import common_prefix_length
+from backends.speculation.overlap import round_steps
 from backends.speculation.verification import verify_round
 
 # Prompt tokens read between two looks at ``cancel``.
@@ -77,6 +75,7 @@ def speculative_generate(
     logprobs: int | None = None,
     prepare_cache: Callable[[Sequence[int]], SavePoint | None] | None = None,
     repeated_calls: RepeatedCallStop | None = None,
+    overlap_drafting: bool = False,
 ) -> Iterator[GenerationEvent]:
     """Generate from ``prompt_tokens``, yielding one event per round.
 
@@ -105,6 +104,9 @@ def speculative_generate(
     ``logprobs`` (None: off; N in 0..20) adds to each event a :class:`TokenLogprob`
     per token, with the N most likely alternatives. They are computed from the
     target's rows only when asked for, since they cost host time per token.
+
+    ``overlap_drafting`` (a target split over workers, whose verify waits on the network)
+    drafts the next round during each verify where that applies (see ``overlap.py``).
     """
     if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
         raise ValueError(f"logprobs must be in 0..{MAX_TOP_LOGPROBS} (or None for none)")
@@ -133,10 +135,10 @@ def speculative_generate(
     stats.decode_started = time.perf_counter()
     previous_round_end = stats.decode_started
     detokenizer = IncrementalDetokenizer(target)
-    stop_filter = StopStringFilter(stop)
+    reply_end = ReplyEnd(stop, repeated_calls)
     if not read_whole:
         # What was read stays cached: a retry of the same prompt starts from there.
-        yield _final_event(stats, stop_filter, repeated_calls, detokenizer, FINISH_CANCELLED)
+        yield _final_event(stats, reply_end, detokenizer, FINISH_CANCELLED)
         return
 
     policy.begin(prompt_tokens)
@@ -152,15 +154,19 @@ def speculative_generate(
     most_drafts = rollback_limit(target)
     # Exact output: the largest batch that rounds like one-token decoding (None: any).
     exact_batch = getattr(policy, "exact_batch_limit", None)
+    # With ``overlap_drafting``, the next round is drafted during the verify (overlap.py).
+    draft_round, verify_forward = round_steps(
+        overlap_drafting, params, constraint, penalties, stats
+    )
 
     while True:
         if cancel is not None and cancel.is_set():
-            yield _final_event(stats, stop_filter, repeated_calls, detokenizer, FINISH_CANCELLED)
+            yield _final_event(stats, reply_end, detokenizer, FINISH_CANCELLED)
             return
         remaining = max_tokens - stats.generated_tokens
         room = target.n_ctx - len(target.cached_tokens) - 1
         if remaining <= 0 or room < 0:
-            yield _final_event(stats, stop_filter, repeated_calls, detokenizer, FINISH_LENGTH)
+            yield _final_event(stats, reply_end, detokenizer, FINISH_LENGTH)
             return
 
         draft_room = min(remaining - 1, room)
@@ -176,7 +182,7 @@ def speculative_generate(
                 # one, its cache would round otherwise than plain decoding's.
                 draft_room = min(draft_room, exact_batch - 1)
                 forced = forced[:draft_room]
-        plan, drafts, proposal = _round_drafts(
+        plan, drafts, proposal = draft_round(
             policy,
             context,
             forced,
@@ -190,7 +196,7 @@ def speculative_generate(
         verify_started = time.perf_counter()
 
         base = len(target.cached_tokens)
-        rows = forward_rows(target, [context[-1], *drafts])
+        rows = verify_forward(target, [context[-1], *drafts])
         stats.runtime_seconds += time.perf_counter() - verify_started
         stats.target_passes += 1
         stats.draft_passes += proposal.passes
@@ -268,20 +274,15 @@ def speculative_generate(
         previous_round_end = now
         if finish is None and stats.generated_tokens >= max_tokens:
             finish = FINISH_LENGTH
-        if finish is not None:
-            segments.append(TextSegment(detokenizer.flush(), False))
-
-        shown, stopped = stop_filter.push(segments)
-        if stopped:
+        tail = TextSegment(detokenizer.flush(), False) if finish is not None else None
+        end = reply_end.push(segments, tail, finish is not None)
+        if end.stopped or end.repeated:
             finish = FINISH_STOP
-        elif finish is not None:
-            shown.extend(stop_filter.flush())
-        repeated = False
-        if repeated_calls is not None:
-            shown, repeated = _without_repeats(repeated_calls, shown, finish is not None)
-            if repeated:
-                finish = FINISH_STOP
-        merged = merge_segments(shown)
+            # Drafts accepted past the stop were never the reply's: plain decoding
+            # would have ended at the token that completed it.
+            stats.generated_tokens -= len(kept_tokens) - end.tokens
+            del kept_tokens[end.tokens :], kept_provenance[end.tokens :]
+        merged = merge_segments(end.shown)
         yield GenerationEvent(
             text="".join(s.text for s in merged),
             segments=merged,
@@ -295,8 +296,8 @@ def speculative_generate(
             decision=plan.reason,
             # The end-of-generation token is not in ``tokens``, so not here either.
             token_logprobs=tuple(emitted_logprobs[: len(kept_tokens)]),
-            stop_sequence=stop_filter.matched if stopped else None,
-            repeated_call=repeated,
+            stop_sequence=reply_end.matched if end.stopped else None,
+            repeated_call=end.repeated,
         )
         if finish is not None:
             return
@@ -342,30 +343,14 @@ def _prefill(target: Model, tokens: Sequence[int], cancel: threading.Event | Non
     return True
 
 
-def _without_repeats(
-    repeated_calls: RepeatedCallStop, shown: list[TextSegment], last: bool
-) -> tuple[list[TextSegment], bool]:
-    """``shown`` less what may begin a repeated call (all of it at the ``last`` event)."""
-    kept, repeated = repeated_calls.push(shown)
-    if last and not repeated:
-        kept.extend(repeated_calls.flush())
-    return kept, repeated
-
-
 def _final_event(
     stats: StatsAccumulator,
-    stop_filter: StopStringFilter,
-    repeated_calls: RepeatedCallStop | None,
+    reply_end: ReplyEnd,
     detokenizer: IncrementalDetokenizer,
     finish_reason: str,
 ) -> GenerationEvent:
-    tail, stopped = stop_filter.push([TextSegment(detokenizer.flush(), False)])
-    if not stopped:
-        tail.extend(stop_filter.flush())
-    repeated = False
-    if repeated_calls is not None:
-        tail, repeated = _without_repeats(repeated_calls, tail, True)
-    merged = merge_segments(tail)
+    end = reply_end.finish(TextSegment(detokenizer.flush(), False))
+    merged = merge_segments(end.shown)
     return GenerationEvent(
         text="".join(s.text for s in merged),
         segments=merged,
@@ -374,68 +359,10 @@ def _final_event(
         drafter="none",
         draft_length=0,
         stats=stats.snapshot(),
-        finish_reason=FINISH_STOP if repeated else finish_reason,
-        repeated_call=repeated,
+        finish_reason=FINISH_STOP if end.repeated else finish_reason,
+        stop_sequence=reply_end.matched if end.stopped else None,
+        repeated_call=end.repeated,
     )
-
-
-def _round_drafts(
-    policy: DraftPolicy,
-    context: list[int],
-    forced: list[int],
-    room: int,
-    params: SamplingParams,
-    rng: np.random.Generator,
-    constraint: GrammarState | None,
-    penalties: TokenCounts | None,
-) -> tuple[RoundPlan, list[int], DraftProposal]:
-    """This round's plan and drafts: the grammar's forced tokens, then the drafter's.
-
-    The policy plans, and its drafter drafts, from the context after the forced
-    tokens (the grammar state and the penalty counts are moved past them meanwhile,
-    and back), so one verify checks both: the free stretch and the guesses after it.
-    ``room`` bounds the whole batch of drafts. The proposal's distributions (q) are
-    aligned with the drafts: a point mass for each forced token.
-    """
-    after = [*context, *forced] if forced else context
-    if forced:
-        assert constraint is not None
-        constraint.consume(forced)
-        if penalties is not None:
-            penalties.add(forced)
-    try:
-        plan = policy.plan(after)
-        length = max(0, min(plan.draft_length, room - len(forced)))
-        proposal = EMPTY_PROPOSAL
-        if plan.drafter is not None and length > 0:
-            shaped = constraint is not None or penalties is not None
-            if shaped and getattr(plan.drafter, "FOLLOWS_GRAMMAR", False):
-                proposal = plan.drafter.propose(
-                    after, length, params, rng, constraint=constraint, penalties=penalties
-                )
-            else:
-                proposal = plan.drafter.propose(after, length, params, rng)
-        guesses = proposal.tokens[:length]
-        if constraint is not None and guesses:
-            # A draft the grammar refuses would be rejected anyway; not verifying it
-            # keeps the masks below defined.
-            guesses = guesses[: constraint.valid_prefix(guesses)]
-    finally:
-        if forced:
-            assert constraint is not None
-            constraint.rollback(len(forced))
-            if penalties is not None:
-                penalties.remove(forced)
-    if not forced:
-        return plan, guesses, proposal
-    distributions = None
-    if proposal.distributions is not None:
-        points = [SparseDistribution.point(token) for token in forced]
-        distributions = points + proposal.distributions[: len(guesses)]
-    combined = dataclasses.replace(
-        proposal, tokens=[*forced, *guesses], distributions=distributions
-    )
-    return plan, [*forced, *guesses], combined
 
 
 def _round_drafter_name(forced: bool, guesser: str) -> str:
