@@ -64,6 +64,9 @@ class GenerationRequest:
     # How a thinking model's chat reply marks its reasoning (None: it has none), so
     # what reads the reply's tool calls in the loop reads the answer only.
     reasoning: ReasoningFormat | None = None
+    # Draft the next round during each verify where the target is split over workers
+    # (its verify waits on the network); see backends/speculation/overlap.py.
+    overlap_drafting: bool = True
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTER_CHOICES:
@@ -335,11 +338,24 @@ class Engine:
             logprobs=request.logprobs,
             prepare_cache=self._cache_preparer(request),
             repeated_calls=repeated_call_stop(request.constraint, request.reasoning),
+            overlap_drafting=request.overlap_drafting and self.overlaps(),
         )
         draft = self._draft_in_use(request)
         if self.prefixes is None or draft is None:
             return events
         return _then_save_draft(events, self.prefixes, draft)
+
+    def overlaps(self) -> bool:
+        """Whether the loop may draft the next round during each verify: the target has
+        layers on workers (its verify mostly waits on the network), a draft model is
+        loaded, and this engine runs one sequence at a time (a parallel engine's slots
+        hand every forward to the one runtime thread, which would run the two in turn)."""
+        return (
+            self.draft is not None
+            and self.sharing is None
+            and self._parent is None
+            and bool(getattr(self.target, "splits_over_workers", False))
+        )
 
     def _draft_in_use(self, request: GenerationRequest) -> Model | None:
         """The draft model, where this request may draft with it (a caller's

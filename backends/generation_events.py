@@ -56,6 +56,11 @@ class SpeculativeStats:
     # counted apart from drafted/accepted, which are the drafters' guesses.
     grammar_forced: int = 0
     host_seconds: float = 0.0
+    # Drafting during a split target's verify (backends/speculation/overlap.py): rounds
+    # whose next round was drafted meanwhile, for the likeliest outcome, and how many
+    # of those drafts were used (the guess held: every draft and the bonus as guessed).
+    predrafted_rounds: int = 0
+    predrafts_used: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -107,6 +112,8 @@ class SpeculativeStats:
             "grammar_forced": self.grammar_forced,
             "host_seconds": round(self.host_seconds, 6),
             "host_ms_per_token": round(self.host_ms_per_token, 4),
+            "predrafted_rounds": self.predrafted_rounds,
+            "predrafts_used": self.predrafts_used,
         }
 
 
@@ -190,6 +197,8 @@ class StatsAccumulator:
     plain_round_seconds: float = 0.0
     runtime_seconds: float = 0.0  # inside target and draft forward/rollback, during decode
     grammar_forced: int = 0
+    predrafted_rounds: int = 0
+    predrafts_used: int = 0
 
     def record_accepted_length(self, accepted: int) -> None:
         while len(self.histogram) <= accepted:
@@ -215,6 +224,8 @@ class StatsAccumulator:
             plain_round_seconds=self.plain_round_seconds,
             grammar_forced=self.grammar_forced,
             host_seconds=max(0.0, self.decode_seconds - self.runtime_seconds),
+            predrafted_rounds=self.predrafted_rounds,
+            predrafts_used=self.predrafts_used,
         )
 
 

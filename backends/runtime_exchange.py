@@ -15,10 +15,11 @@ worker whatever else it waits for.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
@@ -198,6 +199,32 @@ class RuntimeExchange:
         with self.condition:
             stop.set()
             self.condition.notify_all()
+
+
+# Threads that run a runtime's forward beside the work of the thread that runs the rest
+# (a split target's verify while the draft model drafts, backends/speculation/overlap.py).
+_beside = threading.local()
+
+
+@contextlib.contextmanager
+def computing_beside() -> Iterator[None]:
+    """Mark the calling thread, for the block, as computing beside the runtime thread.
+
+    A runtime then computes its graphs there on one thread of its own: llama.cpp's OpenMP
+    build slows every graph of the process once two threads each lead a team (see
+    ``backends/llamacpp/library.py``), and a forward that mostly waits on the network
+    needs no team.
+    """
+    _beside.active = True
+    try:
+        yield
+    finally:
+        _beside.active = False
+
+
+def is_computing_beside() -> bool:
+    """Whether the calling thread is inside :func:`computing_beside`."""
+    return getattr(_beside, "active", False)
 
 
 def _settle(future: Future[object], work: Callable[[], object]) -> None:

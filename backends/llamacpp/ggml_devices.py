@@ -25,6 +25,7 @@ from typing import Any
 
 from backends.errors import RuntimeUnavailableError
 from backends.llamacpp.library import ensure_backend, llama_cpp, note_decoding_thread
+from backends.runtime_exchange import is_computing_beside
 from backends.workers import watchdog
 from backends.workers.endpoints import Endpoint
 
@@ -216,17 +217,32 @@ def workers_in_use() -> list[Endpoint]:
 
 def decode(context: Any, batch: Any, tokens: int) -> int:
     """``llama_decode``; while a model has layers on workers, timed as one runtime call
-    of ``tokens`` for the hung-worker watchdog (``backends/workers/watchdog.py``)."""
-    note_decoding_thread()
+    of ``tokens`` for the hung-worker watchdog (``backends/workers/watchdog.py``).
+
+    On a thread computing beside the runtime thread (a split target's verify while the
+    draft model drafts, ``backends/speculation/overlap.py``) the graph's local part runs
+    on that thread alone: it then leads no second OpenMP team (see ``library.py``).
+    """
     if not _in_use:
+        note_decoding_thread()
         return int(llama_cpp.llama_decode(context, batch))
-    with watchdog.calls.timing(tokens):
-        status = int(llama_cpp.llama_decode(context, batch))
-        # llama_decode returns once the graph is sent; the wait on the workers comes at
-        # the next logits read. Waiting here puts that wait inside the timed call (the
-        # caller reads the logits next anyway: nothing overlaps a forward yet).
-        llama_cpp.llama_synchronize(context)
-        return status
+    beside = is_computing_beside()
+    if beside:
+        threads = (llama_cpp.llama_n_threads(context), llama_cpp.llama_n_threads_batch(context))
+        llama_cpp.llama_set_n_threads(context, 1, 1)
+    else:
+        note_decoding_thread()
+    try:
+        with watchdog.calls.timing(tokens):
+            status = int(llama_cpp.llama_decode(context, batch))
+            # llama_decode returns once the graph is sent; the wait on the workers comes
+            # at the next logits read. Waiting here puts that wait inside the timed call
+            # (the caller reads the logits next anyway).
+            llama_cpp.llama_synchronize(context)
+            return status
+    finally:
+        if beside:
+            llama_cpp.llama_set_n_threads(context, *threads)
 
 
 def registered_workers() -> list[Endpoint]:

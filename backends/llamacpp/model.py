@@ -106,6 +106,7 @@ class LlamaCppModel(LlamaCppTokens):
         params = model_params(placement=placement, load_mtp=load_mtp, exact_kernels=exact_kernels)
         self._model = load_weights(self.path, placement, params)
         self._workers = placement.workers  # held (see load_weights) until close()
+        self.splits_over_workers = bool(self._workers)  # its forwards wait on the network
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.size_bytes = int(llama_cpp.llama_model_size(self._model))
