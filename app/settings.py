@@ -155,6 +155,10 @@ class Settings:
     # sends nothing is called hung and its connection broken (more where recent passes
     # were slow: see backends/workers/hang.py); 0 waits forever.
     worker_timeout: float = 30.0
+    # With a target split over workers, draft the next round while the workers verify
+    # this one (greedy, draft-model rounds; see backends/speculation/overlap.py); false
+    # keeps the draft model idle during the verify.
+    overlap_drafting: bool = True
 
     def __post_init__(self) -> None:
         problem = _range_problem(self)

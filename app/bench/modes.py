@@ -38,6 +38,8 @@ COUNTED_STATS = (
     "plain_round_seconds",
     "host_seconds",
     "grammar_forced",
+    "predrafted_rounds",
+    "predrafts_used",
 )
 
 
@@ -75,6 +77,9 @@ class ModeTotals:
     # Decode time spent outside the runtime's forward calls (the loop's own work).
     host_seconds: float = 0.0
     grammar_forced: int = 0  # tokens the grammar forced (constrained prompts)
+    # Rounds drafted during a split target's verify, and those used (the guess held).
+    predrafted_rounds: int = 0
+    predrafts_used: int = 0
     run_rates: list[float] = field(default_factory=list)  # tok/s per run, in run order
 
     @classmethod

@@ -19,6 +19,7 @@ Ctrl+C).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
@@ -220,6 +221,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from backends.select import choose_runtime
 
     settings = load_settings()
+    if args.overlap_drafting is not None:
+        settings = dataclasses.replace(settings, overlap_drafting=args.overlap_drafting)
     if args.log_file:
         from app.engine.log_file import RotatingOutput
 

@@ -245,6 +245,7 @@ def generation_request(
             constraint=constraint,
             logprobs=parsed.requested_logprobs,
             reasoning=reasoning,
+            overlap_drafting=settings.overlap_drafting,
         )
     except ValueError as error:
         raise ApiError(400, str(error), code="invalid_value") from None

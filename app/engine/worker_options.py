@@ -31,7 +31,8 @@ ABORT_LOOK_SECONDS = 1.5
 
 
 def add_worker_options(serve: argparse.ArgumentParser) -> None:
-    """Add ``--workers`` and ``--worker-split`` to ``serve``."""
+    """Add ``--workers``, ``--worker-split``, ``--worker-timeout`` and
+    ``--overlap-drafting`` to ``serve``."""
     serve.add_argument(
         "--workers",
         default=None,
@@ -54,6 +55,13 @@ def add_worker_options(serve: argparse.ArgumentParser) -> None:
         help="the least a forward pass waits on a silent worker before it is called hung "
         "and the engine ends naming it; 0 waits forever (default: the worker_timeout "
         "setting, 30)",
+    )
+    serve.add_argument(
+        "--overlap-drafting",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with workers, draft the next round while they verify this one (greedy, "
+        "draft model; default: the overlap_drafting setting, on)",
     )
 
 
