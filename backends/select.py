@@ -15,6 +15,7 @@ import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from backends.base import Model
 from backends.errors import RuntimeUnavailableError
@@ -22,6 +23,15 @@ from backends.pair_check import Vocabulary
 from backends.workers.wire import WorkerInfo
 
 RUNTIMES = ("llamacpp", "mlx")
+
+
+@dataclass(frozen=True)
+class RankSplit:
+    """A target split across the ranks of an mlx distributed group (``draftpen serve``
+    under ``mlx.launch``): this process is rank 0, which runs the loop."""
+
+    group: Any  # mx.distributed.Group, from backends.mlx.distributed.join_group()
+    how: str = "auto"  # "auto", "pipeline" or "tensor" (backends/mlx/distributed.py)
 
 
 @dataclass(frozen=True)
@@ -116,6 +126,7 @@ def load_model(
     parallel: int = 1,
     workers: Sequence[WorkerInfo] = (),
     worker_split: Sequence[float] | None = None,
+    split: RankSplit | None = None,
 ) -> Model:
     """Load one model (a GGUF file for llama.cpp, an MLX directory for mlx) with ``runtime``.
 
@@ -126,7 +137,8 @@ def load_model(
     MLX N views of the one loaded model, that generate at once
     (backends/engine_slots.py). ``workers``
     (llama.cpp) split the model's layers over them and this machine (``worker_split``:
-    the shares, this machine's first; default: by free memory).
+    the shares, this machine's first; default: by free memory). ``split`` (mlx) loads
+    rank 0's share of a target split across a group's ranks, which mirror its calls.
     """
     if runtime == "llamacpp":
         from backends.llamacpp.model import LlamaCppModel
@@ -145,6 +157,15 @@ def load_model(
             f"Workers (--workers) split a model with llama.cpp's RPC; the {runtime} runtime "
             "has none. Serve with --runtime llamacpp, or without --workers."
         )
+    if split is not None:
+        if runtime != "mlx":
+            raise RuntimeUnavailableError(
+                f"A target split over mlx.launch's ranks needs --runtime mlx, not {runtime}."
+            )
+        from backends.mlx.distributed import BroadcastTarget, load_share
+
+        share = load_share(path, split.group, split=split.how, n_ctx=n_ctx, parallel=parallel)
+        return BroadcastTarget(share)  # type: ignore[return-value]
     if runtime == "mlx":
         from backends.mlx.model import MlxModel
 

@@ -1,16 +1,16 @@
 """A target split across two local processes (mlx's ring backend over TCP), with a draft
 model on rank 0 only, writes what the same target writes in one process (greedy).
 
-Tiny random-weight Qwen2 models (SmolLM2's converted tokenizer) keep it to seconds: the
-split is mlx-lm's own (``model.pipeline``, ``shard``), so random weights exercise it as
-well as real ones. The ranks run this file as a script (``python -m``).
+Tiny random-weight Qwen2 models (tests/tiny_mlx_pair.py) keep it to seconds: the split
+is mlx-lm's own (``model.pipeline``, ``shard``), so random weights exercise it as well
+as real ones. The ranks run this file as a script (``python -m``); with
+``draftpen serve`` under ``mlx.launch``: tests/test_mlx_split_serve.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -19,58 +19,18 @@ from typing import Any
 
 import pytest
 
-from tests.model_files import SMOLLM2_KEY, require_mlx_model
+from tests.tiny_mlx_pair import tiny_qwen2_pair
 
 pytestmark = pytest.mark.real_model
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 PROMPT = (
     "The ring backend passes activations between the ranks over TCP, and rank 0 tells "
     "the other rank which tokens to evaluate before every forward pass it makes."
 )
 MAX_TOKENS = 24
-NUDGE = 0.1
 # One thread per rank: the machine may be busy, and the ranks must not fight for it.
 THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def _tiny_pair(directory: Path) -> tuple[Path, Path]:
-    """A 4-layer Qwen2 with random weights (mlx-lm splits Qwen2 both ways) and SmolLM2's
-    tokenizer, and its first 2 layers as a draft (which it partly accepts)."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.models import qwen2
-
-    source = require_mlx_model(SMOLLM2_KEY)
-    config = {
-        "model_type": "qwen2",
-        "hidden_size": 64,
-        "num_hidden_layers": 4,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-6,
-        "vocab_size": 49152,
-        "tie_word_embeddings": False,
-    }
-    mx.random.seed(1)
-    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
-    for layer in model.model.layers[2:]:  # small changes: the draft is often right
-        layer.self_attn.o_proj.weight *= NUDGE
-        layer.mlp.down_proj.weight *= NUDGE
-    paths = []
-    for name, layers in (("target", 4), ("draft", 2)):
-        path = directory / name
-        path.mkdir()
-        model.model.layers = model.model.layers[:layers]
-        weights = dict(tree_flatten(model.parameters()))
-        mx.save_safetensors(str(path / "model.safetensors"), weights)
-        (path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
-        for file in TOKENIZER_FILES:
-            shutil.copy(source / file, path / file)
-        paths.append(path)
-    return paths[0], paths[1]
 
 
 def _generate(target: Any, draft: Any) -> dict[str, Any]:
@@ -151,7 +111,7 @@ def test_a_split_target_with_a_local_draft_writes_what_one_process_writes(
     pytest.importorskip("mlx_lm")
     from backends.mlx.model import MlxModel
 
-    target, draft = _tiny_pair(tmp_path)
+    target, draft = tiny_qwen2_pair(tmp_path)
     alone = _generate(MlxModel(target, n_ctx=256), MlxModel(draft, n_ctx=256))
     split_up = _run_split(tmp_path, target, draft, split)
     assert split_up == alone

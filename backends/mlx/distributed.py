@@ -12,16 +12,24 @@ same call on their shares. A draft model is an ordinary ``MlxModel`` on rank 0 o
 Messages are int32 arrays broadcast with ``all_sum`` (rank 0 adds the values, the others
 zeros): a verify of up to ``INLINE_TOKENS`` tokens costs one message, and a rollback of
 a KV cache rides along with the next call. A split target keeps no conversation states
-(``save_state`` is refused). If rank 0 dies, the followers wait for it forever.
+(``save_state`` is refused) and runs one sequence at a time.
 
-Launch with ``mlx.launch --backend ring`` (TCP; ``--hostfile`` for several machines).
+Launch with ``mlx.launch --backend ring`` (TCP; ``--hostfile`` for several machines):
+``draftpen serve`` under it joins the group (:func:`join_group`), agrees on the context
+and split with rank 0 (:func:`load_share`), and rank 0 serves while the others follow.
+A rank whose peer's process ends sees its socket close: the ring backend raises
+"connection to a peer was lost", which ends :func:`follow` and fails rank 0's next
+call (a :class:`PeerLostError`). A peer whose machine vanishes without closing its
+sockets (power, cable) is waited for until TCP gives up: mlx's ring has no timeout.
 """
 
 from __future__ import annotations
 
+import os
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -33,7 +41,8 @@ from backends.errors import BackendError, ModelLoadError
 from backends.mlx.model import MlxModel
 from backends.sampling.rows import LogitRows
 
-Split = Literal["pipeline", "tensor"]
+# "auto": pipeline where mlx-lm has it for the model, else tensor.
+SPLITS: tuple[str, ...] = ("auto", "pipeline", "tensor")
 # Message kinds, and a message's fields before its tokens: kind, flag (replay or
 # last_only), the length to roll back to first (-1: none), how many tokens.
 PREFILL, FORWARD, ROLLBACK, KEEP_POINT, CLOSE = 1, 2, 3, 4, 5
@@ -41,26 +50,51 @@ HEADER = 4
 INLINE_TOKENS = 28  # a verify of K <= 27 drafts fits in one message
 
 
+class PeerLostError(BackendError):
+    """Another rank of the group has gone: its process ended or its connection broke."""
+
+
 class SplitMlxModel(MlxModel):
-    """This rank's share of a target split across the ranks of ``group``."""
+    """This rank's share of a target split across the ranks of ``group``.
+
+    ``split`` "auto" takes mlx-lm's pipeline split where the model class has one (one
+    hand-over per forward between neighbours, the least network), else its tensor split.
+    Asked for ``parallel`` > 1 it loads one sequence and says why (``parallel_refusal``):
+    every rank must make the same calls in the same order.
+    """
 
     def __init__(
         self,
         path: str | Path,
         group: Any,
         *,
-        split: Split = "pipeline",
+        split: str = "auto",
+        parallel: int = 1,
         **options: Any,
     ) -> None:
+        if split not in SPLITS:
+            raise ModelLoadError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
         self.group = group
         self.split = split
         super().__init__(path, **options)
+        if parallel > 1:
+            self.parallel_refusal = (
+                f"a target split across {group.size()} ranks runs one sequence: every "
+                "rank must make rank 0's calls in the same order"
+            )
+        self.placement = (
+            f"{self.split} split over {group.size()} ranks (mlx distributed), this is rank "
+            f"{group.rank()}"
+        )
 
     def _load(self, path: Path) -> tuple[Any, Any]:
         """Load only this rank's share of the weights (the rest stay unread, lazy)."""
         model, config = load_model(path, lazy=True)
         kind, size = config["model_type"], self.group.size()
-        if self.split == "pipeline" and hasattr(getattr(model, "model", None), "pipeline"):
+        pipelines = hasattr(getattr(model, "model", None), "pipeline")
+        if self.split == "auto":
+            self.split = "pipeline" if pipelines or not hasattr(model, "shard") else "tensor"
+        if self.split == "pipeline" and pipelines:
             model.model.pipeline(self.group)
         elif self.split == "tensor" and hasattr(model, "shard"):
             heads = (config.get("num_attention_heads", 0), config.get("num_key_value_heads", 0))
@@ -77,7 +111,58 @@ class SplitMlxModel(MlxModel):
 def _exchange(values: Sequence[int] | None, size: int, group: Any) -> list[int]:
     """Rank 0's ``values`` on every rank (the others pass None and learn them)."""
     data = mx.zeros((size,), dtype=mx.int32) if values is None else mx.array(values, mx.int32)
-    return [int(v) for v in mx.distributed.all_sum(data, group=group, stream=mx.cpu).tolist()]
+    try:
+        summed = mx.distributed.all_sum(data, group=group, stream=mx.cpu).tolist()
+    except RuntimeError as error:  # the ring's "connection to a peer was lost"
+        raise PeerLostError(f"a rank of the split target has gone ({error})") from error
+    return [int(v) for v in summed]
+
+
+def join_group() -> Any:
+    """This process's group, as ``mlx.launch`` described it in the environment.
+
+    The backend is the one the launcher configured (the ring's hostfile, JACCL's
+    coordinator) rather than "any", which could pick another (an MPI singleton)
+    and give a group of one.
+    """
+    if os.environ.get("MLX_HOSTFILE"):
+        backend = "ring"
+    elif os.environ.get("MLX_JACCL_COORDINATOR"):
+        backend = "jaccl"
+    else:
+        backend = "any"
+    try:
+        return mx.distributed.init(strict=True, backend=backend)
+    except RuntimeError as error:
+        raise BackendError(
+            f"MLX_RANK is set but mlx could not join the {backend} group ({error}); start "
+            "every rank with mlx.launch (see docs/workers.md)"
+        ) from error
+
+
+def _fingerprint(path: Path) -> int:
+    """A checksum of a model's config.json: every rank must load the same model."""
+    try:
+        text = (Path(path) / "config.json").read_bytes()
+    except OSError:
+        return 0
+    return zlib.crc32(text) & 0x7FFFFFFF  # int32, for the message
+
+
+def load_share(
+    path: str | Path, group: Any, *, split: str, n_ctx: int, parallel: int = 1
+) -> SplitMlxModel:
+    """Agree on the context length and the split with rank 0 (its values win: the ranks
+    may have other settings), check that this rank has rank 0's model, and load this
+    rank's share. Every rank calls it once, in step."""
+    mine = [n_ctx, SPLITS.index(split) if split in SPLITS else 0, _fingerprint(Path(path))]
+    n_ctx, split_index, fingerprint = _exchange(mine if group.rank() == 0 else None, 3, group)
+    if group.rank() != 0 and fingerprint != mine[2]:
+        raise ModelLoadError(
+            f"rank {group.rank()}'s {Path(path).name} is not rank 0's model (their "
+            "config.json differ); download the same pair on every machine"
+        )
+    return SplitMlxModel(path, group, split=SPLITS[split_index], n_ctx=n_ctx, parallel=parallel)
 
 
 def _receive(group: Any) -> tuple[int, int, int, list[int]]:
@@ -163,10 +248,15 @@ def follow(share: SplitMlxModel) -> None:
     """On a rank other than 0: make rank 0's calls on this share until it closes.
 
     A call that fails before it computes (a full context, a bad token) fails the same
-    way on rank 0, which reports it; this rank carries on.
+    way on rank 0, which reports it; this rank carries on. A rank 0 that has gone
+    raises :class:`PeerLostError` (this share is closed first).
     """
     while True:
-        kind, flag, keep, tokens = _receive(share.group)
+        try:
+            kind, flag, keep, tokens = _receive(share.group)
+        except PeerLostError:
+            share.close()
+            raise
         if keep >= 0:
             share.rollback(keep)
         try:
