@@ -17,7 +17,7 @@ from backends.caches.conversation_cache import ConversationCache
 from backends.caches.disk_prefixes import DiskPrefixes
 from backends.caches.prefix_store import PrefixStore
 from backends.engine import DRAFTER_CHOICES, Engine
-from backends.select import choose_runtime, load_model
+from backends.select import RankSplit, choose_runtime, load_model
 from backends.workers.cluster import Workers
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ def load_engine(
     on_progress: Callable[[str], None] | None = None,
     parallel: int | None = 1,
     workers: Workers | None = None,
+    split: RankSplit | None = None,
 ) -> Engine:
     """Load a downloaded pair; raises a DraftpenError/BackendError that says what to do.
 
@@ -48,7 +49,9 @@ def load_engine(
     ``parallel`` N > 1 loads both models for N sequences generating at once (None: as
     many as fit in memory, up to four). ``workers`` hold part of the target's
     layers (llama.cpp RPC); each is asked first, so one that has gone is an error that
-    names it; the draft stays on this machine.
+    names it; the draft stays on this machine. ``split`` (MLX, ``serve`` under
+    ``mlx.launch``): this is rank 0 of a group whose ranks each hold a share of the
+    target and mirror its calls; the draft stays on rank 0.
     """
     chosen_runtime = choose_runtime(runtime)
     resolved = pair_files(pair_name, chosen_runtime)
@@ -57,7 +60,10 @@ def load_engine(
     if parallel is None:
         parallel = _parallel_that_fits(pair_name, chosen_runtime, n_ctx)
     worker_infos = workers.ask() if workers is not None else ()
-    report(f"loading target {target_path.name}" + (f" with workers {workers}" if workers else ""))
+    where = f" with workers {workers}" if workers else ""
+    if split is not None:
+        where = f" ({split.how} split over {split.group.size()} ranks)"
+    report(f"loading target {target_path.name}{where}")
     target = load_model(
         target_path,
         runtime=chosen_runtime,
@@ -66,8 +72,9 @@ def load_engine(
         parallel=parallel,
         workers=worker_infos,
         worker_split=workers.weights if workers is not None else None,
+        split=split,
     )
-    if worker_infos:
+    if worker_infos or split is not None:
         log.info("target %s: %s", target_path.name, getattr(target, "placement", "?"))
     draft = None
     if with_draft and draft_path is not None:

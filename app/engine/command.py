@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.engine.mlx_split import add_split_option, rank_split, run_follower, split_scheduler
 from app.engine.queue import DEFAULT_QUEUE_LIMIT
 from app.engine.worker_options import (
     add_worker_options,
@@ -197,6 +198,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "engine.log in the cache directory)",
     )
     add_worker_options(serve)  # --workers, --worker-split
+    add_split_option(serve)  # --mlx-split, for serve under mlx.launch
     serve.set_defaults(func=run_serve)
 
 
@@ -237,6 +239,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.context is not None and args.context < 16:
         raise DraftpenError("--context must be at least 16 tokens.")
     keep_alive = parse_duration(args.keep_alive, "--keep-alive")
+    split = rank_split(args)  # None unless serve runs as a rank under mlx.launch
+    if split is not None and split.group.rank() != 0:
+        return run_follower(args, settings, split)  # no socket, no HTTP: follow rank 0
     idle_exit = parse_duration(args.idle_exit, "--idle-exit") if args.idle_exit else None
     tcp = parse_tcp_address(args.tcp) if args.tcp else None
     api_key = _tcp_api_key(args, tcp)
@@ -266,12 +271,16 @@ def run_serve(args: argparse.Namespace) -> int:
         parallel=parallel,
         workers=workers,
     )
-    loader = catalog_loader(
-        runtime,
-        conversation_cache_bytes=cache_bytes,
-        prefix_store=_prefix_store(args.prefix_cache, settings),
-    )
-    scheduler = PairScheduler(loader, defaults, keep_alive=keep_alive)
+    if split is not None:  # rank 0: no caches, no unload, no other pair (mlx_split.py)
+        loader, scheduler = split_scheduler(runtime, defaults, split)
+        keep_alive = None
+    else:
+        loader = catalog_loader(
+            runtime,
+            conversation_cache_bytes=cache_bytes,
+            prefix_store=_prefix_store(args.prefix_cache, settings),
+        )
+        scheduler = PairScheduler(loader, defaults, keep_alive=keep_alive)
 
     # SIGTERM (systemd, launchd, kill) means "stop cleanly": while serving, uvicorn
     # handles it; before that, this flag stops the server as soon as it starts.

@@ -19,6 +19,7 @@ from app.engine.schema import ApiError
 from app.errors import DraftpenError
 from backends.caches.prefix_store import PrefixStore
 from backends.engine import Engine
+from backends.select import RankSplit
 
 
 @dataclass(frozen=True)
@@ -95,13 +96,15 @@ def catalog_loader(
     *,
     conversation_cache_bytes: int = 0,
     prefix_store: PrefixStore | None = None,
+    split: RankSplit | None = None,
 ) -> PairLoader:
     """Loads a catalog pair with its draft model and this machine's measured costs.
 
     ``conversation_cache_bytes`` > 0: the engine keeps that much of conversations' KV
     state, so interleaved conversations do not re-read their prompts. ``prefix_store``:
     prompts' prefixes are kept on disk for later engines too. The options' ``workers``
-    hold part of the target's layers (``serve --workers``).
+    hold part of the target's layers (``serve --workers``); ``split``: the target is
+    split across mlx.launch's ranks, this being rank 0 (app/engine/mlx_split.py).
     """
 
     def load(name: str, options: LoadOptions, report: Callable[[str], None]) -> Engine:
@@ -120,6 +123,7 @@ def catalog_loader(
                 prefix_store=prefix_store,
                 on_progress=report,
                 workers=options.workers,
+                split=split,
             ),
         )
 
