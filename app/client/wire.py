@@ -129,6 +129,10 @@ class LoadedPairReport(_Lenient):
     # workers: "10 layers on this CPU, ~10 on 10.0.0.2:50052"); None: not said (MLX).
     target_placement: str | None = None
     draft_placement: str | None = None
+    # Whether greedy draft-model rounds draft the next round during the workers' verify
+    # (a split target, a draft model, one sequence at a time); the overlap_drafting
+    # setting may still turn it off.
+    overlap_drafting: bool = False
 
 
 class QueueReport(_Lenient):

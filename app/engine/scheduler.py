@@ -190,6 +190,7 @@ class PairScheduler:
             unloads_in=unloads_in,
             target_placement=getattr(engine.target, "placement", None),
             draft_placement=getattr(engine.draft, "placement", None),
+            overlap_drafting=engine.overlaps(),
             conversation_cache=(
                 ConversationCacheReport(**conversations.stats().as_dict())
                 if conversations is not None
