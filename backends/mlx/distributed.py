@@ -239,9 +239,14 @@ class BroadcastTarget:
         raise BackendError("a target split across machines keeps no conversation states")
 
     def close(self) -> None:
-        """Release every rank: the followers close their shares and return."""
-        self._send(CLOSE)
-        self._share.close()
+        """Release every rank: the followers close their shares and return (a rank
+        that has gone already is let be: this share is freed all the same)."""
+        try:
+            self._send(CLOSE)
+        except PeerLostError:
+            pass
+        finally:
+            self._share.close()
 
 
 def follow(share: SplitMlxModel) -> None:
