@@ -15,7 +15,6 @@ import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -86,14 +85,6 @@ def _free_port_pair() -> int:
     pytest.fail("no two neighbouring free ports")
 
 
-def _socket_owner(path: Path) -> int:
-    """The process id of whoever serves the Unix socket at ``path`` (SO_PEERCRED)."""
-    with socket.socket(socket.AF_UNIX) as probe:
-        probe.connect(str(path))
-        credentials = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-    return int(struct.unpack("3i", credentials)[0])
-
-
 def _launch_split(home: Path, *serve_options: str) -> tuple[subprocess.Popen[str], Path]:
     """``mlx.launch`` two local ranks of ``draftpen serve``, as a user would; returns it
     once rank 0 listens, and the file its output (both ranks') goes to."""
@@ -150,8 +141,7 @@ def test_a_target_split_over_two_ranks_serves_what_one_process_serves(home: Path
         split_up, health = _ask(server)
         with server.client() as client:  # another context would need every rank to reload
             refused = client.post("/draftpen/load", json={"pair": PAIR, "context_length": 512})
-        rank0 = _socket_owner(socket_path)
-        os.kill(rank0, signal.SIGTERM)  # stopping rank 0 ends rank 1 (CLOSE)
+        os.kill(health["pid"], signal.SIGTERM)  # stopping rank 0 ends rank 1 (CLOSE)
         assert launched.wait(timeout=60) == 0, server.log()
     finally:
         if launched.poll() is None:

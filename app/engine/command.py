@@ -13,7 +13,8 @@ kept 0600 in the config directory) unless ``--no-api-key`` says otherwise.
 Prints one line on stdout once it listens (``draftpen serve: listening on unix:PATH``),
 logs to stderr (both to ``--log-file``, rotated, when given), and runs until SIGTERM or
 Ctrl+C; then it cancels what is generating, removes its socket and exits 0 (130 after
-Ctrl+C).
+Ctrl+C). Started by ``mlx.launch``, it serves an MLX target split across the ranks
+(app/engine/mlx_split.py).
 """
 
 from __future__ import annotations
