@@ -27,11 +27,10 @@ from typing import Any
 
 import pytest
 
-from app.models.catalog_file import load_catalog
-from app.models.store import ModelStore
 from tests.model_files import SMOLLM2_KEY, require_mlx_model
 from tests.test_mlx_parallel import _tiny_llama
 from tests.test_server import RunningServer, start_server
+from tests.tiny_mlx_pair import mlx_pair_catalog, store_converted
 
 pytest.importorskip("mlx_lm")
 
@@ -40,46 +39,7 @@ pytestmark = pytest.mark.real_model
 PAIR = "tiny-mlx-pair"
 TARGET = "tiny-mlx-target"
 DRAFT = "tiny-mlx-draft"
-# The catalog's mlx entries name a GGUF source they were converted from; it is never read
-# here (the converted directories are already in the store).
-CATALOG = f"""
-[models.tiny-gguf]
-name = "Tiny GGUF"
-format = "gguf"
-architecture = "llama"
-size_bytes = 10
-sha256 = "{"ab" * 32}"
-
-[models.tiny-gguf.sources.pypi]
-package = "tiny-model"
-version = "1.0"
-member = "tiny_model/tiny.gguf"
-
-[models.{TARGET}]
-name = "Tiny MLX target"
-format = "mlx"
-architecture = "llama"
-size_bytes = 20
-
-[models.{TARGET}.sources.gguf_conversion]
-from = "tiny-gguf"
-
-[models.{DRAFT}]
-name = "Tiny MLX draft"
-format = "mlx"
-architecture = "llama"
-size_bytes = 20
-
-[models.{DRAFT}.sources.gguf_conversion]
-from = "tiny-gguf"
-
-[pairs.{PAIR}]
-description = "A tiny random MLX llama and its perturbed copy."
-
-[pairs.{PAIR}.mlx]
-target = "{TARGET}"
-draft = "{DRAFT}"
-"""
+CATALOG = mlx_pair_catalog(PAIR, TARGET, DRAFT, "llama")
 # Each prompt differs from the other's from its first word on.
 PROMPTS = ("Apples: write one short sentence.", "Bridges: write one short sentence.")
 MAX_TOKENS = 48
@@ -98,19 +58,6 @@ def _built_models(directory: Path) -> tuple[Path, Path]:
     return target, draft
 
 
-def _store_models(built: tuple[Path, Path], models: Path) -> None:
-    """Move ``built`` into the store at ``models`` as converted MLX models (the test's
-    catalog in force)."""
-    store = ModelStore(models)
-    catalog = load_catalog()
-    for key, directory in zip((TARGET, DRAFT), built, strict=True):
-        entry = catalog.model(key)
-        destination = store.converted_dir_for(entry)
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        directory.rename(destination)
-        store.mark_converted(entry)
-
-
 @pytest.fixture(scope="module")
 def mlx_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """The engine, started with the tiny MLX pair loaded and two sequences."""
@@ -124,7 +71,7 @@ def mlx_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServ
         # Read by this process (the store's paths) and by the server it starts.
         patch.setenv("DRAFTPEN_CATALOG", str(catalog))
         patch.setenv("DRAFTPEN_MODELS_DIR", str(home / "models"))
-        _store_models(built, home / "models")
+        store_converted(home / "models", dict(zip((TARGET, DRAFT), built, strict=True)))
         running = start_server(
             home, home / "mlx.sock", "--runtime", "mlx", "--parallel", "2", pair=PAIR
         )
