@@ -1,7 +1,8 @@
 """Drafting during the remote verify, in THE loop: plain, the draft model at K=2 without
 and with the overlap, and ``auto`` without and with it, on a target split over workers.
 
-Issue 38, part 6. ``benchmarks/ssd_overlap.py`` measured a prototype beside the loop;
+Issue 38, part 6. A prototype beside the loop measured first (``benchmarks/ssd_overlap.py``,
+removed once the loop had it: in git history at b1d8dda);
 this measures the loop itself (``backends/speculation/overlap.py``), through
 ``Engine.generate`` as ``draftpen bench`` and ``serve`` run it, with each mode's
 ``overlap_drafting`` set per request. One process; the modes alternate per prompt (the
@@ -30,7 +31,15 @@ from backends.speculation.calibration import measure_costs
 from backends.workers.cluster import Workers
 from benchmarks.latency_proxy import LatencyProxy
 from benchmarks.split_target import start_worker, stop_workers, write_result
-from benchmarks.ssd_overlap import PROMPTS
+
+PROMPTS = [
+    "<|im_start|>user\nWrite a Python function that merges two sorted lists.<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    "<|im_start|>user\nExplain what a hash map is in three sentences.<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    "<|im_start|>user\nWrite a JSON object describing a book with title, author, year and "
+    "tags.<|im_end|>\n<|im_start|>assistant\n",
+]
 
 # label -> (drafter, K, overlap)
 MODES: dict[str, tuple[str, int, bool]] = {
