@@ -52,15 +52,15 @@ class ReplyEnd:
         Each token's text goes through the filters alone, so the reply stops at the
         same token as one-token rounds would, with the same stop string found first.
         """
+        if self._passes:
+            shown = [*token_texts, tail] if tail is not None else list(token_texts)
+            return RoundEnd(shown, len(token_texts))
         pieces = [[segment] for segment in token_texts]
         if tail is not None:
             if pieces:
                 pieces[-1].append(tail)
             else:
                 pieces.append([tail])
-        if self._passes:
-            shown = [segment for piece in pieces for segment in piece]
-            return RoundEnd(shown, len(token_texts))
         result = RoundEnd()
         for index, piece in enumerate(pieces):
             final = last and index == len(pieces) - 1
