@@ -349,9 +349,12 @@ class Engine:
         """Whether the loop may draft the next round during each verify: the target has
         layers on workers (its verify mostly waits on the network), a draft model is
         loaded, and this engine runs one sequence at a time (a parallel engine's slots
-        hand every forward to the one runtime thread, which would run the two in turn)."""
+        hand every forward to the one runtime thread, which would run the two in turn).
+        Not with an MTP head: the target's decode feeds the head, whose own graphs would
+        then compute on the verify's thread beside the draft model's."""
         return (
             self.draft is not None
+            and self._mtp_drafter is None
             and self.sharing is None
             and self._parent is None
             and bool(getattr(self.target, "splits_over_workers", False))

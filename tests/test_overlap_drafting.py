@@ -24,6 +24,7 @@ from backends.speculation.loop import speculative_generate
 from backends.speculation.ngram_drafter import NgramDrafter
 from backends.speculation.overlap import _PreDraft, _serving
 from tests.fakes import HashModel, chat_prompt, draft_model_for
+from tests.test_mtp_controller import FakeHead
 
 GREEDY = SamplingParams()
 PROMPTS = ("the cat sat on the mat", "is this a test, 42 is the answer!")
@@ -221,6 +222,10 @@ def test_the_engine_overlaps_only_with_a_split_target_and_a_draft_model() -> Non
     assert not Engine(split).overlaps()
     local = HashModel()
     assert not Engine(local, draft_model_for(local)).overlaps()
+    # A split target with an MTP head: the verify's decode would feed the head there.
+    headed = SplitTarget()
+    headed.mtp_head = lambda: FakeHead(headed)  # type: ignore[attr-defined]
+    assert not Engine(headed, draft_model_for(headed)).overlaps()
     prompt = tuple(chat_prompt(split, PROMPTS[0]))
     for overlap in (True, False):
         request = GenerationRequest(
