@@ -226,11 +226,13 @@ def test_a_cli_that_is_not_installed_gets_its_install_command_and_127(tmp_path: 
 
 def test_launch_exits_with_the_clis_status_and_128_plus_a_signal():
     python = [sys.executable, "-c"]
+    # What the test process had (a job started in the background has SIGINT ignored).
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     assert run_cli(LaunchPlan([*python, "import sys; sys.exit(3)"], dict(os.environ))) == 3
     killed = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
     assert run_cli(LaunchPlan([*python, killed], dict(os.environ))) == 128 + signal.SIGTERM
     # launch's own handlers are back once the CLI has ended.
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
 # -- finding or starting the engine -------------------------------------------------
