@@ -281,6 +281,7 @@ def test_the_worker_command_refuses_a_network_address_and_runs_with_the_flag(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_at_a_terminal,
     )
     try:
         deadline = time.monotonic() + 30
@@ -295,6 +296,13 @@ def test_the_worker_command_refuses_a_network_address_and_runs_with_the_flag(
     assert "warning: listening on 0.0.0.0" in err and "no authentication" in err
     assert f"draftpen serve --workers THIS-MACHINE'S-ADDRESS:{port}" in out
     assert "draftpen worker stopped." in out
+
+
+def as_at_a_terminal() -> None:
+    """In the child before it runs: Ctrl-C's default action, as a command typed at a
+    terminal has it (a suite started as a background job has SIGINT ignored, and its
+    children would inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def probe_or_none(endpoint: Endpoint) -> object | None:

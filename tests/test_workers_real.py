@@ -36,6 +36,7 @@ from tests.test_cli_generate import REPO
 from tests.test_engine_clients import short_socket, stop_engine
 from tests.test_server import RunningServer, chat, start_server
 from tests.test_tui_real import COUNT_PROMPT
+from tests.test_workers import as_at_a_terminal
 
 pytestmark = pytest.mark.real_model
 
@@ -84,6 +85,7 @@ def start_worker(home: Path, *options: str) -> Worker:
             stdout=output,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=as_at_a_terminal,
         )
     endpoint = Endpoint("127.0.0.1", port)
     deadline = time.monotonic() + 60
