@@ -126,6 +126,28 @@ def test_fast_kernels_save_where_the_prompt_ends_and_the_next_session_keeps_its_
     assert cached == len(PROMPT) - 30
 
 
+def test_a_prompt_that_parts_early_from_a_longer_saved_one_is_saved_too(tmp_path) -> None:
+    # An agent's system prompt with today's date in it: it parts from yesterday's saved
+    # prompt inside its second block, though it ends within that prompt's length.
+    directory = tmp_path / "prefixes"
+    first = session(directory, smollm2(exact=False))
+    run(first, PROMPT, max_tokens=1)
+    first.close()
+    today = PROMPT[:600] + [(i * 13) % 3000 + 300 for i in range(780)]
+    assert len(PROMPT) < len(today) < len(PROMPT) + 256
+    second = session(directory, smollm2(exact=False))
+    _, cached = run(second, today, max_tokens=1)
+    second.close()
+    assert cached == 600
+    assert second.prefixes.stats().saved == 1
+    # The next session today loads all of it but the question at the end.
+    question = today[:-30] + [(i * 19) % 3000 + 300 for i in range(30)]
+    third = session(directory, smollm2(exact=False))
+    _, cached = run(third, question, max_tokens=1)
+    third.close()
+    assert cached == len(today) - 30
+
+
 def test_a_state_the_runtime_refuses_is_deleted_and_the_prompt_read(
     saved, tmp_path, caplog
 ) -> None:

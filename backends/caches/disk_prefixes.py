@@ -48,7 +48,7 @@ from backends.caches.prefix_keys import (
     file_identity,
     identity_key,
 )
-from backends.caches.prefix_store import PrefixStore
+from backends.caches.prefix_store import PrefixHit, PrefixStore
 from backends.errors import DecodeError
 from backends.speculation.drafters import common_prefix_length
 
@@ -192,9 +192,7 @@ class DiskPrefixes:
         hit = self.store.find(identity.key, names)
         if identity.cuts_anywhere:
             position, threshold = end, MIN_NEW_TAIL_TOKENS
-            # A longer saved state is taken to share the prompt's tail too (reading
-            # its tokens to be sure would cost a file read on every request).
-            covered = min(hit.entry_tokens, end) if hit else 0
+            covered = _shared_at_most(hit, len(names), end)
         else:
             position, threshold = block_end(len(names) - 1), self.min_new_tokens
             covered = hit.tokens if hit else 0
@@ -223,7 +221,7 @@ class DiskPrefixes:
         hit = self.store.find(identity.key, names)
         tokens = len(model.cached_tokens)
         if identity.cuts_anywhere:
-            covered = min(hit.entry_tokens, tokens) if hit else 0
+            covered = _shared_at_most(hit, len(names), tokens)
             if tokens - covered >= MIN_NEW_TAIL_TOKENS:
                 self._save(identity, model, names, cuttable=True)
         elif block_end(len(names) - 1) - (hit.tokens if hit else 0) >= self.min_new_tokens:
@@ -332,3 +330,20 @@ class DiskPrefixes:
                 name: getattr(self._stats, name) + change for name, change in changes.items()
             }
             self._stats = DiskPrefixStats(**values)
+
+
+def _shared_at_most(hit: PrefixHit | None, blocks: int, end: int) -> int:
+    """How much of a prompt's first ``end`` tokens (``blocks`` whole blocks) the saved
+    state ``hit`` may share, for deciding whether a save is worth it.
+
+    Past its matched blocks a state may go on sharing the prompt, but only up to the
+    first of the prompt's whole blocks it did not match: an agent's prompt that changes
+    early (a date in its system prompt) shares one block with yesterday's longer state,
+    and is saved again. Within the prompt's last, partial block it is taken to share
+    the rest (reading its tokens to be sure would cost a file read on every request).
+    """
+    if hit is None:
+        return 0
+    if hit.tokens < block_end(blocks - 1):
+        return min(hit.entry_tokens, hit.tokens + BLOCK_TOKENS - 1, end)
+    return min(hit.entry_tokens, end)
