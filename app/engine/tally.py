@@ -12,6 +12,11 @@ from typing import Any
 from backends.generation_events import GenerationEvent, TokenLogprob
 from backends.output.reasoning import ReasoningFormat, ReasoningSplit, ReasoningSplitter
 
+# The drafters whose rounds drafted a caller's prediction (OpenAI counts those tokens):
+# "grammar+prediction" drafted it after grammar-forced tokens, which are counted apart
+# (grammar_forced), not as drafted.
+PREDICTION_DRAFTERS = ("prediction", "grammar+prediction")
+
 
 class GenerationTally:
     """What a generation has produced so far, read by the response formats."""
@@ -32,8 +37,6 @@ class GenerationTally:
         self.logprobs: list[TokenLogprob] = []
         self.last: GenerationEvent | None = None
         self.decision = ""
-        self.prediction_drafted = 0
-        self.prediction_accepted = 0
         # Draft tokens each drafter proposed and had accepted, over the whole reply: the
         # last event's drafter is only the last round's (often "none" at the end).
         self.drafted_by: dict[str, list[int]] = {}
@@ -45,11 +48,6 @@ class GenerationTally:
         drafted = event.stats.drafted - self._drafted
         accepted = event.stats.accepted - self._accepted
         self._drafted, self._accepted = event.stats.drafted, event.stats.accepted
-        # "grammar+prediction": the prediction drafted after grammar-forced tokens,
-        # which are counted apart (grammar_forced), not as drafted.
-        if event.drafter in ("prediction", "grammar+prediction"):
-            self.prediction_drafted += drafted
-            self.prediction_accepted += accepted
         if drafted:
             counts = self.drafted_by.setdefault(event.drafter, [0, 0])
             counts[0] += drafted
@@ -84,6 +82,16 @@ class GenerationTally:
     def finish_reason(self) -> str | None:
         """The finish reason ("stop", "length", "cancelled") once the generation ended."""
         return self.last.finish_reason if self.last else None
+
+    @property
+    def prediction_drafted(self) -> int:
+        """Draft tokens a caller's prediction proposed, over the reply so far."""
+        return sum(self.drafted_by.get(name, [0, 0])[0] for name in PREDICTION_DRAFTERS)
+
+    @property
+    def prediction_accepted(self) -> int:
+        """Of :attr:`prediction_drafted`, those the target accepted."""
+        return sum(self.drafted_by.get(name, [0, 0])[1] for name in PREDICTION_DRAFTERS)
 
     def draftpen(self) -> dict[str, Any]:
         """The ``draftpen`` field: running statistics plus the latest drafter choice."""
