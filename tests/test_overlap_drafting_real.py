@@ -12,14 +12,12 @@ import json
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.model_files import SMOLLM2_KEY, require_model
 from tests.test_cli_generate import REPO
-from tests.test_workers_real import Worker, start_worker
+from tests.test_workers_real import Worker, home, two_workers  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.real_model
 
@@ -62,16 +60,8 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def two_workers(tmp_path: Path) -> Iterator[tuple[Worker, Worker]]:
-    first, second = start_worker(tmp_path), start_worker(tmp_path)
-    yield first, second
-    first.stop()
-    second.stop()
-
-
 def test_a_split_target_writes_the_same_tokens_with_the_overlap_on_and_off(
-    two_workers: tuple[Worker, Worker],
+    two_workers: tuple[Worker, Worker],  # noqa: F811
 ) -> None:
     path = require_model(SMOLLM2_KEY)
     addresses = ",".join(worker.address for worker in two_workers)

@@ -136,6 +136,7 @@ class OverlapDrafting:
     ) -> tuple[RoundPlan, list[int], DraftProposal]:
         """This round's plan and drafts (as :func:`round_drafts`), from the pre-draft
         where the guess held and the plan wants no more of the draft model than it has."""
+        assert not forced, "no grammar where rounds overlap (round_steps): nothing forced"
         ready, self._ready = self._ready, None
         self._ahead = None
         plan = policy.plan(context)

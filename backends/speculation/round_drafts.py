@@ -1,7 +1,8 @@
 """One round's drafts: the grammar's forced tokens, then the drafter's guesses.
 
-The loop (``loop.py``) asks for them once a round; drafting the next round during a
-split target's verify (``overlap.py``) asks for them too, where it has no pre-draft.
+The loop (``loop.py``) asks for them once a round, through ``overlap.py``'s
+``round_steps``: this function itself, except where the next round is drafted during a
+split target's verify (no grammar there, so no forced tokens).
 """
 
 from __future__ import annotations
