@@ -165,6 +165,9 @@ class GenerationEvent:
     finish_reason: str | None = None
     estimated_speedup: float = 1.0
     decision: str = ""
+    # `auto`'s figures corrected during this reply, in words ("" when none were): the
+    # stats bar says so (backends/speculation/cost_audit.py).
+    costs_note: str = ""
     # One per token in ``tokens`` when the generation asked for logprobs; else empty.
     token_logprobs: tuple[TokenLogprob, ...] = ()
     # The stop string that ended the generation (finish_reason "stop"); None when an

@@ -18,7 +18,6 @@ llama-cpp-python's yardsticks need the pair in this process and are left out.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from dataclasses import asdict, dataclass, field
@@ -42,7 +41,7 @@ from app.machine import machine_description
 from app.options import add_model_options
 from app.settings import Settings
 from backends.engine import Engine
-from backends.speculation.calibration import measure_costs
+from backends.speculation.calibration import disturbed, measure_costs
 from backends.speculation.cost_model import CostModel
 from backends.workers.cluster import Workers
 
@@ -61,6 +60,8 @@ class BenchRun:
     yardstick_names: list[str] = field(default_factory=list)
     # Where it ran: "this process", or the engine (its pid, version, socket).
     where: dict[str, Any] = field(default_factory=dict)
+    # What auto corrected in the measured figures as it ran (cost_audit.py), in words.
+    corrections: list[str] = field(default_factory=list)
 
 
 def run_benchmark(args: argparse.Namespace) -> int:
@@ -101,6 +102,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
             "draft_step": (costs.draft_step_seconds or 0.0) * 1000,
         },
         "exact_batch_limit": costs.exact_batch_limit if costs is not None else None,
+        "costs_corrected": run.corrections,
         "ceilings": {k: costs.ceiling(k) for k in CEILING_DRAFT_LENGTHS} if costs else None,
         "draft_size_ratio": run.draft_size_ratio,
         "results": {
@@ -121,7 +123,9 @@ def run_benchmark(args: argparse.Namespace) -> int:
             for category, by_mode in results.items()
         },
     }
-    text = format_report(results, labels, costs, projections, where=run.where)
+    text = format_report(
+        results, labels, costs, projections, where=run.where, corrections=run.corrections
+    )
     if args.output:
         output = Path(args.output)
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -171,8 +175,15 @@ def _run_in_process(
         costs = measure_costs(
             engine.target, engine.draft, sizes=FORWARD_SIZES, repeats=COST_REPEATS
         )
+        why = disturbed(costs)
+        if why is not None:
+            print(
+                f"the machine looked busy while measuring ({why}): auto checks the "
+                "figures as it runs",
+                file=sys.stderr,
+            )
         # auto refines the engine's costs as it runs; the report keeps what was measured.
-        engine.costs = dataclasses.replace(costs, target_seconds=dict(costs.target_seconds))
+        engine.costs = costs.copy()
         print(
             f"running {len(prompts)} prompts x {len(modes) + len(yardsticks)} modes ...",
             file=sys.stderr,
@@ -187,6 +198,7 @@ def _run_in_process(
             temperature=args.temperature,
         )
         size_ratio = _draft_size_ratio(engine)
+        corrections = [correction.describe() for correction in engine.costs.corrections]
     finally:
         for yardstick in yardsticks:
             yardstick.close()
@@ -195,7 +207,13 @@ def _run_in_process(
     if workers is not None:
         where["target"] = str(getattr(engine.target, "placement", ""))
     return BenchRun(
-        modes, results, costs, size_ratio, [yardstick.name for yardstick in yardsticks], where
+        modes,
+        results,
+        costs,
+        size_ratio,
+        [yardstick.name for yardstick in yardsticks],
+        where,
+        corrections,
     )
 
 

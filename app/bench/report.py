@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from app.bench.modes import MIN_OWN_PLAIN_ROUNDS, ModeTotals, paired_ratios
+from backends.speculation.cost_audit import COSTS_NOTE_PREFIX
 from backends.speculation.cost_model import CostModel
 
 COST_REPEATS = 3
@@ -51,9 +53,12 @@ def format_report(
     projections: dict[str, dict[str, float | None]],
     *,
     where: dict[str, Any] | None = None,
+    corrections: Sequence[str] = (),
 ) -> str:
-    """The human-readable report; ``costs`` None: measured through the engine (``where``)."""
+    """The human-readable report; ``costs`` None: measured through the engine (``where``).
+    ``corrections``: what `auto` re-measured in those costs as it ran, in words."""
     lines = ["", _engine_heading(where or {})] if costs is None else _cost_lines(costs)
+    lines += [f"  {COSTS_NOTE_PREFIX}{correction}" for correction in corrections]
     lines += _mode_lines(results, labels, projections)
     return "\n".join(lines)
 

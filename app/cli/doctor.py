@@ -18,6 +18,8 @@ from typing import Any
 
 import psutil
 
+from app.calibration_store import StoredCalibration, stored_calibrations
+from app.cli.doctor_calibrations import calibration_lines, calibrations_json
 from app.machine import cpu_model
 from app.runtime_check.check import RuntimeCheck, render_check, run_runtime_check, stderr_excerpt
 from app.runtime_check.cpu_features import FeatureUse, cpu_flags, feature_uses
@@ -44,6 +46,8 @@ class DoctorReport:
     runtime_check: RuntimeCheck | None = None  # None: not run
     # The installer's own check of this environment's build; None: none recorded.
     install_check: InstallCheck | None = None
+    # The cost curves `auto` decides with, one per pair loaded here.
+    calibrations: tuple[StoredCalibration, ...] = ()
 
 
 def _chip() -> str:
@@ -104,6 +108,7 @@ def gather_report() -> DoctorReport:
         cpu_features=feature_uses(cpu_flags(), check.system_info),
         runtime_check=check,
         install_check=read_install_check(),
+        calibrations=tuple(stored_calibrations()),
     )
 
 
@@ -186,6 +191,7 @@ def render_report(report: DoctorReport) -> list[str]:
         *_feature_lines(report.cpu_features),
         *_install_lines(report),
         *_check_lines(report.runtime_check),
+        *calibration_lines(report.calibrations),
     ]
 
 
@@ -210,6 +216,7 @@ def report_json(report: DoctorReport) -> dict[str, Any]:
         "cpu_features": [asdict(feature) for feature in report.cpu_features],
         "runtime_check": None if check is None else check.as_json(),
         "install_check": None if report.install_check is None else report.install_check.as_json(),
+        "calibrations": calibrations_json(report.calibrations),
     }
 
 

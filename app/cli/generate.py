@@ -24,6 +24,7 @@ from backends.engine import GenerationRequest
 from backends.generation_events import FINISH_CANCELLED, GenerationEvent
 from backends.output.reasoning import ReasoningFormat
 from backends.sampling.filters import SamplingParams
+from backends.speculation.cost_audit import COSTS_NOTE_PREFIX
 
 EXIT_INTERRUPTED = 130
 
@@ -188,13 +189,14 @@ def _report(
     --json), then the figures. ``reasoning`` is asked once the first event is in."""
     reply: ReplyStream | None = None
     last = None
-    decision = ""
+    decision = costs_note = ""
     for event in events:
         if reply is None:
             reply = ReplyStream(reasoning(), echo=not args.json)
         reply.add(event)
         last = event
         decision = event.decision or decision
+        costs_note = event.costs_note or costs_note
     if last is None or reply is None:
         raise DraftpenError("The answer was cancelled before it began.")
     if args.json:
@@ -206,6 +208,7 @@ def _report(
                 "finish_reason": last.finish_reason,
                 "stats": last.stats.as_dict(),
                 "decision": decision,
+                "costs_note": costs_note,
             },
             sys.stdout,
         )
@@ -215,5 +218,7 @@ def _report(
         print(format_stats(last.stats), file=sys.stderr)
         if decision:
             print(f"drafter choice (auto): {decision}", file=sys.stderr)
+        if costs_note:
+            print(f"{COSTS_NOTE_PREFIX}{costs_note}", file=sys.stderr)
     cancelled = last.finish_reason in (FINISH_CANCELLED, None)  # None: the stream was closed
     return EXIT_INTERRUPTED if cancelled else 0

@@ -400,6 +400,7 @@ def chat_item(payload: dict[str, Any], *, provenance: bool = True) -> ChatItem |
         finish_reason=finish_reason,
         estimated_speedup=float(extra.get("estimated_speedup", 1.0)),
         decision=str(extra.get("decision", "")),
+        costs_note=str(extra.get("costs_note", "")),
     )
 
 

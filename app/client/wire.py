@@ -21,7 +21,9 @@ Stream chunk additions (all inside ``chunk["draftpen"]``):
   the prompt so that it fits the context (on every chunk of the reply; absent when none);
 - everything :meth:`~backends.generation_events.SpeculativeStats.as_dict` holds, and
   ``drafter``, ``draft_length``, ``estimated_speedup``, ``decision`` (the latest
-  round's), and ``drafted_by`` (``{drafter: {"drafted", "accepted"}}`` so far).
+  round's), and ``drafted_by`` (``{drafter: {"drafted", "accepted"}}`` so far);
+- ``costs_note``: how `auto` corrected its stored figures during this reply, in words
+  (absent when it did not).
 """
 
 from __future__ import annotations

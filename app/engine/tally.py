@@ -37,6 +37,7 @@ class GenerationTally:
         self.logprobs: list[TokenLogprob] = []
         self.last: GenerationEvent | None = None
         self.decision = ""
+        self.costs_note = ""  # auto's figures corrected during this reply, in words
         # Draft tokens each drafter proposed and had accepted, over the whole reply: the
         # last event's drafter is only the last round's (often "none" at the end).
         self.drafted_by: dict[str, list[int]] = {}
@@ -59,6 +60,7 @@ class GenerationTally:
         self.logprobs.extend(event.token_logprobs)
         self.last = event
         self.decision = event.decision or self.decision
+        self.costs_note = event.costs_note or self.costs_note
 
     def _split(self, event: GenerationEvent) -> ReasoningSplit:
         if self._splitter is None:
@@ -113,6 +115,7 @@ class GenerationTally:
             "draft_length": self.last.draft_length,
             "estimated_speedup": round(self.last.estimated_speedup, 3),
             "decision": self.decision,
+            **({"costs_note": self.costs_note} if self.costs_note else {}),
             # Of generated_tokens, those a thinking model spent reasoning (so far).
             "reasoning_tokens": self.reasoning_tokens,
         }

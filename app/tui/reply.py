@@ -30,6 +30,8 @@ class ReplyFigures:
     host_ms_per_token: float = 0.0
     # Tokens a thinking model spent reasoning (part of generated_tokens).
     reasoning_tokens: int = 0
+    # `auto`'s stored figures corrected during this reply, in words ("" when not).
+    costs_note: str = ""
 
     @classmethod
     def from_event(cls, event: GenerationEvent, reasoning_tokens: int = 0) -> ReplyFigures:
@@ -48,6 +50,7 @@ class ReplyFigures:
             finish_reason=event.finish_reason,
             host_ms_per_token=stats.host_ms_per_token,
             reasoning_tokens=reasoning_tokens,
+            costs_note=event.costs_note,
         )
 
     @classmethod

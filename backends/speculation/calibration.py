@@ -27,11 +27,13 @@ app/calibration_store.py).
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Sequence
 
 import numpy as np
+import psutil
 
 from backends.base import Model
 from backends.errors import ContextOverflowError
@@ -52,6 +54,20 @@ DRAFT_POSITION = 64  # a draft step barely depends on the position; keep it chea
 # stayed cached for the machine.
 DISTURBED_OVER_SEQUENTIAL = 2.0
 DISTURBED_UNDER_SMALLER = 0.5
+# A one-token forward dearer than one of 2 or 3 tokens is a busy moment, not a kernel:
+# seen, T(1) = 295 ms beside T(3) = 283 ms (a quiet T(1) is 45 ms), taken during a
+# compile; it passed both rules above, and `auto` then drafted at 0.69x of plain for good.
+# The margin covers a GPU, where T(2) is T(1) within its noise.
+DISTURBED_ONE_OVER_FEW = 1.02
+# The one-token cost is the median of several forwards; the fastest one-token forward
+# seen (right after the prompt's reading, among those, or timed again after the batches)
+# this much under it means the machine's load changed while measuring: noise only ever
+# slows a forward down.
+DISTURBED_OVER_FASTEST = 1.5
+# Other processes using this share of the machine's CPUs while measuring: a busy machine
+# (a compile on 2 cores reads ~1.0; a browser on 16 cores ~0.05).
+DISTURBED_OTHERS_CPU_SHARE = 0.25
+ONE_TOKEN_AGAIN_SAMPLES = 4  # one-token forwards timed again after the batches
 # Ordinary text, so the forwards run with varied tokens.
 _CONTEXT_TEXT = (
     "measure the cost of a forward pass at a realistic position in the context. "
@@ -65,6 +81,20 @@ def disturbed(costs: CostModel) -> str | None:
     seconds = costs.target_seconds
     one = seconds[1]
     sizes = sorted(seconds)
+    if costs.others_cpu_share is not None and costs.others_cpu_share > DISTURBED_OTHERS_CPU_SHARE:
+        return f"other processes used {costs.others_cpu_share:.0%} of the CPUs while measuring"
+    for size in (2, 3):
+        if size in seconds and one > DISTURBED_ONE_OVER_FEW * seconds[size]:
+            return (
+                f"a one-token forward took {one * 1000:.0f} ms, more than one of {size} "
+                f"tokens ({seconds[size] * 1000:.0f} ms)"
+            )
+    fastest = costs.one_token_fastest
+    if fastest is not None and one > DISTURBED_OVER_FASTEST * fastest:
+        return (
+            f"one-token forwards took {one * 1000:.0f} ms, but {fastest * 1000:.0f} ms at "
+            "best: the machine's load changed while measuring"
+        )
     for size in sizes:
         if seconds[size] > DISTURBED_OVER_SEQUENTIAL * size * one:
             return (
@@ -116,9 +146,11 @@ def measure_costs(
     context = (sentence * (-(-(position + longest) // len(sentence))))[: position + longest]
     prefix, probe = context[:position], context[position:]
 
+    busy_before, own_before, wall_before = _cpu_seconds(), _own_cpu_seconds(), time.monotonic()
     target.rollback(0)
     target.prefill(prefix)
-    time_forward(target, probe[:1])  # warm up
+    # Warm-up, and the first one-token forward after reading a prompt.
+    after_reading, _ = time_forward(target, probe[:1])
     # One token at a time: the plain-decoding cost, and the reference logits.
     single_seconds, single_rows = [], []
     base = len(target.cached_tokens)
@@ -145,6 +177,12 @@ def measure_costs(
                     np.array_equal(rows[index], single_rows[index]) for index in range(size)
                 )
         target_seconds[size] = statistics.median(samples)
+    # The one-token cost once more: a load that went meanwhile shows as a faster one.
+    one_token_fastest = min(
+        after_reading,
+        *single_seconds,
+        *(time_forward(target, probe[i : i + 1])[0] for i in range(ONE_TOKEN_AGAIN_SAMPLES)),
+    )
     target.rollback(0)
 
     exact_limit = 1
@@ -160,4 +198,26 @@ def measure_costs(
             time_forward(draft, probe[index : index + 1])[0] for index in range(DRAFT_STEP_SAMPLES)
         )
         draft.rollback(0)
-    return CostModel(target_seconds, draft_seconds, exact_batch_limit=exact_limit)
+    wall = time.monotonic() - wall_before
+    others = (_cpu_seconds() - busy_before) - (_own_cpu_seconds() - own_before)
+    return CostModel(
+        target_seconds,
+        draft_seconds,
+        exact_batch_limit=exact_limit,
+        taken_at=time.time(),
+        others_cpu_share=max(0.0, others / (wall * (os.cpu_count() or 1))) if wall > 0 else 0.0,
+        one_token_fastest=one_token_fastest,
+    )
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds every process on this machine has used (busy, not idle or waiting)."""
+    times = psutil.cpu_times()
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    return sum(times) - idle - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+
+
+def _own_cpu_seconds() -> float:
+    """CPU seconds this process (the runtime's threads included) has used."""
+    times = psutil.Process().cpu_times()
+    return times.user + times.system

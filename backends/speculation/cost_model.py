@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from backends.speculation.cost_audit import CostAudit, CostCorrection
+
 # A cost is the median of its last RECENT measurements, where the value it started
 # from (calibrated, or interpolated) counts as PRIOR_WEIGHT of them: a stall is not a
 # cost. With a running average, one slow step moved the estimate: with a target split
@@ -51,6 +53,15 @@ class CostModel:
     exact_batch_limit: int | None = None
     # One step of the target's own MTP head (measured while it drafts; not calibrated).
     mtp_step_seconds: float | None = None
+    # How the figures were taken (calibration.py): when (Unix time), the share of the
+    # machine's CPUs other processes used meanwhile, and the fastest one-token forward
+    # seen (None: not known, e.g. a curve stored before these were kept).
+    taken_at: float | None = None
+    others_cpu_share: float | None = None
+    one_token_fastest: float | None = None
+    # Holds the figures to what the loop measures (cost_audit.py); its corrections are
+    # what the user is told.
+    audit: CostAudit = field(default_factory=CostAudit, init=False, compare=False, repr=False)
     _recent: dict[object, RecentMedian] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -86,9 +97,17 @@ class CostModel:
         return self._table
 
     def observe_verify(self, batch: int, seconds: float) -> None:
-        """Refine the estimate for ``batch`` with a measured forward."""
+        """Refine the estimate for ``batch`` with a measured forward (or replace the
+        curve's figures, where the audit finds them wrong: cost_audit.py)."""
         previous = self.target_seconds.get(batch)
-        self.target_seconds[batch] = self._measured(batch, self.verify(batch), seconds)
+        figure = self.verify(batch)
+        replacement = self.audit.check(batch, figure, seconds)
+        if replacement is None:
+            self.target_seconds[batch] = self._measured(batch, figure, seconds)
+        else:
+            self._replace(batch, figure, replacement)
+            self.audit.announce()
+        self.audit.verified(batch, seconds, self.target_seconds[1])
         if previous is None:
             self._sizes = sorted(self.target_seconds)
         self._table = []
@@ -96,13 +115,72 @@ class CostModel:
 
     def observe_draft_step(self, seconds: float) -> None:
         """Refine the per-step cost of the draft model."""
-        self.draft_step_seconds = self._measured("draft", self.draft_step_seconds, seconds)
+        corrections = len(self.corrections)
+        self.draft_step_seconds = self._step_measured("draft", self.draft_step_seconds, seconds)
+        if len(self.corrections) > corrections:
+            self.audit.announce()
         self.version += 1
 
     def observe_mtp_step(self, seconds: float) -> None:
         """Refine the per-step cost of the target's MTP head."""
-        self.mtp_step_seconds = self._measured("mtp", self.mtp_step_seconds, seconds)
+        corrections = len(self.corrections)
+        self.mtp_step_seconds = self._step_measured("mtp", self.mtp_step_seconds, seconds)
+        if len(self.corrections) > corrections:
+            self.audit.announce()
         self.version += 1
+
+    def copy(self) -> CostModel:
+        """The figures as they stand, in a model of their own (what was measured since
+        and the audit's record stay with this one)."""
+        return CostModel(
+            dict(self.target_seconds),
+            self.draft_step_seconds,
+            exact_batch_limit=self.exact_batch_limit,
+            mtp_step_seconds=self.mtp_step_seconds,
+            taken_at=self.taken_at,
+            others_cpu_share=self.others_cpu_share,
+            one_token_fastest=self.one_token_fastest,
+        )
+
+    def take_plain_check(self) -> bool:
+        """Should a round that would draft be plain, to time a one-token forward? True
+        counts the check as made (cost_audit.py)."""
+        return self.audit.take_plain_check()
+
+    @property
+    def corrections(self) -> list[CostCorrection]:
+        """The figures the loop replaced since load, oldest first."""
+        return self.audit.corrections
+
+    def _step_measured(self, key: str, figure: float | None, seconds: float) -> float:
+        replacement = self.audit.check(key, figure, seconds)
+        if replacement is None:
+            return self._measured(key, figure, seconds)
+        self._recent[key] = RecentMedian(replacement, RECENT)
+        return replacement
+
+    def _replace(self, batch: int, figure: float, seconds: float) -> None:
+        """Replace ``batch``'s figure by what the loop measured, forgetting the old one;
+        a one-token figure replaced redoes the curve (cost_audit.py says how)."""
+        self._recent[batch] = RecentMedian(seconds, RECENT)
+        self.target_seconds[batch] = seconds
+        if batch != 1:
+            return
+        ratios = {1: seconds / figure}
+        for size in self.target_seconds:
+            measured = self.audit.measured(size) if size != 1 else None
+            if measured is not None:
+                ratios[size] = measured / self.target_seconds[size]
+                self.target_seconds[size] = measured
+                self._recent[size] = RecentMedian(measured)
+        known = sorted(ratios)
+        guessed: set[int | str] = set()
+        for size, old in self.target_seconds.items():
+            if size not in ratios:
+                self.target_seconds[size] = max(seconds, old * _ratio_at(size, known, ratios))
+                self._recent.pop(size, None)
+                guessed.add(size)
+        self.audit.guessed(guessed)
 
     def _measured(self, key: object, start: float | None, seconds: float) -> float:
         """The cost ``key`` after a measurement of ``seconds`` (``start``: its value so
@@ -118,6 +196,19 @@ class CostModel:
     def ceiling(self, draft_tokens: int) -> float:
         """Speedup of a free drafter that is always right, at this K."""
         return (draft_tokens + 1) * self.verify(1) / self.verify(draft_tokens + 1)
+
+
+def _ratio_at(size: int, known: list[int], ratios: dict[int, float]) -> float:
+    """``ratios`` (measured over stored, at the ``known`` sizes, sorted) at ``size``:
+    linear between the two known sizes around it, the nearest one's outside them."""
+    index = bisect.bisect_left(known, size)
+    if index == 0:
+        return ratios[known[0]]
+    if index == len(known):
+        return ratios[known[-1]]
+    low, high = known[index - 1], known[index]
+    share = (size - low) / (high - low)
+    return ratios[low] + share * (ratios[high] - ratios[low])
 
 
 class SharedForwardCosts:
@@ -167,6 +258,10 @@ class SharedForwardCosts:
         """A draft step's time, learned only when no other sequence shared it."""
         if self._sharing() <= 1:
             self._costs.observe_draft_step(seconds)
+
+    def take_plain_check(self) -> bool:
+        """Only a forward no other sequence shares times one token: no check meanwhile."""
+        return self._sharing() <= 1 and self._costs.take_plain_check()
 
     def ceiling(self, draft_tokens: int) -> float:
         """Speedup of a free drafter that is always right, at this K, among the others."""

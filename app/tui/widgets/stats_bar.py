@@ -5,6 +5,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from app.tui.reply import ReplyFigures
+from backends.speculation.cost_audit import COSTS_NOTE_PREFIX
 
 
 class StatsBar(Static):
@@ -35,6 +36,8 @@ class StatsBar(Static):
         if others_writing > 0:
             plural = "s" if others_writing > 1 else ""
             beside = f" · engine busy: beside {others_writing} other request{plural}"
+        if figures.costs_note:
+            beside += " · auto re-measured its figures"
         self.update(
             f"{rolling_tokens_per_second:.1f} tok/s · "
             f"accepted {figures.acceptance_rate:.0%} · "
@@ -45,5 +48,7 @@ class StatsBar(Static):
         )
 
     def show_final(self, figures: ReplyFigures) -> None:
-        """The finished reply's figures (whole-reply decode rate)."""
-        self.update(f"last reply: {figures.summary()}", layout=False)
+        """The finished reply's figures (whole-reply decode rate), and what `auto`
+        corrected in its stored figures during the reply, if anything."""
+        corrected = f" · {COSTS_NOTE_PREFIX}{figures.costs_note}" if figures.costs_note else ""
+        self.update(f"last reply: {figures.summary()}{corrected}", layout=False)
