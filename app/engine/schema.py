@@ -14,6 +14,7 @@ value by :data:`NOT_YET_HONOURED` (empty today: the penalties it held are applie
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, ClassVar, Literal, TypeVar
 
 import jsonschema
@@ -302,12 +303,13 @@ def parse_request(model: type[RequestT], data: object) -> RequestT:
     try:
         parsed = model.model_validate(data)
     except ValidationError as error:
-        raise _api_error(model, error) from None
+        raise validation_error(error, accepted=model.model_fields) from None
     parsed.check()
     return parsed
 
 
 def invalid(param: str, message: str) -> ApiError:
+    """The 400 for a value of ``param`` that is wrong, saying why."""
     return ApiError(
         400, f"Invalid value for '{param}': {message}.", param=param, code="invalid_value"
     )
@@ -318,8 +320,8 @@ def invalid(param: str, message: str) -> ApiError:
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "tuple", "none"}
 
 
-def _param_name(location: tuple[int | str, ...]) -> str | None:
-    name = ""
+def _param_name(location: tuple[int | str, ...], prefix: str = "") -> str | None:
+    name = prefix
     for item in location:
         if isinstance(item, int):
             name += f"[{item}]"
@@ -330,27 +332,37 @@ def _param_name(location: tuple[int | str, ...]) -> str | None:
     return name or None
 
 
-def _api_error(model: type[GenerationFields], error: ValidationError) -> ApiError:
+def validation_error(
+    error: ValidationError,
+    *,
+    prefix: str = "",
+    accepted: Collection[str] = (),
+    noun: str = "parameter",
+) -> ApiError:
+    """pydantic's first complaint about a request as the 400 a client reads, for every
+    dialect: the parameter named as the client sent it (``messages[0].role``, under
+    ``prefix`` for a part validated alone), ``accepted`` listed for an unknown top-level
+    one, and ``noun`` as the dialect calls its fields."""
     first = error.errors(include_url=False)[0]
     kind = first["type"]
-    param = _param_name(tuple(first["loc"]))
+    param = _param_name(tuple(first["loc"]), prefix)
     message = str(first["msg"]).removeprefix("Value error, ")
     shown = first.get("input")
     got = f" (got {shown!r})" if isinstance(shown, str | int | float | bool) else ""
     if kind == "extra_forbidden":
-        accepted = ", ".join(sorted(model.model_fields)) if param and "." not in param else ""
-        hint = f" Accepted parameters: {accepted}." if accepted else ""
+        listed = ", ".join(sorted(accepted)) if param and "." not in param else ""
+        hint = f" Accepted {noun}s: {listed}." if listed else ""
         return ApiError(
-            400, f"Unknown parameter '{param}'.{hint}", param=param, code="unknown_parameter"
+            400, f"Unknown {noun} '{param}'.{hint}", param=param, code="unknown_parameter"
         )
     if kind == "missing":
         return ApiError(
             400,
-            f"Missing required parameter '{param}'.",
+            f"Missing required {noun} '{param}'.",
             param=param,
             code="missing_required_parameter",
         )
     if param is None:  # a rule across fields, such as stream_options without stream
-        return ApiError(400, f"Invalid request: {message}.", code="invalid_value")
+        return ApiError(400, f"Invalid request: {message}{got}.", code="invalid_value")
     code = "invalid_type" if kind.endswith("_type") else "invalid_value"
     return ApiError(400, f"Invalid value for '{param}': {message}{got}.", param=param, code=code)

@@ -36,7 +36,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from app.engine.schema import MAX_STOP_STRINGS, ApiError, Speculative
+from app.engine.schema import MAX_STOP_STRINGS, ApiError, Speculative, validation_error
 
 # Anthropic's rule for tool names.
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
@@ -226,24 +226,4 @@ def invalid_at(where: str, message: str) -> ApiError:
 
 def invalid_field(error: ValidationError, prefix: str = "") -> ApiError:
     """The first problem pydantic found, named as a field path (``messages[0].role``)."""
-    first = error.errors(include_url=False)[0]
-    path = prefix
-    for part in first["loc"]:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part in {"str", "int", "float", "bool", "list", "dict", "none"} or "[" in part:
-            continue  # pydantic's names for the members of a union, not fields
-        else:
-            path += f".{part}" if path else part
-    message = str(first["msg"]).removeprefix("Value error, ")
-    if first["type"] == "missing":
-        return ApiError(
-            400,
-            f"Missing required field '{path}'.",
-            param=path,
-            code="missing_required_parameter",
-        )
-    shown = first.get("input")
-    got = f" (got {shown!r})" if isinstance(shown, str | int | float | bool) else ""
-    where = f"'{path}'" if path else "the request"
-    return ApiError(400, f"Invalid {where}: {message}{got}.", param=path or None)
+    return validation_error(error, prefix=prefix, noun="field")

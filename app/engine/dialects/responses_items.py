@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from app.engine.schema import ApiError
+from app.engine.schema import invalid, validation_error
 
 
 class Lenient(BaseModel):
@@ -122,7 +122,7 @@ def parse_items(value: str | list[Any] | None, where: str = "input") -> list[Inp
         try:
             items.append(model.model_validate({**raw, "type": kind}))
         except ValidationError as error:
-            raise validation_error(error, param) from None
+            raise validation_error(error, prefix=param) from None
     return items
 
 
@@ -166,36 +166,3 @@ def chat_messages(
                 )
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
     return messages
-
-
-def validation_error(error: ValidationError, prefix: str = "") -> ApiError:
-    """The 400 for pydantic's first complaint, naming the parameter as the client sent it."""
-    first = error.errors(include_url=False)[0]
-    param = prefix
-    for part in first["loc"]:
-        if isinstance(part, int):
-            param += f"[{part}]"
-        elif "[" not in part and part not in ("str", "int", "float", "bool", "list", "dict"):
-            # (pydantic also names union members and wrappers; those are not parameters)
-            param += f".{part}" if param else part
-    message = str(first["msg"]).removeprefix("Value error, ")
-    if first["type"] == "missing":
-        return ApiError(
-            400,
-            f"Missing required parameter '{param}'.",
-            param=param,
-            code="missing_required_parameter",
-        )
-    shown = first.get("input")
-    got = f" (got {shown!r})" if isinstance(shown, str | int | float | bool) else ""
-    code = "invalid_type" if first["type"].endswith("_type") else "invalid_value"
-    return ApiError(
-        400, f"Invalid value for '{param}': {message}{got}.", param=param or None, code=code
-    )
-
-
-def invalid(param: str, message: str) -> ApiError:
-    """The 400 for a value of ``param`` that is wrong, saying why."""
-    return ApiError(
-        400, f"Invalid value for '{param}': {message}.", param=param, code="invalid_value"
-    )

@@ -30,16 +30,16 @@ from app.engine.dialects.responses_items import (
     InputItem,
     Lenient,
     chat_messages,
-    invalid,
     parse_items,
-    validation_error,
 )
 from app.engine.schema import (
     ApiError,
     FunctionDefinition,
     JsonSchemaFormat,
     Speculative,
+    invalid,
     parse_request,
+    validation_error,
 )
 
 # Tool types the Responses API (and Codex) define that run on OpenAI's side or need a
@@ -246,7 +246,7 @@ def function_tools(raw: list[Any] | None) -> tuple[list[FunctionTool], list[str]
         try:
             function = FunctionTool.model_validate(tool)
         except ValidationError as error:
-            raise validation_error(error, f"tools[{index}]") from None
+            raise validation_error(error, prefix=f"tools[{index}]") from None
         if any(known.name == function.name for known in functions):
             raise invalid(f"tools[{index}].name", f"{function.name!r} is named twice")
         functions.append(function)
@@ -336,5 +336,5 @@ def _response_format(text_format: TextFormat | None) -> dict[str, Any] | None:
             {k: v for k, v in fields.items() if v is not None}
         )
     except ValidationError as error:
-        raise validation_error(error, "text.format") from None
+        raise validation_error(error, prefix="text.format") from None
     return {"type": "json_schema", "json_schema": checked.model_dump(by_alias=True)}
