@@ -8,7 +8,7 @@ decode time less the runtimes' own is the loop's host cost.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 # Finish reasons, as OpenAI names them where it has a name.
 FINISH_STOP = "stop"
@@ -88,33 +88,29 @@ class SpeculativeStats:
         return 1e3 * self.host_seconds / self.generated_tokens if self.generated_tokens else 0.0
 
     def as_dict(self) -> dict[str, object]:
-        """Plain data for JSON output, including the derived rates."""
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "cached_prompt_tokens": self.cached_prompt_tokens,
-            "generated_tokens": self.generated_tokens,
-            "rounds": self.rounds,
-            "speculative_rounds": self.speculative_rounds,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance_rate": round(self.acceptance_rate, 4),
-            "mean_accepted_length": round(self.mean_accepted_length, 4),
-            "accepted_length_histogram": list(self.accepted_length_histogram),
-            "target_passes": self.target_passes,
-            "draft_passes": self.draft_passes,
-            "tokens_per_target_pass": round(self.tokens_per_target_pass, 4),
-            "prefill_seconds": round(self.prefill_seconds, 4),
-            "decode_seconds": round(self.decode_seconds, 4),
-            "decode_tokens_per_second": round(self.decode_tokens_per_second, 3),
-            "time_to_first_token": round(self.time_to_first_token, 4),
-            "plain_rounds": self.plain_rounds,
-            "plain_round_seconds": round(self.plain_round_seconds, 4),
-            "grammar_forced": self.grammar_forced,
-            "host_seconds": round(self.host_seconds, 6),
-            "host_ms_per_token": round(self.host_ms_per_token, 4),
-            "predrafted_rounds": self.predrafted_rounds,
-            "predrafts_used": self.predrafts_used,
-        }
+        """Plain data for JSON output: every field (seconds rounded), then the derived
+        rates. The fields are read from the class, so a new one is never left out."""
+        data: dict[str, object] = {}
+        for name in _STATS_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, float):
+                value = round(value, 6 if name == "host_seconds" else 4)
+            elif isinstance(value, tuple):
+                value = list(value)
+            data[name] = value
+        for name, digits in _DERIVED_RATES.items():
+            data[name] = round(getattr(self, name), digits)
+        return data
+
+
+# The rates as_dict adds to the fields, and the digits each is rounded to.
+_DERIVED_RATES = {
+    "acceptance_rate": 4,
+    "mean_accepted_length": 4,
+    "tokens_per_target_pass": 4,
+    "decode_tokens_per_second": 3,
+    "host_ms_per_token": 4,
+}
 
 
 @dataclass(frozen=True)
@@ -209,27 +205,19 @@ class StatsAccumulator:
         self.histogram[accepted] += 1
 
     def snapshot(self) -> SpeculativeStats:
+        """The totals so far, frozen (the fields both classes have are copied by name)."""
         return SpeculativeStats(
-            prompt_tokens=self.prompt_tokens,
-            cached_prompt_tokens=self.cached_prompt_tokens,
-            generated_tokens=self.generated_tokens,
-            rounds=self.rounds,
-            speculative_rounds=self.speculative_rounds,
-            drafted=self.drafted,
-            accepted=self.accepted,
+            **{name: getattr(self, name) for name in _COPIED_FIELDS},
             accepted_length_histogram=tuple(self.histogram),
-            target_passes=self.target_passes,
-            draft_passes=self.draft_passes,
-            prefill_seconds=self.prefill_seconds,
-            decode_seconds=self.decode_seconds,
-            time_to_first_token=self.time_to_first_token,
-            plain_rounds=self.plain_rounds,
-            plain_round_seconds=self.plain_round_seconds,
-            grammar_forced=self.grammar_forced,
             host_seconds=max(0.0, self.decode_seconds - self.runtime_seconds),
-            predrafted_rounds=self.predrafted_rounds,
-            predrafts_used=self.predrafts_used,
         )
+
+
+_STATS_FIELDS = tuple(stat.name for stat in fields(SpeculativeStats))
+# What snapshot() copies by name: all but the two the accumulator keeps otherwise.
+_COPIED_FIELDS = tuple(
+    name for name in _STATS_FIELDS if name not in ("accepted_length_histogram", "host_seconds")
+)
 
 
 def merge_segments(segments: Sequence[TextSegment]) -> tuple[TextSegment, ...]:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from app.bench.suite import BenchPrompt
 from app.errors import DraftpenError
 from backends.engine import Engine, GenerationRequest
-from backends.generation_events import speedup_over_plain_rounds
+from backends.generation_events import SpeculativeStats, speedup_over_plain_rounds
 from backends.output.output_constraints import ConstraintSpec
 from backends.sampling.filters import SamplingParams
 from backends.speculation.acceptance import AcceptanceEstimate, ConfidenceFloor
@@ -26,21 +26,6 @@ NGRAM_DRAFT_TOKENS = 10
 
 
 WARM_UP_TOKENS = 16
-
-
-# What bench sums from a generation's statistics, besides tokens and seconds.
-COUNTED_STATS = (
-    "drafted",
-    "accepted",
-    "speculative_rounds",
-    "target_passes",
-    "plain_rounds",
-    "plain_round_seconds",
-    "host_seconds",
-    "grammar_forced",
-    "predrafted_rounds",
-    "predrafts_used",
-)
 
 
 # A mode's own draft-free rounds make a baseline only when there are this many.
@@ -81,6 +66,12 @@ class ModeTotals:
     predrafted_rounds: int = 0
     predrafts_used: int = 0
     run_rates: list[float] = field(default_factory=list)  # tok/s per run, in run order
+
+    @classmethod
+    def of_stats(cls, stats: SpeculativeStats) -> ModeTotals:
+        """One generation's totals: each summed field read from its statistics by name."""
+        counts = {name: getattr(stats, name) for name in _COUNTED_STATS}
+        return cls.of_run(stats.generated_tokens, stats.decode_seconds, **counts)
 
     @classmethod
     def of_run(cls, generated_tokens: int, decode_seconds: float, **counts: Any) -> ModeTotals:
@@ -131,6 +122,15 @@ class ModeTotals:
 UNCONSTRAINED_PLAIN = "plain, no grammar"
 # What ``--modes`` can pick; plain decoding, the baseline, always runs.
 MODE_CHOICES = ("draft", "ngram", "auto", "reference")
+
+
+# What bench sums from a generation's statistics, besides tokens and seconds: every
+# other field of ModeTotals but the run speeds (each one a field of SpeculativeStats).
+_COUNTED_STATS = tuple(
+    total.name
+    for total in dataclasses.fields(ModeTotals)
+    if total.name not in ("generated_tokens", "decode_seconds", "run_rates")
+)
 
 
 def parse_mode_choice(text: str | None) -> set[str]:
@@ -287,9 +287,7 @@ def _run_mode(
     for event in engine.generate(request):
         last = event
     assert last is not None
-    stats = last.stats
-    counts = {name: getattr(stats, name) for name in COUNTED_STATS}
-    return ModeTotals.of_run(stats.generated_tokens, stats.decode_seconds, **counts)
+    return ModeTotals.of_stats(last.stats)
 
 
 def _run_yardstick(yardstick: Yardstick, tokens: tuple[int, ...], max_tokens: int) -> ModeTotals:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from app.bench.modes import COUNTED_STATS, BenchMode, ModeTotals
+from app.bench.modes import BenchMode, ModeTotals
 from app.bench.suite import BenchPrompt
 from app.client import ChatTurn, EngineClient, Loading, Waiting
 from app.errors import DraftpenError
@@ -63,9 +63,7 @@ class EngineDecoder:
         self.waited += waited
         if last is None or last.finish_reason is None:
             raise DraftpenError(f"The engine ended a bench request on {self.pair} unanswered.")
-        stats = last.stats
-        counts = {name: getattr(stats, name) for name in COUNTED_STATS}
-        return ModeTotals.of_run(stats.generated_tokens, stats.decode_seconds, **counts)
+        return ModeTotals.of_stats(last.stats)
 
 
 def constraint_fields(prompt: BenchPrompt) -> dict[str, Any]:
