@@ -179,10 +179,6 @@ class Settings:
 def _range_problem(settings: Settings) -> str | None:
     checks: list[tuple[bool, str]] = [
         (bool(settings.default_pair), "default_pair must not be empty"),
-        (settings.temperature >= 0, "temperature must be 0 or more (0 = always the likeliest)"),
-        (settings.top_k >= 0, "top_k must be 0 or more (0 = no top-k limit)"),
-        (0 < settings.top_p <= 1, "top_p must be above 0 and at most 1"),
-        (0 <= settings.min_p <= 1, "min_p must be between 0 and 1"),
         (settings.max_tokens >= 1, "max_tokens must be 1 or more"),
         (settings.context_length >= 1, "context_length must be 1 or more"),
         (settings.draft_tokens >= 0, "draft_tokens must be 0 or more (0 = no speculation)"),
@@ -201,7 +197,16 @@ def _range_problem(settings: Settings) -> str | None:
         (settings.worker_timeout >= 0, "worker_timeout must be 0 or more (0 = wait forever)"),
     ]
     problem = next((message for ok, message in checks if not ok), None)
-    return problem or _workers_problem(settings)
+    return problem or _sampling_problem(settings) or _workers_problem(settings)
+
+
+def _sampling_problem(settings: Settings) -> str | None:
+    """What is wrong with the sampling settings, in SamplingParams' own words."""
+    try:
+        settings.sampling_params()
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def _workers_problem(settings: Settings) -> str | None:

@@ -49,14 +49,16 @@ class SamplingParams:
     frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
+        # The one range check of each field: settings, options and the API's values all
+        # become a SamplingParams, and their errors are these words.
         if not self.temperature >= 0:  # also rejects NaN
-            raise ValueError("temperature must be >= 0")
+            raise ValueError("temperature must be 0 or more (0 = always the likeliest)")
         if self.top_k < 0:
-            raise ValueError("top_k must be >= 0 (0 turns it off)")
+            raise ValueError("top_k must be 0 or more (0 = no top-k limit)")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must be in (0, 1]")
+            raise ValueError("top_p must be above 0 and at most 1")
         if not 0.0 <= self.min_p < 1.0:
-            raise ValueError("min_p must be in [0, 1)")
+            raise ValueError("min_p must be 0 or more and under 1 (0 = no min-p limit)")
         low, high = PENALTY_RANGE
         for name in ("presence_penalty", "frequency_penalty"):
             if not low <= getattr(self, name) <= high:  # also rejects NaN
