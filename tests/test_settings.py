@@ -87,6 +87,9 @@ def test_settings_are_read_from_the_config_dir(draftpen_home: Path) -> None:
         ("exact_output = 1\n", "exact_output must be true or false"),
         ('drafter = "psychic"\n', "drafter must be one of auto, model, mtp, ngram, none"),
         ("top_p = 0\n", "top_p must be above 0"),
+        # The sampler refuses 1 (it would keep no token): settings say so at once.
+        ("min_p = 1\n", "min_p must be 0 or more and under 1"),
+        ("temperature = -0.1\n", "temperature must be 0 or more"),
         ("temperature = 0.5\ntemperature = 0.6\n", "Cannot read settings file"),
         ("[section\n", "Cannot read settings file"),
     ],
