@@ -97,10 +97,7 @@ class JobResponses:
         heartbeat = HEARTBEAT_SECONDS if progress or formatter.keep_alive else None
         opened = False
         try:
-            while True:
-                item = await job.next_item(heartbeat)
-                if item is END:
-                    break
+            async for item in _items(job, heartbeat):
                 if isinstance(item, BaseException):
                     raise item
                 if item is None:
@@ -134,10 +131,7 @@ class JobResponses:
     async def _load_stream(self, job: EngineJob) -> AsyncIterator[str]:
         """The events of a load job: notices, then what was loaded, then ``[DONE]``."""
         try:
-            while True:
-                item = await job.next_item(HEARTBEAT_SECONDS)
-                if item is END:
-                    break
+            async for item in _items(job, HEARTBEAT_SECONDS):
                 if isinstance(item, BaseException):
                     raise item
                 if item is None:
@@ -163,10 +157,7 @@ class JobResponses:
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._cancel_on_disconnect, request, job)
-                while True:
-                    item = await job.next_item()
-                    if item is END:
-                        break
+                async for item in _items(job):
                     if isinstance(item, BaseException):
                         failure = item
                         break
@@ -191,6 +182,16 @@ class JobResponses:
             if message["type"] == "http.disconnect":
                 self.queue.cancel(job, "client disconnected")
                 return
+
+
+async def _items(job: EngineJob, heartbeat: float | None = None) -> AsyncIterator[Any]:
+    """What the job sends, up to its end: events, notices, a failure (an exception, as an
+    item), and None where ``heartbeat`` seconds passed with no news."""
+    while True:
+        item = await job.next_item(heartbeat)
+        if item is END:
+            return
+        yield item
 
 
 def _notice_fields(notice: QueueNotice | LoadingNotice) -> dict[str, Any]:
