@@ -87,23 +87,30 @@ class CostAudit:
     def check(self, key: int | str, figure: float | None, seconds: float) -> float | None:
         """Count a measurement of ``key`` against its ``figure``; the value that should
         replace the figure outright (None: keep refining it as usual)."""
+        # Runs every round: the common case (the figure holds) is an append and two
+        # comparisons. Each rule can only newly hold when the latest measurement agrees
+        # with it, so the rules are read only then.
         recent = self._recent.get(key)
         if recent is None:
             recent = self._recent[key] = deque(maxlen=SLOW_SAMPLES)
         recent.append(seconds)
         if figure is None or figure <= 0:
             return None
-        fast = list(recent)[-FAST_SAMPLES:]
-        guessed = key in self._guessed
-        self._guessed.discard(key)
-        if guessed and not figure / DISAGREE_FACTOR <= seconds <= figure * DISAGREE_FACTOR:
+        fast = seconds * DISAGREE_FACTOR < figure
+        slow = seconds > figure * DISAGREE_FACTOR
+        if not (fast or slow):
+            if self._guessed:
+                self._guessed.discard(key)
+            return None
+        if self._guessed and key in self._guessed:
+            self._guessed.discard(key)
             replacement = seconds
-        elif len(fast) == FAST_SAMPLES and max(fast) * DISAGREE_FACTOR < figure:
-            replacement = max(fast)  # the slower of the fast ones: never too optimistic
-        elif len(recent) == SLOW_SAMPLES and statistics.median(recent) > figure * DISAGREE_FACTOR:
-            replacement = statistics.median(recent)
+        elif fast and len(recent) >= FAST_SAMPLES and recent[-2] * DISAGREE_FACTOR < figure:
+            replacement = max(recent[-1], recent[-2])  # the slower: never too optimistic
+        elif slow and len(recent) == SLOW_SAMPLES and sorted(recent)[1] > figure * DISAGREE_FACTOR:
+            replacement = sorted(recent)[1]
         else:
-            if key == 1 and seconds * DISAGREE_FACTOR < figure:
+            if key == 1 and fast:
                 # One more plain round decides. (A one-token forward slower than its
                 # figure asks for none: plain decoding then costs more than `auto`
                 # thinks, so drafting pays more than it expects, never less.)
