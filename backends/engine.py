@@ -296,6 +296,7 @@ class Engine:
             exact=request.exact,
             rollback_limit=limit,
             mtp_confidence_floor=self._mtp_confidence_floor,
+            max_reply_tokens=request.max_tokens,
         )
 
     def attach_mtp_head(self, path: str | Path) -> None:

@@ -21,7 +21,10 @@ from backends.engine import Engine, GenerationRequest
 from backends.engine_slots import EngineSlots, generate_on_slot, parallel_of
 from backends.runtime_exchange import RuntimeExchange
 from backends.sampling.filters import SamplingParams
+from backends.speculation.acceptance import AcceptanceEstimate
 from backends.speculation.cost_model import CostModel
+from backends.speculation.draft_policy import FIRST_ROUND_REASON
+from backends.speculation.drafters import READ_AS_PROMPT
 from tests.model_files import SMOLLM2_KEY, TINY_MLX_LLAMA, require_mlx_model
 
 pytest.importorskip("mlx_lm")
@@ -35,6 +38,15 @@ PROMPTS = (
     "The capital of France is",
 )
 MAX_TOKENS = 20
+# An agent's prompt in small: longer than a draft model's catch-up in one forward.
+LONG_PROMPT = (
+    "You are a coding agent. Read the repository, find where the speculative loop "
+    "lives, explain how the first token of a reply is produced, and then list every "
+    "module that imports the runtime directly, with one sentence about each module's "
+    "purpose, its size in lines, and whether its tests use fake models or real ones. "
+    "Keep the answer short: one line per module, no code, and no guesses about files "
+    "that you have not opened yourself."
+)
 
 
 def _tiny_llama(directory: Path, *, seed: int, like: Path | None = None) -> Path:
@@ -151,6 +163,42 @@ def _run_together(
         thread.join(timeout=120)
     assert not errors, errors
     return replies
+
+
+def test_beside_others_the_first_token_comes_before_the_draft_model_reads_the_prompt(
+    pair_dirs: tuple[Path, Path],
+) -> None:
+    # Figures under which `auto` drafts with the draft model, held as given.
+    from tests.test_first_token import GPU_COSTS, GPU_DRAFT_STEP, HeldCosts
+
+    exchange = RuntimeExchange()
+    stop = threading.Event()
+    runtime = threading.Thread(target=exchange.serve, args=(stop,), daemon=True)
+    runtime.start()
+    engine = _engine(pair_dirs, 2, exact=False)
+    engine.costs = HeldCosts(dict(GPU_COSTS), GPU_DRAFT_STEP)
+    memory = {"model": AcceptanceEstimate(0.95)}
+    memory.update({f"ngram:{n}": AcceptanceEstimate(0.0) for n in (2, 3, 4, 6, 8, "text")})
+    engine.use_acceptance_memory(memory)
+    slots = EngineSlots(engine, exchange)
+    try:
+        prompt = engine.text_prompt(LONG_PROMPT)
+        assert READ_AS_PROMPT < len(prompt) < 200
+        slot = slots.take(prompt)
+        request = GenerationRequest(tuple(prompt), params=SamplingParams(), max_tokens=20)
+        events = generate_on_slot(slot, request)
+        first = next(events)
+        assert first.tokens and first.draft_length == 0 and first.decision == FIRST_ROUND_REASON
+        assert slot.draft is not None and len(slot.draft.cached_tokens) == 0
+        rest = list(events)
+        assert any(event.drafter == "model" and event.draft_length for event in rest)
+        assert list(slot.draft.cached_tokens[: len(prompt)]) == prompt
+        slots.give_back(slot)
+    finally:
+        exchange.stop_serving(stop)
+        runtime.join(timeout=10)
+        slots.close()
+        engine.close()
 
 
 def test_parallel_of_gives_mlx_its_sequences(pair_dirs: tuple[Path, Path]) -> None:

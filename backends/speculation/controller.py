@@ -66,6 +66,7 @@ MODEL_PROBE_MAX_CATCH_UP = 8  # a probe may cost at most this many plain steps o
 # An MTP step before one is measured, as a share of a target step: one decoder block
 # and the LM head (~6% of a 27B model's step, half of a tiny model's).
 MTP_STEP_PRIOR = 0.2
+PLAIN_CHECK_REASON = "timing a one-token step: auto checks the figures it decides with"
 # A draft model that sat out (or a new prompt) must first read what it has not seen.
 # That is paid once and then serves every later round, so the choice spreads it over
 # about this many tokens of the reply still to come.
@@ -85,6 +86,11 @@ class Decision:
 class AdaptiveDraftPolicy:
     """Chooses drafter and K per round from measured costs and running acceptance."""
 
+    # The first round never waits for a drafter to read the prompt (draft_policy.py's
+    # FirstRound): the first token is the target's own, and later rounds charge the
+    # reading to the choice that needs it.
+    FIRST_TOKEN_NEVER_WAITS = True
+
     def __init__(
         self,
         drafters: Sequence[Drafter],
@@ -97,6 +103,7 @@ class AdaptiveDraftPolicy:
         exact: bool = False,
         rollback_limit: int | None = None,
         mtp_confidence_floor: ConfidenceFloor | None = None,
+        max_reply_tokens: int | None = None,
     ) -> None:
         self.drafters = {drafter.name: drafter for drafter in drafters}
         self.costs = costs
@@ -136,6 +143,13 @@ class AdaptiveDraftPolicy:
         self._model_could_pay = False
         self._round_key = ""  # the acceptance estimate the current round draws on
         self._shadows: list[tuple[int, list[int], str]] = []
+        self._corrections_before = 0  # the costs' corrections made before this reply
+        self._note_made, self._note = 0, ""  # _costs_note's, as of that many corrections
+        # The reply's max_tokens (None: unbounded): a catch-up is spread over no more
+        # tokens than the reply may still write (``_catch_up_tokens``).
+        self.max_reply_tokens = max_reply_tokens
+        self._prompt_length = 0
+        self._catch_up_horizon = CATCH_UP_HORIZON_TOKENS
 
     # -- DraftPolicy ---------------------------------------------------------
 
@@ -144,6 +158,9 @@ class AdaptiveDraftPolicy:
         for drafter in self.drafters.values():
             drafter.begin(prompt_tokens)
         self._shadows = []
+        self._corrections_before = self._note_made = len(self.costs.corrections)
+        self._note = ""
+        self._prompt_length = len(prompt_tokens)
 
     def plan(self, context: Sequence[int]) -> RoundPlan:
         """Pick the drafter and K with the best expected tokens per second.
@@ -202,13 +219,18 @@ class AdaptiveDraftPolicy:
                 probe_length = min(MODEL_PROBE_LENGTH, self.max_draft_tokens)
                 best = Decision("model", probe_length, 1.0, "probing the draft model")
                 best_key = "model"
+        if best is not None and self.costs.take_plain_check():
+            # The stored figures are only as good as the machine was quiet when they were
+            # taken: a plain round now and then times what drafting is weighed against.
+            best, best_key = Decision("none", 0, 1.0, PLAIN_CHECK_REASON), ""
         if best is None:
             best = Decision("none", 0, 1.0, catch_up_reason or self._plain_reason())
         self.decision = best
         self._round_key = best_key
+        note = self._costs_note()
         if best.drafter == "none":
             self._start_shadow(context)
-            return RoundPlan(None, 0, 1.0, best.reason)
+            return RoundPlan(None, 0, 1.0, best.reason, note)
         drafter = self.drafters[best.drafter]
         reason = best.reason
         floored = {"model": self._floored_model, "mtp": self._floored_mtp}.get(best.drafter)
@@ -221,7 +243,7 @@ class AdaptiveDraftPolicy:
             drafter = floored
             if floor > 0:
                 reason += f", stops below p {floor:.1f}"
-        return RoundPlan(drafter, best.draft_tokens, best.estimated_speedup, reason)
+        return RoundPlan(drafter, best.draft_tokens, best.estimated_speedup, reason, note)
 
     def observe(self, outcome: RoundOutcome) -> None:
         """Learn acceptance and costs from a finished round."""
@@ -240,6 +262,15 @@ class AdaptiveDraftPolicy:
                 self.mtp_confidence_floor.observe(outcome.draft_confidences, outcome.accepted)
 
     # -- internals -------------------------------------------------------------
+
+    def _costs_note(self) -> str:
+        """The figures corrected during this reply, in words (worked out again only
+        when another correction is made)."""
+        made = len(self.costs.corrections)
+        if made != self._note_made:
+            self._note_made = made
+            self._note = self.costs.audit.since(self._corrections_before)
+        return self._note
 
     def _draft_step_cost(self, name: str) -> float:
         """Seconds per drafted token for this drafter."""
@@ -277,7 +308,7 @@ class AdaptiveDraftPolicy:
         share of the horizon it serves.
         """
         estimate = self._estimate(key)
-        catch_up_per_token = catch_up_seconds / CATCH_UP_HORIZON_TOKENS
+        catch_up_per_token = catch_up_seconds / self._catch_up_horizon
         draft_step = self._draft_step_cost(name)
         best_k, best_rate = 0, 0.0
         expected, survive = 1.0, 1.0  # expected tokens per round, built up K by K
@@ -321,7 +352,14 @@ class AdaptiveDraftPolicy:
         """Tokens of ``context`` the draft model has not read, beyond the pending one.
 
         The pending token is read by every round's first draft step, so it is no catch-up.
+        Also sets the horizon the reading is spread over for this plan: the reply's
+        tokens still to come, at most CATCH_UP_HORIZON_TOKENS (a title request of a
+        few dozen tokens cannot earn back reading an agent's prompt).
         """
+        self._catch_up_horizon = CATCH_UP_HORIZON_TOKENS
+        if self.max_reply_tokens is not None:
+            left = self.max_reply_tokens - (len(context) - self._prompt_length)
+            self._catch_up_horizon = max(1, min(CATCH_UP_HORIZON_TOKENS, left))
         drafter = self.drafters.get("model")
         model = getattr(drafter, "model", None)
         if model is None:

@@ -2,11 +2,13 @@
 
 A :class:`DraftPolicy` plans every round (:class:`RoundPlan`) and may learn from how
 it went (:class:`RoundOutcome`); :class:`FixedDraftPolicy` is the baseline, the
-adaptive one lives in ``backends/speculation/controller.py``.
+adaptive one lives in ``backends/speculation/controller.py``; :class:`FirstRound`
+keeps a policy's first round from waiting for a drafter to read the prompt.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,6 +24,9 @@ class RoundPlan:
     draft_length: int
     estimated_speedup: float = 1.0
     reason: str = ""
+    # The figures the policy decides with, corrected during this reply (cost_audit.py),
+    # in words: "" when none was.
+    costs_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,9 @@ class DraftPolicy(Protocol):
     (``observe`` is not called): describing one costs host time every round. A policy
     with an ``exact_batch_limit`` (exact output: the largest verify batch measured to
     round like one-token decoding) has the loop keep the grammar's forced tokens, and
-    the guesses after them, within it.
+    the guesses after them, within it. A policy whose class sets
+    ``FIRST_TOKEN_NEVER_WAITS = True`` has its first round planned through
+    :class:`FirstRound`.
     """
 
     def begin(self, prompt_tokens: Sequence[int]) -> None:
@@ -70,7 +77,11 @@ class FixedDraftPolicy:
     """Always the same drafter and K (K = 0 or no drafter: plain decoding).
 
     K is verified as asked; ``exact_batch_limit`` (exact output, where it was measured)
-    bounds only the rounds that verify the grammar's forced tokens.
+    bounds only the rounds that verify the grammar's forced tokens. It drafts from the
+    first round, whatever the drafter has read: its rounds, and so its random draws, do
+    not depend on whether a draft model's cache is warm, so a seeded sampled reply is
+    the same text beside other sequences as alone, and a fixed K measures what it says.
+    Under ``auto`` the first token waits for no drafter (:class:`FirstRound`).
     """
 
     # It learns nothing from a round, so the loop need not describe one to it.
@@ -95,3 +106,47 @@ class FixedDraftPolicy:
 
     def observe(self, outcome: RoundOutcome) -> None:
         """A fixed policy learns nothing."""
+
+
+FIRST_ROUND_REASON = "first token: the target's own, from reading the prompt"
+
+
+class FirstRound:
+    """``policy`` for a reply's first round: its plan, made plain where the drafter
+    would first have to read some of ``prompt_tokens`` (a draft model and a new prompt).
+
+    The first token is the target's own, sampled from the row that reading the prompt
+    ends on, and it is streamed at once: a draft model reading an agent's prompt first
+    would hold it back a minute on a CPU, for drafts that save a round or two. The
+    drafter reads in a later round, and only if that round drafts with it (``auto``
+    charges the reading to that choice), so a reply that ends at its first token never
+    pays for it. Drafters with nothing to read (n-gram lookup, a prediction, the MTP
+    head, a draft model whose kept state holds the whole prompt) draft as planned.
+    The loop uses it for policies that set ``FIRST_TOKEN_NEVER_WAITS`` (``auto``).
+    """
+
+    def __init__(self, policy: DraftPolicy, prompt_tokens: Sequence[int]) -> None:
+        self.policy = policy
+        self.prompt_tokens = prompt_tokens
+
+    def begin(self, prompt_tokens: Sequence[int]) -> None:
+        """Pass on."""
+        self.policy.begin(prompt_tokens)
+
+    def plan(self, context: Sequence[int]) -> RoundPlan:
+        """The policy's plan, plain where its drafter has some of the prompt to read.
+
+        The pending token (the prompt's last) and a grammar's forced tokens after it
+        are read by any round's first draft step: they do not count.
+        """
+        plan = self.policy.plan(context)
+        unread = getattr(plan.drafter, "unread", None)
+        if plan.drafter is None or unread is None or unread(self.prompt_tokens) == 0:
+            return plan
+        return dataclasses.replace(
+            plan, drafter=None, draft_length=0, estimated_speedup=1.0, reason=FIRST_ROUND_REASON
+        )
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        """Pass on."""
+        self.policy.observe(outcome)

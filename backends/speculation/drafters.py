@@ -55,6 +55,11 @@ class DraftProposal:
 
 EMPTY_PROPOSAL = DraftProposal(tokens=[])
 
+# A draft model that must catch up on more tokens than this (a new prompt) reads all but
+# the last as a prompt, without logits; fewer (the rounds since its last proposal) go
+# in one forward with the pending token.
+READ_AS_PROMPT = 64
+
 
 class Drafter(Protocol):
     """Anything that proposes draft tokens."""
@@ -152,6 +157,12 @@ class ModelDrafter:
     def begin(self, prompt_tokens: Sequence[int]) -> None:
         """Nothing to reset: the cache syncs by common prefix on the next proposal."""
 
+    def unread(self, context: Sequence[int]) -> int:
+        """Tokens of ``context`` its next proposal would first have to read: those
+        before the pending token that the model's cache does not hold (a new prompt,
+        rounds it sat out). The pending token is read by every proposal's first step."""
+        return max(0, len(context) - 1 - common_prefix_length(self.model.cached_tokens, context))
+
     def propose(
         self,
         context: Sequence[int],
@@ -176,13 +187,21 @@ class ModelDrafter:
         rollback_started = time.perf_counter()
         model.rollback(keep)
         missing = context[keep:]
+        read = len(missing)
+        if read > READ_AS_PROMPT:
+            # A long catch-up (a prompt) is read as the target reads one: a parallel
+            # context then reads it in pieces beside the other sequences' rounds
+            # (backends/llamacpp/decode_batcher.py), where one forward of it would
+            # hold their rounds up for its whole length.
+            model.prefill(missing[:-1])
+            missing = missing[-1:]
         started = time.perf_counter()
         rows = forward_rows(model, missing, last_only=True)
         finished = time.perf_counter()
         runtime_seconds = finished - rollback_started
         # A catch-up over many tokens (a reply's first model round feeds the whole
         # prompt) is not a draft step: timing it as one would make the draft look slow.
-        step_times = [finished - started] if len(missing) == 1 else []
+        step_times = [finished - started] if read == 1 else []
         chain = draft_chain(
             rows,
             lambda token: forward_rows(model, [token], last_only=True),

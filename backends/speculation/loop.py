@@ -15,7 +15,11 @@ position: speculation changes which forward computed a row, never its values.
 
 K = 0 is plain autoregressive decoding through the same code. A :class:`DraftPolicy`
 chooses the drafter and K before each round; the fixed policy here is the baseline,
-an adaptive one can measure costs and acceptance and choose per round.
+an adaptive one can measure costs and acceptance and choose per round. Under one that
+asks for it (``auto``) the first round never drafts with a drafter that would first
+have to read the prompt (a draft model's cache follows lazily, so it has not): its
+token, the target's own from the prompt's last row, is streamed at once
+(``FirstRound``).
 
 Its parts live beside it: the policy's interface in ``draft_policy.py``, one round's
 verification in ``verification.py``, events and stats in ``generation_events.py``,
@@ -53,7 +57,7 @@ from backends.output.repeated_calls import RepeatedCallStop
 from backends.output.reply_end import ReplyEnd
 from backends.sampling.filters import SamplingParams
 from backends.sampling.penalties import TokenCounts
-from backends.speculation.draft_policy import DraftPolicy, RoundOutcome
+from backends.speculation.draft_policy import DraftPolicy, FirstRound, RoundOutcome
 from backends.speculation.drafters import common_prefix_length
 from backends.speculation.overlap import round_steps
 from backends.speculation.verification import verify_round
@@ -145,6 +149,13 @@ def speculative_generate(
     context = list(prompt_tokens)  # committed tokens; the last one is pending
     greedy = params.greedy
     learns = getattr(policy, "LEARNS", True)
+    # The first round's plan: where the policy asks, never one that waits for a drafter
+    # to read the prompt (the first token is the target's own, streamed at once).
+    first_round = (
+        FirstRound(policy, prompt_tokens)
+        if getattr(policy, "FIRST_TOKEN_NEVER_WAITS", False)
+        else policy
+    )
     # The reply's token counts for presence/frequency penalties (None: both are 0).
     # Tokens join as they are committed, so row i of a verify sees the counts after
     # the accepted drafts before it, as a draft model drafting position i did.
@@ -183,7 +194,7 @@ def speculative_generate(
                 draft_room = min(draft_room, exact_batch - 1)
                 forced = forced[:draft_room]
         plan, drafts, proposal = draft_round(
-            policy,
+            policy if stats.rounds else first_round,
             context,
             forced,
             draft_room,
@@ -294,6 +305,7 @@ def speculative_generate(
             finish_reason=finish,
             estimated_speedup=plan.estimated_speedup,
             decision=plan.reason,
+            costs_note=plan.costs_note,
             # The end-of-generation token is not in ``tokens``, so not here either.
             token_logprobs=tuple(emitted_logprobs[: len(kept_tokens)]),
             stop_sequence=reply_end.matched if end.stopped else None,
