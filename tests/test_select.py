@@ -60,7 +60,10 @@ def test_doctor_names_the_runtime_and_why():
     assert "chip:       Apple M3 Pro (Apple Silicon)" in lines
     assert "llama.cpp:  0.3.36 (GPU offload)" in lines
     assert "mlx:        0.32.4 (device: gpu)" in lines
-    assert lines[-1].startswith("runtime:    mlx (Apple Silicon with mlx 0.32.4 installed)")
+    [runtime] = [line for line in lines if line.startswith("runtime:")]
+    assert runtime.startswith("runtime:    mlx (Apple Silicon with mlx 0.32.4 installed)")
+    # Then auto's stored costs: none on a machine that has loaded no pair.
+    assert lines[-1] == "auto's costs: none measured yet (a pair's first load measures them)"
 
 
 def test_doctor_shows_nvidia_gpus_and_missing_runtimes():
@@ -76,4 +79,5 @@ def test_doctor_shows_nvidia_gpus_and_missing_runtimes():
     lines = render_report(report)
     assert "GPU:        NVIDIA GeForce RTX 4090, 24564 MiB" in lines
     assert "mlx:        not installed" in lines
-    assert lines[-1].startswith("runtime:    llamacpp (Linux x86_64 is not Apple Silicon)")
+    [runtime] = [line for line in lines if line.startswith("runtime:")]
+    assert runtime.startswith("runtime:    llamacpp (Linux x86_64 is not Apple Silicon)")
