@@ -90,10 +90,12 @@ def run_generation(
             job.cancel_reason or "cancelled",
         )
         return "cancelled"
-    # The prompt's cached share says whether an agent's turn read only what was new.
+    # The prompt's cached share says whether an agent's turn read only what was new;
+    # the drafts, whether speculation helped this reply (as llama.cpp's server logs).
     logger.info(
         "%s: %d tokens in %.2fs after %.2fs in the queue, finish_reason %s; "
-        "prompt %d tokens, %d of them cached, read in %.2fs, first token after %.2fs",
+        "prompt %d tokens, %d of them cached, read in %.2fs, first token after %.2fs; "
+        "%d drafted, %d accepted",
         job.id,
         tokens,
         seconds,
@@ -103,6 +105,8 @@ def run_generation(
         stats.cached_prompt_tokens,
         stats.prefill_seconds,
         stats.time_to_first_token,
+        stats.drafted,
+        stats.accepted,
     )
     return "completed"
 
