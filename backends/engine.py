@@ -30,10 +30,12 @@ from backends.speculation.calibration import measure_costs
 from backends.speculation.controller import AdaptiveDraftPolicy
 from backends.speculation.cost_model import CostModel, SharedForwardCosts
 from backends.speculation.draft_policy import DraftPolicy, FixedDraftPolicy
-from backends.speculation.drafters import Drafter, ModelDrafter, PredictionDrafter
 from backends.speculation.loop import speculative_generate
+from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.mtp_drafter import MtpDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
+from backends.speculation.prediction_drafter import PredictionDrafter
+from backends.speculation.proposal import Drafter
 from backends.speculation.text_lookup import TextLookup
 
 DRAFTER_CHOICES = ("auto", "model", "mtp", "ngram", "none")

@@ -22,7 +22,7 @@ from typing import Any
 from backends.engine import Engine, GenerationRequest
 from backends.generation_events import GenerationEvent
 from backends.runtime_exchange import RuntimeExchange
-from backends.speculation.drafters import common_prefix_length
+from backends.token_prefix import common_prefix_length
 
 
 def parallel_of(engine: Engine, asked: int | None = None) -> tuple[int, str | None]:

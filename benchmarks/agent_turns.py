@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parent.parent
 SOURCES = (
     "backends/speculation/loop.py",
     "backends/speculation/controller.py",
-    "backends/speculation/drafters.py",
+    "backends/speculation/model_drafter.py",
     "backends/engine.py",
     "app/engine/api.py",
     "app/engine/queue.py",

@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 SOURCES = (
     "backends/speculation/loop.py",
     "backends/speculation/controller.py",
-    "backends/speculation/drafters.py",
+    "backends/speculation/model_drafter.py",
 )
 SYSTEM = (
     "You are a coding agent. You read files with tools and answer with short, precise "

@@ -50,8 +50,8 @@ from backends.base import ChatMessage, VocabInfo
 from backends.engine import Engine, GenerationRequest
 from backends.sampling.filters import SamplingParams
 from backends.speculation.draft_policy import DraftPolicy, FixedDraftPolicy
-from backends.speculation.drafters import ModelDrafter
 from backends.speculation.loop import speculative_generate
+from backends.speculation.model_drafter import ModelDrafter
 
 N_VOCAB = 151_936
 BOS, EOS = 1, 2  # EOS is never favoured: every run writes exactly --tokens tokens

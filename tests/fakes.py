@@ -32,8 +32,8 @@ from backends.errors import DecodeError
 from backends.generation_events import GenerationEvent, SpeculativeStats
 from backends.sampling.filters import SamplingParams
 from backends.speculation.draft_policy import DraftPolicy, RoundOutcome, RoundPlan
-from backends.speculation.drafters import EMPTY_PROPOSAL, DraftProposal
 from backends.speculation.loop import speculative_generate
+from backends.speculation.proposal import EMPTY_PROPOSAL, DraftProposal
 
 EOS = 0
 BOS = 1

@@ -20,9 +20,10 @@ from backends.output.constraints import GrammarSpec, GrammarVocabulary
 from backends.output.output_constraints import ConstraintSpec, JsonOutput
 from backends.sampling.filters import SamplingParams, distribution
 from backends.speculation.draft_policy import FixedDraftPolicy
-from backends.speculation.drafters import ModelDrafter, PredictionDrafter
 from backends.speculation.loop import speculative_generate
+from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
+from backends.speculation.prediction_drafter import PredictionDrafter
 from tests.fakes import HashModel, draft_model_for
 from tests.model_files import DRAFT_KEY, TARGET_KEY
 

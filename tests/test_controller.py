@@ -11,8 +11,9 @@ from backends.speculation.acceptance import AcceptanceEstimate, ConfidenceFloor
 from backends.speculation.controller import MODEL_PROBE_INTERVAL, AdaptiveDraftPolicy
 from backends.speculation.cost_model import CostModel
 from backends.speculation.draft_policy import RoundOutcome
-from backends.speculation.drafters import DraftProposal, ModelDrafter
+from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
+from backends.speculation.proposal import DraftProposal
 from tests.fakes import HashModel, draft_model_for
 
 # Measured on a 2-core CPU with the starter pair: verify is nearly linear in n and the

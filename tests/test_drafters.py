@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from backends.sampling.filters import SamplingParams, distribution, greedy_token
-from backends.speculation.drafters import ModelDrafter, PredictionDrafter, common_prefix_length
+from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.ngram_drafter import NgramDrafter, NgramIndex
+from backends.speculation.prediction_drafter import PredictionDrafter
+from backends.token_prefix import common_prefix_length
 from tests.fakes import EOS, HashModel, chat_prompt, draft_model_for
 
 GREEDY = SamplingParams()
@@ -269,7 +271,7 @@ class ClockedModel(HashModel):
 
 def test_a_draft_step_is_timed_without_the_catch_up_on_unseen_context(monkeypatch) -> None:
     clock = [0.0]
-    monkeypatch.setattr("backends.speculation.drafters.time.perf_counter", lambda: clock[0])
+    monkeypatch.setattr("backends.speculation.model_drafter.time.perf_counter", lambda: clock[0])
     drafter = ModelDrafter(ClockedModel(clock))
     context = list(range(1, 21))
     rng = np.random.default_rng(0)

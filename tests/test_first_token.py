@@ -21,8 +21,8 @@ from backends.speculation.acceptance import AcceptanceEstimate
 from backends.speculation.controller import AdaptiveDraftPolicy
 from backends.speculation.cost_model import CostModel
 from backends.speculation.draft_policy import FIRST_ROUND_REASON
-from backends.speculation.drafters import READ_AS_PROMPT, ModelDrafter
 from backends.speculation.loop import speculative_generate
+from backends.speculation.model_drafter import READ_AS_PROMPT, ModelDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
 from tests.fakes import ASSISTANT, BOS, USER, HashModel, ScriptedTextModel, draft_model_for
 

@@ -30,7 +30,7 @@ import json, sys
 for name in ("llama_cpp", "mlx", "mlx_lm"):
     sys.modules[name] = None  # any import of it now raises ImportError
 import backends.base, backends.engine, backends.errors, backends.generation_events
-import backends.speculation.loop, backends.speculation.drafters, backends.speculation.rejection
+import backends.speculation.loop, backends.speculation.model_drafter, backends.speculation.rejection
 import backends.speculation.draft_policy, backends.speculation.verification
 import backends.sampling.filters, backends.sampling.sparse_distribution
 import backends.sampling.row_scans, backends.sampling.nucleus, backends.sampling.top_logits
@@ -228,8 +228,9 @@ def test_the_circle_finder_finds_a_circle() -> None:
 # -- the house inside backends/: the floor's doors at the top, rooms by purpose below ------
 
 # The doors every room may stand on (runtime_exchange: how a generation's thread hands
-# a runtime's work to the one thread that runs it).
-GROUND = {"base", "errors", "generation_events", "runtime_exchange"}
+# a runtime's work to the one thread that runs it; token_prefix: how much of a cache a
+# new context keeps).
+GROUND = {"base", "errors", "generation_events", "runtime_exchange", "token_prefix"}
 # The rooms each room may import besides itself: sampling imports nothing above it, the
 # loop never a runtime, a runtime never the loop. The doors engine, select and pair_check
 # sit on top and may import any room.
@@ -237,7 +238,8 @@ BACKENDS_MAY_IMPORT = {
     "sampling": {"base", "errors"},
     "output": GROUND | {"sampling"},
     "speculation": GROUND | {"sampling", "output"},
-    "caches": GROUND | {"sampling", "output", "speculation"},
+    # The caches keep model state by tokens; they need nothing of speculation.
+    "caches": GROUND | {"sampling", "output"},
     # Other machines' addresses, protocol and layer shares: plain Python, no runtime.
     "workers": {"errors"},
     "llamacpp": GROUND | {"sampling", "output", "workers"},

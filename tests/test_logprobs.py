@@ -25,8 +25,8 @@ from backends.output.constraints import GrammarSpec, GrammarState, GrammarVocabu
 from backends.sampling.filters import SamplingParams, distribution
 from backends.sampling.row_scans import log_normaliser, top_ids
 from backends.speculation.draft_policy import FixedDraftPolicy
-from backends.speculation.drafters import ModelDrafter
 from backends.speculation.loop import speculative_generate
+from backends.speculation.model_drafter import ModelDrafter
 from tests.fakes import HashModel, chat_prompt, draft_model_for
 from tests.model_files import DRAFT_KEY, TARGET_KEY, require_model
 from tests.test_server_tools import PARIS_CALL, WEATHER_TOOL, scripted_server

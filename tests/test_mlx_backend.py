@@ -138,8 +138,8 @@ def test_greedy_speculation_with_device_sampling_equals_plain_decoding(
     smollm2_pair_on_device,
 ) -> None:
     from backends.speculation.draft_policy import FixedDraftPolicy
-    from backends.speculation.drafters import ModelDrafter
     from backends.speculation.loop import speculative_generate
+    from backends.speculation.model_drafter import ModelDrafter
 
     model, draft = smollm2_pair_on_device
     prompt = model.tokenize("def fibonacci(n):\n")
@@ -161,8 +161,8 @@ def test_sampling_with_device_rows_is_reproducible_and_drafts_are_judged(
     smollm2_pair_on_device,
 ) -> None:
     from backends.speculation.draft_policy import FixedDraftPolicy
-    from backends.speculation.drafters import ModelDrafter
     from backends.speculation.loop import speculative_generate
+    from backends.speculation.model_drafter import ModelDrafter
 
     model, draft = smollm2_pair_on_device
     prompt = model.tokenize("Once upon a time")

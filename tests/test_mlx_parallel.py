@@ -24,7 +24,7 @@ from backends.sampling.filters import SamplingParams
 from backends.speculation.acceptance import AcceptanceEstimate
 from backends.speculation.cost_model import CostModel
 from backends.speculation.draft_policy import FIRST_ROUND_REASON
-from backends.speculation.drafters import READ_AS_PROMPT
+from backends.speculation.model_drafter import READ_AS_PROMPT
 from tests.model_files import SMOLLM2_KEY, TINY_MLX_LLAMA, require_mlx_model
 
 pytest.importorskip("mlx_lm")

@@ -19,10 +19,11 @@ from backends.engine import Engine, GenerationRequest
 from backends.runtime_exchange import is_computing_beside
 from backends.sampling.filters import SamplingParams
 from backends.speculation.draft_policy import FixedDraftPolicy, RoundOutcome, RoundPlan
-from backends.speculation.drafters import Drafter, ModelDrafter
 from backends.speculation.loop import speculative_generate
+from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
 from backends.speculation.overlap import _PreDraft, _serving
+from backends.speculation.proposal import Drafter
 from tests.fakes import HashModel, chat_prompt, draft_model_for
 from tests.test_mtp_controller import FakeHead
 

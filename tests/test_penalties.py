@@ -25,8 +25,8 @@ from backends.engine import Engine, GenerationRequest
 from backends.sampling.filters import SamplingParams, distribution
 from backends.sampling.penalties import TokenCounts
 from backends.speculation.draft_policy import FixedDraftPolicy
-from backends.speculation.drafters import ModelDrafter
 from backends.speculation.loop import speculative_generate
+from backends.speculation.model_drafter import ModelDrafter
 from tests.fakes import HashModel, draft_model_for
 from tests.model_files import DRAFT_KEY, TARGET_KEY
 

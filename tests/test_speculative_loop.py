@@ -30,9 +30,11 @@ from backends.generation_events import (
 )
 from backends.sampling.filters import SamplingParams, distribution
 from backends.speculation.draft_policy import FixedDraftPolicy
-from backends.speculation.drafters import Drafter, ModelDrafter, PredictionDrafter
 from backends.speculation.loop import PREFILL_SLICE, speculative_generate
+from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
+from backends.speculation.prediction_drafter import PredictionDrafter
+from backends.speculation.proposal import Drafter
 from tests.fakes import (
     BOS,
     E_ACUTE_HEAD,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from backends.base import Model, SavesSequenceState, SequenceState, reusable_prefix
 from backends.errors import DecodeError
-from backends.speculation.drafters import common_prefix_length
+from backends.token_prefix import common_prefix_length
 
 # Overwriting fewer tokens than this is not worth a copy of the state: reading them
 # again costs about what copying it out would.

@@ -50,7 +50,7 @@ from backends.caches.prefix_keys import (
 )
 from backends.caches.prefix_store import PrefixHit, PrefixStore
 from backends.errors import DecodeError
-from backends.speculation.drafters import common_prefix_length
+from backends.token_prefix import common_prefix_length
 
 log = logging.getLogger(__name__)
 

@@ -36,9 +36,11 @@ from backends.sampling.filters import SamplingParams
 from backends.speculation.acceptance import AcceptanceEstimate, ConfidenceFloor
 from backends.speculation.cost_model import CostModel
 from backends.speculation.draft_policy import RoundOutcome, RoundPlan
-from backends.speculation.drafters import Drafter, ModelDrafter, common_prefix_length
+from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.mtp_drafter import MtpDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
+from backends.speculation.proposal import Drafter
+from backends.token_prefix import common_prefix_length
 
 DEFAULT_MAX_DRAFT = 16
 # Priors, overruled by a few rounds of evidence. N-gram matches are tracked per match

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from backends.speculation.drafters import Drafter
+from backends.speculation.proposal import Drafter
 
 
 @dataclass(frozen=True)

@@ -58,9 +58,9 @@ from backends.output.reply_end import ReplyEnd
 from backends.sampling.filters import SamplingParams
 from backends.sampling.penalties import TokenCounts
 from backends.speculation.draft_policy import DraftPolicy, FirstRound, RoundOutcome
-from backends.speculation.drafters import common_prefix_length
 from backends.speculation.overlap import round_steps
 from backends.speculation.verification import verify_round
+from backends.token_prefix import common_prefix_length
 
 # Prompt tokens read between two looks at ``cancel``.
 PREFILL_SLICE = 1024

@@ -3,11 +3,12 @@
 Qwen3.5/3.6 and others ship an extra block that predicts one token further from the
 target's own hidden state; chained on its own hidden states it drafts several. The
 runtime runs it (:class:`DraftHead`, llama.cpp's in backends/llamacpp/mtp.py); this
-drafter shapes and samples its rows exactly as :class:`~backends.speculation.drafters.ModelDrafter`
-does a draft model's, so its ``q`` is the head's own filtered distribution and the
-loop's acceptance is exact rejection sampling (``min(1, p/q)`` and the residual), not
-llama.cpp's sample-and-match, which accepts less at temperature > 0. It drafts under
-a grammar (its rows masked like the target's) and stops a chain where its confidence
+drafter shapes and samples its rows exactly as
+:class:`~backends.speculation.model_drafter.ModelDrafter` does a draft model's, so its
+``q`` is the head's own filtered distribution and the loop's acceptance is exact
+rejection sampling (``min(1, p/q)`` and the residual), not llama.cpp's
+sample-and-match, which accepts less at temperature > 0. It drafts under a grammar
+(its rows masked like the target's) and stops a chain where its confidence
 falls below the floor the controller learns.
 """
 
@@ -24,12 +25,9 @@ from backends.output.constraints import GrammarState
 from backends.sampling.filters import SamplingParams
 from backends.sampling.penalties import TokenCounts
 from backends.sampling.rows import LogitRows
-from backends.speculation.drafters import (
-    EMPTY_PROPOSAL,
-    DraftProposal,
-    common_prefix_length,
-    draft_chain,
-)
+from backends.speculation.draft_chain import draft_chain
+from backends.speculation.proposal import EMPTY_PROPOSAL, DraftProposal
+from backends.token_prefix import common_prefix_length
 
 
 class DraftHead(Protocol):

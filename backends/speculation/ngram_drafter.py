@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from backends.sampling.filters import SamplingParams
-from backends.speculation.drafters import EMPTY_PROPOSAL, DraftProposal
+from backends.speculation.proposal import EMPTY_PROPOSAL, DraftProposal
 from backends.speculation.text_lookup import TextLookup
 
 # Every lookup finds at least this many tokens, so the round's later, longer asks reuse it.

@@ -48,7 +48,8 @@ from backends.sampling.filters import SamplingParams
 from backends.sampling.penalties import TokenCounts
 from backends.sampling.rows import LogitRows, forward_rows
 from backends.speculation.draft_policy import DraftPolicy, RoundPlan
-from backends.speculation.drafters import EMPTY_PROPOSAL, DraftProposal, ModelDrafter
+from backends.speculation.model_drafter import ModelDrafter
+from backends.speculation.proposal import EMPTY_PROPOSAL, DraftProposal
 from backends.speculation.round_drafts import round_drafts
 
 DraftRound = Callable[

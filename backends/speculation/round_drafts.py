@@ -16,7 +16,7 @@ from backends.sampling.filters import SamplingParams
 from backends.sampling.penalties import TokenCounts
 from backends.sampling.sparse_distribution import SparseDistribution
 from backends.speculation.draft_policy import DraftPolicy, RoundPlan
-from backends.speculation.drafters import EMPTY_PROPOSAL, DraftProposal
+from backends.speculation.proposal import EMPTY_PROPOSAL, DraftProposal
 
 
 def round_drafts(

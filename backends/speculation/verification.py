@@ -22,7 +22,7 @@ from backends.sampling.penalties import TokenCounts
 from backends.sampling.row_scans import log_normaliser, top_ids
 from backends.sampling.rows import LogitRows
 from backends.sampling.sparse_distribution import SparseDistribution
-from backends.speculation.drafters import DraftProposal
+from backends.speculation.proposal import DraftProposal
 from backends.speculation.rejection import verify_draft_token
 
 
