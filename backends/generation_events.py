@@ -198,11 +198,43 @@ class StatsAccumulator:
     grammar_forced: int = 0
     predrafted_rounds: int = 0
     predrafts_used: int = 0
+    round_ended: float = 0.0  # when the last round's event was made (or decoding began)
 
     def record_accepted_length(self, accepted: int) -> None:
         while len(self.histogram) <= accepted:
             self.histogram.append(0)
         self.histogram[accepted] += 1
+
+    def count_verify(self, verified: int, forced: int, accepted: int) -> tuple[int, int]:
+        """Count a round whose one verify judged ``verified`` drafts, the grammar's
+        ``forced`` tokens leading, of which the target ``accepted`` the first ones;
+        return the drafter's guesses judged and accepted.
+
+        Guesses behind a forced token the target refused (a forced stretch another
+        tokenisation could also spell) were never judged: not counted as drafted.
+        """
+        judged = verified - forced if accepted >= forced else 0
+        guesses_accepted = max(0, accepted - forced)
+        self.rounds += 1
+        self.target_passes += 1
+        self.grammar_forced += min(accepted, forced)
+        if judged:
+            self.speculative_rounds += 1
+            self.drafted += judged
+            self.accepted += guesses_accepted
+            self.record_accepted_length(guesses_accepted)
+        return judged, guesses_accepted
+
+    def count_round_end(self, now: float, started: float, *, wrote: bool, plain: bool) -> None:
+        """A round's tokens are out at ``now`` (the reply ``started`` then): the first
+        token's time once something was written, decode time, plain rounds' time."""
+        if self.time_to_first_token == 0.0 and wrote:
+            self.time_to_first_token = now - started
+        self.decode_seconds = now - self.decode_started
+        if plain:
+            self.plain_rounds += 1
+            self.plain_round_seconds += now - self.round_ended
+        self.round_ended = now
 
     def snapshot(self) -> SpeculativeStats:
         """The totals so far, frozen (the fields both classes have are copied by name)."""

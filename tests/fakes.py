@@ -377,8 +377,18 @@ class RecordingPolicy:
 
     inner: DraftPolicy
     begun_with: list[list[int]] = field(default_factory=list)
+    # It is told every round, to record it, whatever the inner policy learns.
+    LEARNS = True
     plans: list[tuple[int, int]] = field(default_factory=list)
     outcomes: list[RoundOutcome] = field(default_factory=list)
+
+    @property
+    def FIRST_TOKEN_NEVER_WAITS(self) -> bool:
+        return self.inner.FIRST_TOKEN_NEVER_WAITS
+
+    @property
+    def exact_batch_limit(self) -> int | None:
+        return self.inner.exact_batch_limit
 
     def begin(self, prompt_tokens: Sequence[int]) -> None:
         """Record and pass on."""

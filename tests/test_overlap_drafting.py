@@ -154,6 +154,8 @@ class ScheduledPolicy:
     """Plans a fixed cycle of (drafter, K), as ``auto`` might change its mind per round."""
 
     LEARNS = False
+    FIRST_TOKEN_NEVER_WAITS = False
+    exact_batch_limit = None
 
     def __init__(self, schedule: list[tuple[Drafter | None, int]]) -> None:
         self.schedule = schedule

@@ -92,6 +92,8 @@ class AdaptiveDraftPolicy:
     # FirstRound): the first token is the target's own, and later rounds charge the
     # reading to the choice that needs it.
     FIRST_TOKEN_NEVER_WAITS = True
+    # It learns acceptance and costs from every round.
+    LEARNS = True
 
     def __init__(
         self,

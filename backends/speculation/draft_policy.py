@@ -51,14 +51,17 @@ class RoundOutcome:
 class DraftPolicy(Protocol):
     """Chooses the drafter and draft length for each round.
 
-    A policy whose class sets ``LEARNS = False`` is not told about finished rounds
-    (``observe`` is not called): describing one costs host time every round. A policy
-    with an ``exact_batch_limit`` (exact output: the largest verify batch measured to
-    round like one-token decoding) has the loop keep the grammar's forced tokens, and
-    the guesses after them, within it. A policy whose class sets
-    ``FIRST_TOKEN_NEVER_WAITS = True`` has its first round planned through
-    :class:`FirstRound`.
+    Three declarations tell the loop how to treat it. ``LEARNS``: False, and it is not
+    told about finished rounds (``observe`` is not called; describing one costs host
+    time every round). ``FIRST_TOKEN_NEVER_WAITS``: True, and its first round is
+    planned through :class:`FirstRound`. ``exact_batch_limit`` (exact output: the
+    largest verify batch measured to round like one-token decoding; None: any): the
+    loop keeps the grammar's forced tokens, and the guesses after them, within it.
     """
+
+    LEARNS: bool
+    FIRST_TOKEN_NEVER_WAITS: bool
+    exact_batch_limit: int | None
 
     def begin(self, prompt_tokens: Sequence[int]) -> None:
         """A new generation starts."""
@@ -86,6 +89,8 @@ class FixedDraftPolicy:
 
     # It learns nothing from a round, so the loop need not describe one to it.
     LEARNS = False
+    # Its rounds do not depend on what a drafter has read (see above).
+    FIRST_TOKEN_NEVER_WAITS = False
 
     def __init__(
         self, drafter: Drafter | None, draft_length: int, exact_batch_limit: int | None = None
@@ -125,9 +130,13 @@ class FirstRound:
     The loop uses it for policies that set ``FIRST_TOKEN_NEVER_WAITS`` (``auto``).
     """
 
+    FIRST_TOKEN_NEVER_WAITS = False  # it is the first round's planner itself
+
     def __init__(self, policy: DraftPolicy, prompt_tokens: Sequence[int]) -> None:
         self.policy = policy
         self.prompt_tokens = prompt_tokens
+        self.LEARNS = policy.LEARNS
+        self.exact_batch_limit = policy.exact_batch_limit
 
     def begin(self, prompt_tokens: Sequence[int]) -> None:
         """Pass on."""

@@ -59,7 +59,8 @@ from backends.sampling.filters import SamplingParams
 from backends.sampling.penalties import TokenCounts
 from backends.speculation.draft_policy import DraftPolicy, FirstRound, RoundOutcome
 from backends.speculation.overlap import round_steps
-from backends.speculation.verification import verify_round
+from backends.speculation.round_sampling import RoundSampling
+from backends.speculation.verification import VerifiedRound, verify_round
 from backends.token_prefix import common_prefix_length
 
 # Prompt tokens read between two looks at ``cancel``.
@@ -121,23 +122,11 @@ def speculative_generate(
             f"The prompt is {len(prompt_tokens)} tokens but the context holds "
             f"{target.n_ctx}. Shorten the prompt or start with a larger --context."
         )
-    rng = np.random.default_rng(params.seed)
     stats = StatsAccumulator(prompt_tokens=len(prompt_tokens))
     started = time.perf_counter()
-    save_point = prepare_cache(prompt_tokens) if prepare_cache is not None else None
-
-    # Prefill everything but the last prompt token, without logits; that token is the
-    # first round's "pending" token, evaluated together with the first drafts.
-    cached = list(target.cached_tokens)
-    reuse = min(common_prefix_length(cached, prompt_tokens), len(prompt_tokens) - 1)
-    # A recurrent state cut back this far keeps less than the shared prefix; the rest
-    # is read again (counted as read, not as reused).
-    stats.cached_prompt_tokens = reusable_prefix(target, reuse)
-    target.rollback(reuse)
-    read_whole = _read_prompt(target, prompt_tokens, reuse, save_point, cancel)
+    read_whole = _read_prompt(target, prompt_tokens, stats, prepare_cache, cancel)
     stats.prefill_seconds = time.perf_counter() - started
-    stats.decode_started = time.perf_counter()
-    previous_round_end = stats.decode_started
+    stats.decode_started = stats.round_ended = time.perf_counter()
     detokenizer = IncrementalDetokenizer(target)
     reply_end = ReplyEnd(stop, repeated_calls)
     if not read_whole:
@@ -147,28 +136,19 @@ def speculative_generate(
 
     policy.begin(prompt_tokens)
     context = list(prompt_tokens)  # committed tokens; the last one is pending
-    greedy = params.greedy
-    learns = getattr(policy, "LEARNS", True)
     # The first round's plan: where the policy asks, never one that waits for a drafter
     # to read the prompt (the first token is the target's own, streamed at once).
-    first_round = (
-        FirstRound(policy, prompt_tokens)
-        if getattr(policy, "FIRST_TOKEN_NEVER_WAITS", False)
-        else policy
-    )
+    first_round = FirstRound(policy, prompt_tokens) if policy.FIRST_TOKEN_NEVER_WAITS else policy
     # The reply's token counts for presence/frequency penalties (None: both are 0).
     # Tokens join as they are committed, so row i of a verify sees the counts after
     # the accepted drafts before it, as a draft model drafting position i did.
     penalties = TokenCounts.for_penalties(params.presence_penalty, params.frequency_penalty)
+    sampling = RoundSampling(params, np.random.default_rng(params.seed), constraint, penalties)
     # A target with a recurrent state undoes at most this many drafts for free (its
     # snapshots); forced tokens and guesses together stay within it.
     most_drafts = rollback_limit(target)
-    # Exact output: the largest batch that rounds like one-token decoding (None: any).
-    exact_batch = getattr(policy, "exact_batch_limit", None)
     # With ``overlap_drafting``, the next round is drafted during the verify (overlap.py).
-    draft_round, verify_forward = round_steps(
-        overlap_drafting, params, constraint, penalties, stats
-    )
+    draft_round, verify_forward = round_steps(overlap_drafting, sampling, stats)
 
     while True:
         if cancel is not None and cancel.is_set():
@@ -179,127 +159,65 @@ def speculative_generate(
         if remaining <= 0 or room < 0:
             yield _final_event(stats, reply_end, detokenizer, FINISH_LENGTH)
             return
-
-        draft_room = min(remaining - 1, room)
-        if most_drafts is not None:
-            draft_room = min(draft_room, most_drafts)
-        forced: list[int] = []
-        if constraint is not None and draft_room > 0:
-            # The grammar's only continuation: drafts that cost nothing to propose.
-            forced = constraint.forced()[: min(draft_room, MAX_FORCED_DRAFTS)]
-            if forced and exact_batch is not None:
-                # A forced stretch and the guesses after it are verified in exact
-                # batches too (the stretch goes on next round): computed in a larger
-                # one, its cache would round otherwise than plain decoding's.
-                draft_room = min(draft_room, exact_batch - 1)
-                forced = forced[:draft_room]
-        plan, drafts, proposal = draft_round(
-            policy if stats.rounds else first_round,
-            context,
-            forced,
-            draft_room,
-            params,
-            rng,
-            constraint,
-            penalties,
-        )
+        draft_room = min(remaining - 1, room, most_drafts if most_drafts is not None else room)
+        forced, draft_room = _forced_tokens(constraint, draft_room, policy.exact_batch_limit)
+        round_policy = policy if stats.rounds else first_round
+        plan, drafts, proposal = draft_round(round_policy, context, forced, draft_room, sampling)
         stats.runtime_seconds += proposal.runtime_seconds
-        verify_started = time.perf_counter()
-
-        base = len(target.cached_tokens)
-        rows = verify_forward(target, [context[-1], *drafts])
-        stats.runtime_seconds += time.perf_counter() - verify_started
-        stats.target_passes += 1
         stats.draft_passes += proposal.passes
 
-        emitted, from_draft, emitted_logprobs, accepted = verify_round(
-            target,
-            rows,
-            drafts,
-            proposal,
-            params,
-            rng,
-            constraint,
-            penalties,
-            logprobs,
-            greedy=greedy,
-        )
-
+        verify_started = time.perf_counter()
+        base = len(target.cached_tokens)
+        rows = verify_forward(target, [context[-1], *drafts])
+        judging_started = time.perf_counter()
+        verified = verify_round(target, rows, drafts, proposal, sampling, logprobs)
         # Keep the pending token and the accepted drafts; the new pending token (the
         # correction or bonus) is evaluated at the head of the next round.
         rollback_started = time.perf_counter()
-        target.rollback(base + 1 + accepted)
+        target.rollback(base + 1 + verified.accepted)
         finished = time.perf_counter()
-        stats.runtime_seconds += finished - rollback_started
         verify_seconds = finished - verify_started
+        # The judging (sampling, logprobs) is host work between the runtime's calls.
+        stats.runtime_seconds += verify_seconds - (rollback_started - judging_started)
 
-        # The forced tokens lead the batch; the drafter's guesses follow them. Guesses
-        # behind a forced token the target refused (a forced stretch that another
-        # tokenisation could also spell) were never judged: not counted as drafted.
-        guessed = len(drafts) - len(forced)
-        judged = guessed if accepted >= len(forced) else 0
-        guessed_accepted = max(0, accepted - len(forced))
+        judged, guesses_accepted = stats.count_verify(len(drafts), len(forced), verified.accepted)
+        guessed = len(drafts) > len(forced)
         guesser = plan.drafter.name if plan.drafter is not None and guessed else "none"
-        round_drafter = _round_drafter_name(bool(forced), guesser)
-        stats.rounds += 1
-        stats.grammar_forced += min(accepted, len(forced))
-        if judged:
-            stats.speculative_rounds += 1
-            stats.drafted += judged
-            stats.accepted += guessed_accepted
-            stats.record_accepted_length(guessed_accepted)
-        if learns:
+        if policy.LEARNS:
             policy.observe(
                 RoundOutcome(
                     drafter=guesser,
                     drafted=judged,
-                    accepted=guessed_accepted,
+                    accepted=guesses_accepted,
                     verify_seconds=verify_seconds,
-                    emitted=len(emitted),
+                    emitted=len(verified.emitted),
                     draft_confidences=tuple(proposal.top_probs[:judged]),
                     draft_step_seconds=proposal.step_seconds,
                     other_verified=len(drafts) - judged,
                 )
             )
 
-        segments: list[TextSegment] = []
-        finish: str | None = None
-        kept_tokens: list[int] = []
-        kept_provenance: list[bool] = []
-        for token, drafted in zip(emitted, from_draft, strict=True):
-            context.append(token)
-            if target.is_end_of_generation(token):
-                finish = FINISH_STOP
-                break
-            kept_tokens.append(token)
-            kept_provenance.append(drafted)
-            stats.generated_tokens += 1
-            segments.append(TextSegment(detokenizer.push(token), drafted))
-        now = time.perf_counter()
-        if stats.time_to_first_token == 0.0 and (kept_tokens or finish):
-            stats.time_to_first_token = now - started
-        stats.decode_seconds = now - stats.decode_started
-        if not drafts:
-            stats.plain_rounds += 1
-            stats.plain_round_seconds += now - previous_round_end
-        previous_round_end = now
-        if finish is None and stats.generated_tokens >= max_tokens:
-            finish = FINISH_LENGTH
+        kept, provenance, segments, finish = _commit(
+            target, verified, context, detokenizer, stats, max_tokens
+        )
+        stats.count_round_end(
+            time.perf_counter(), started, wrote=bool(kept or finish), plain=not drafts
+        )
         tail = TextSegment(detokenizer.flush(), False) if finish is not None else None
         end = reply_end.push(segments, tail, finish is not None)
         if end.stopped or end.repeated:
             finish = FINISH_STOP
             # Drafts accepted past the stop were never the reply's: plain decoding
             # would have ended at the token that completed it.
-            stats.generated_tokens -= len(kept_tokens) - end.tokens
-            del kept_tokens[end.tokens :], kept_provenance[end.tokens :]
+            stats.generated_tokens -= len(kept) - end.tokens
+            del kept[end.tokens :], provenance[end.tokens :]
         merged = merge_segments(end.shown)
         yield GenerationEvent(
             text="".join(s.text for s in merged),
             segments=merged,
-            tokens=tuple(kept_tokens),
-            from_draft=tuple(kept_provenance),
-            drafter=round_drafter,
+            tokens=tuple(kept),
+            from_draft=tuple(provenance),
+            drafter=_round_drafter_name(bool(forced), guesser),
             draft_length=len(drafts),
             stats=stats.snapshot(),
             finish_reason=finish,
@@ -307,7 +225,7 @@ def speculative_generate(
             decision=plan.reason,
             costs_note=plan.costs_note,
             # The end-of-generation token is not in ``tokens``, so not here either.
-            token_logprobs=tuple(emitted_logprobs[: len(kept_tokens)]),
+            token_logprobs=tuple(verified.logprobs[: len(kept)]),
             stop_sequence=reply_end.matched if end.stopped else None,
             repeated_call=end.repeated,
         )
@@ -315,16 +233,73 @@ def speculative_generate(
             return
 
 
+def _forced_tokens(
+    constraint: GrammarState | None, draft_room: int, exact_batch: int | None
+) -> tuple[list[int], int]:
+    """The grammar's only continuation, as drafts that cost nothing to propose, and the
+    round's room for drafts after it is bounded for them."""
+    if constraint is None or draft_room <= 0:
+        return [], draft_room
+    forced = constraint.forced()[: min(draft_room, MAX_FORCED_DRAFTS)]
+    if forced and exact_batch is not None:
+        # A forced stretch and the guesses after it are verified in exact batches too
+        # (the stretch goes on next round): computed in a larger one, its cache would
+        # round otherwise than plain decoding's.
+        draft_room = min(draft_room, exact_batch - 1)
+        forced = forced[:draft_room]
+    return forced, draft_room
+
+
+def _commit(
+    target: Model,
+    verified: VerifiedRound,
+    context: list[int],
+    detokenizer: IncrementalDetokenizer,
+    stats: StatsAccumulator,
+    max_tokens: int,
+) -> tuple[list[int], list[bool], list[TextSegment], str | None]:
+    """Commit the round's tokens to ``context`` up to an end-of-generation token: the
+    tokens kept for the reply, whether each came from a draft, their text, and how the
+    reply finished (None: it goes on)."""
+    segments: list[TextSegment] = []
+    finish: str | None = None
+    kept: list[int] = []
+    provenance: list[bool] = []
+    for token, drafted in zip(verified.emitted, verified.from_draft, strict=True):
+        context.append(token)
+        if target.is_end_of_generation(token):
+            finish = FINISH_STOP
+            break
+        kept.append(token)
+        provenance.append(drafted)
+        stats.generated_tokens += 1
+        segments.append(TextSegment(detokenizer.push(token), drafted))
+    if finish is None and stats.generated_tokens >= max_tokens:
+        finish = FINISH_LENGTH
+    return kept, provenance, segments, finish
+
+
 def _read_prompt(
     target: Model,
     prompt_tokens: Sequence[int],
-    reuse: int,
-    save_point: SavePoint | None,
+    stats: StatsAccumulator,
+    prepare_cache: Callable[[Sequence[int]], SavePoint | None] | None,
     cancel: threading.Event | None,
 ) -> bool:
-    """Read the prompt from ``reuse`` up to its last token, pausing at ``save_point``
-    (when it lies ahead) so the state there can be kept; False if cancelled."""
+    """Read all of the prompt but its last token (the first round's pending one, read
+    with the first drafts) into the target's cache, reusing what it holds of it;
+    False if cancelled.
+
+    ``prepare_cache`` runs first; a :class:`SavePoint` it returns has reading pause
+    there (when it lies ahead) so the state there can be kept.
+    """
+    save_point = prepare_cache(prompt_tokens) if prepare_cache is not None else None
     end = len(prompt_tokens) - 1
+    reuse = min(common_prefix_length(list(target.cached_tokens), prompt_tokens), end)
+    # A recurrent state cut back this far keeps less than the shared prefix; the rest
+    # is read again (counted as read, not as reused).
+    stats.cached_prompt_tokens = reusable_prefix(target, reuse)
+    target.rollback(reuse)
     if save_point is not None and reuse <= save_point.position <= end:
         if not _prefill(target, prompt_tokens[reuse : save_point.position], cancel):
             return False

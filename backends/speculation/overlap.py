@@ -38,19 +38,15 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import numpy as np
-
 from backends.base import Model
 from backends.generation_events import StatsAccumulator
-from backends.output.constraints import GrammarState
 from backends.runtime_exchange import computing_beside
-from backends.sampling.filters import SamplingParams
-from backends.sampling.penalties import TokenCounts
 from backends.sampling.rows import LogitRows, forward_rows
 from backends.speculation.draft_policy import DraftPolicy, RoundPlan
 from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.proposal import EMPTY_PROPOSAL, DraftProposal
 from backends.speculation.round_drafts import round_drafts
+from backends.speculation.round_sampling import RoundSampling
 
 DraftRound = Callable[
     [
@@ -58,10 +54,7 @@ DraftRound = Callable[
         list[int],
         list[int],
         int,
-        SamplingParams,
-        np.random.Generator,
-        GrammarState | None,
-        TokenCounts | None,
+        RoundSampling,
     ],
     tuple[RoundPlan, list[int], DraftProposal],
 ]
@@ -69,18 +62,14 @@ VerifyForward = Callable[[Model, Sequence[int]], LogitRows]
 
 
 def round_steps(
-    overlap: bool,
-    params: SamplingParams,
-    constraint: GrammarState | None,
-    penalties: TokenCounts | None,
-    stats: StatsAccumulator,
+    overlap: bool, sampling: RoundSampling, stats: StatsAccumulator
 ) -> tuple[DraftRound, VerifyForward]:
     """The loop's two steps of a round: making its drafts, and the verify's forward.
 
     Without ``overlap`` (or where it does not apply) they are the plain ones, called as
     they always were; with it, both go through one :class:`OverlapDrafting`.
     """
-    if not overlap or not params.greedy or constraint is not None or penalties is not None:
+    if not overlap or not sampling.greedy or sampling.shapes_rows:
         return round_drafts, forward_rows
     drafting = OverlapDrafting(stats)
     return drafting.draft, drafting.forward
@@ -94,8 +83,7 @@ class _Ahead:
     drafter: ModelDrafter
     context: list[int]
     length: int
-    params: SamplingParams
-    rng: np.random.Generator
+    sampling: RoundSampling
 
 
 @dataclass(frozen=True)
@@ -130,10 +118,7 @@ class OverlapDrafting:
         context: list[int],
         forced: list[int],
         room: int,
-        params: SamplingParams,
-        rng: np.random.Generator,
-        constraint: GrammarState | None,
-        penalties: TokenCounts | None,
+        sampling: RoundSampling,
     ) -> tuple[RoundPlan, list[int], DraftProposal]:
         """This round's plan and drafts (as :func:`round_drafts`), from the pre-draft
         where the guess held and the plan wants no more of the draft model than it has."""
@@ -146,18 +131,18 @@ class OverlapDrafting:
         if drafter is None or length == 0:
             return plan, [], EMPTY_PROPOSAL
         if not isinstance(drafter, ModelDrafter):
-            proposal = drafter.propose(context, length, params, rng)
+            proposal = drafter.propose(context, length, sampling.params, sampling.rng)
             return plan, proposal.tokens[:length], proposal
         proposal = _serving(ready, drafter, context, length)
         if proposal is not None:
             self.stats.predrafts_used += 1
         else:
-            proposal = drafter.propose(context, length, params, rng)
+            proposal = drafter.propose(context, length, sampling.params, sampling.rng)
         drafts = proposal.tokens[:length]
         model = drafter.model
         # The draft model reads the drafts, the guess and ``length`` more: all must fit.
         if drafts and len(context) + 2 * len(drafts) + 2 <= model.n_ctx:
-            self._ahead = _Ahead(self._beside(model), [*context, *drafts], length, params, rng)
+            self._ahead = _Ahead(self._beside(model), [*context, *drafts], length, sampling)
         return plan, drafts, proposal
 
     def forward(self, target: Model, tokens: Sequence[int]) -> LogitRows:
@@ -168,7 +153,10 @@ class OverlapDrafting:
             return forward_rows(target, tokens)
         verify = _verifier().submit(_forward_beside, target, tokens)
         try:
-            chain = ahead.drafter.propose(ahead.context, ahead.length + 1, ahead.params, ahead.rng)
+            sampling = ahead.sampling
+            chain = ahead.drafter.propose(
+                ahead.context, ahead.length + 1, sampling.params, sampling.rng
+            )
         finally:
             # Never leave the target computing: its result (or error) is waited for first.
             rows = verify.result()

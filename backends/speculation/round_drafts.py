@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
-from backends.output.constraints import GrammarState
-from backends.sampling.filters import SamplingParams
-from backends.sampling.penalties import TokenCounts
 from backends.sampling.sparse_distribution import SparseDistribution
 from backends.speculation.draft_policy import DraftPolicy, RoundPlan
-from backends.speculation.proposal import EMPTY_PROPOSAL, DraftProposal
+from backends.speculation.proposal import EMPTY_PROPOSAL, Drafter, DraftProposal
+from backends.speculation.round_sampling import RoundSampling
 
 
 def round_drafts(
@@ -24,10 +20,7 @@ def round_drafts(
     context: list[int],
     forced: list[int],
     room: int,
-    params: SamplingParams,
-    rng: np.random.Generator,
-    constraint: GrammarState | None,
-    penalties: TokenCounts | None,
+    sampling: RoundSampling,
 ) -> tuple[RoundPlan, list[int], DraftProposal]:
     """This round's plan and drafts: the grammar's forced tokens, then the drafter's.
 
@@ -37,6 +30,7 @@ def round_drafts(
     ``room`` bounds the whole batch of drafts. The proposal's distributions (q) are
     aligned with the drafts: a point mass for each forced token.
     """
+    constraint, penalties = sampling.constraint, sampling.penalties
     after = [*context, *forced] if forced else context
     if forced:
         assert constraint is not None
@@ -48,13 +42,7 @@ def round_drafts(
         length = max(0, min(plan.draft_length, room - len(forced)))
         proposal = EMPTY_PROPOSAL
         if plan.drafter is not None and length > 0:
-            shaped = constraint is not None or penalties is not None
-            if shaped and getattr(plan.drafter, "FOLLOWS_GRAMMAR", False):
-                proposal = plan.drafter.propose(
-                    after, length, params, rng, constraint=constraint, penalties=penalties
-                )
-            else:
-                proposal = plan.drafter.propose(after, length, params, rng)
+            proposal = _propose(plan.drafter, after, length, sampling)
         guesses = proposal.tokens[:length]
         if constraint is not None and guesses:
             # A draft the grammar refuses would be rejected anyway; not verifying it
@@ -76,3 +64,21 @@ def round_drafts(
         proposal, tokens=[*forced, *guesses], distributions=distributions
     )
     return plan, [*forced, *guesses], combined
+
+
+def _propose(
+    drafter: Drafter, context: list[int], length: int, sampling: RoundSampling
+) -> DraftProposal:
+    """The drafter's proposal, drafted under the grammar and the penalties where it
+    follows them (``FOLLOWS_GRAMMAR``); other drafters' guesses are cut to the grammar
+    by the caller and need no penalties (their q is a point mass)."""
+    if sampling.shapes_rows and getattr(drafter, "FOLLOWS_GRAMMAR", False):
+        return drafter.propose(
+            context,
+            length,
+            sampling.params,
+            sampling.rng,
+            constraint=sampling.constraint,
+            penalties=sampling.penalties,
+        )
+    return drafter.propose(context, length, sampling.params, sampling.rng)

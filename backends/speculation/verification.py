@@ -24,6 +24,7 @@ from backends.sampling.rows import LogitRows
 from backends.sampling.sparse_distribution import SparseDistribution
 from backends.speculation.proposal import DraftProposal
 from backends.speculation.rejection import verify_draft_token
+from backends.speculation.round_sampling import RoundSampling
 
 
 class VerifiedRound(NamedTuple):
@@ -43,13 +44,8 @@ def verify_round(
     rows: LogitRows,
     drafts: Sequence[int],
     proposal: DraftProposal,
-    params: SamplingParams,
-    rng: np.random.Generator,
-    constraint: GrammarState | None,
-    penalties: TokenCounts | None,
+    sampling: RoundSampling,
     logprobs: int | None,
-    *,
-    greedy: bool,
 ) -> VerifiedRound:
     """Judge ``drafts`` against the target's ``rows``: the accepted ones, then one more.
 
@@ -58,6 +54,8 @@ def verify_round(
     one is replaced by a draw from the residual, or where all pass a bonus token is
     drawn from p. Nothing follows an end-of-generation token.
     """
+    params, rng = sampling.params, sampling.rng
+    constraint, penalties = sampling.constraint, sampling.penalties
     emitted: list[int] = []
     from_draft: list[bool] = []
     # Aligned with ``emitted`` when logprobs are asked for. Each is read before
@@ -65,7 +63,7 @@ def verify_round(
     emitted_logprobs: list[TokenLogprob] = []
     accepted = 0
     hit_end = False
-    if greedy:
+    if sampling.greedy:
         # Only the argmax of each row, and only of rows up to the first mismatch.
         for position, draft_token in enumerate(drafts):
             if _greedy_under(rows, position, constraint, penalties) != draft_token:
