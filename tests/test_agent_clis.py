@@ -57,6 +57,10 @@ FULL_PROMPT_ENV = "DRAFTPEN_TEST_FULL_AGENT_PROMPT"
 
 SMALL_PAIR = "agents-small"
 REAL_PAIR = "starter"
+# The context every launch asks for: the small prompts fit with room to answer, and an
+# agent that sizes its replies by the context (opencode: a quarter of it, up to 8k
+# tokens) asks for at most 1024, so a rambling sampled reply ends within a minute.
+CONTEXT = 4096
 
 # What the engine logs for each reply it finished (app/engine/generation_run.py).
 FINISHED = re.compile(
@@ -239,6 +243,7 @@ def launch(
     run: str | None = None,
     environment: dict[str, str] | None = None,
     seconds: int = CLI_SECONDS,
+    context: int = CONTEXT,
 ) -> Launched:
     """``draftpen launch AGENT --pair PAIR -- ARGUMENTS`` in a fresh project directory
     (``run`` names its folder; the agent's name by default)."""
@@ -258,6 +263,7 @@ def launch(
         env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(CLAUDE_MAX_OUTPUT_TOKENS)
     env.update(environment or {})
     command = [sys.executable, "-m", "app.main", "launch", agent, "--pair", pair]
+    command += ["--context", str(context)]
     before = len(agents.log_lines())
     started = time.monotonic()
     result = subprocess.run(
@@ -293,6 +299,7 @@ def run_claude(
     run: str,
     question: str = QUESTION,
     seconds: int = CLI_SECONDS,
+    context: int = CONTEXT,
 ) -> Launched:
     """Claude Code's ``-p`` run on ``pair``: a session it ends without an error of
     ours, every request answered, and the usage it read equal to the engine's."""
@@ -407,4 +414,11 @@ def test_claude_code_on_the_real_pair_speculates_its_turns(agents_home: AgentsHo
 def test_claude_code_with_its_whole_prompt_on_the_real_pair(agents_home: AgentsHome):
     # Every one of Claude Code's tools and its whole system prompt: launch's 32k
     # context, the tools' schemas through the Messages dialect and the saved prefix.
-    run_claude(agents_home, REAL_PAIR, [], run="claude-whole-prompt", seconds=FULL_PROMPT_SECONDS)
+    run_claude(
+        agents_home,
+        REAL_PAIR,
+        [],
+        run="claude-whole-prompt",
+        seconds=FULL_PROMPT_SECONDS,
+        context=32768,
+    )
