@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import ChatMessage, Model, SavePoint, ToolSpec, rollback_limit
+from backends.caches.cache_preparation import cache_preparer, then_save_draft
 from backends.caches.conversation_cache import ConversationCache
 from backends.caches.disk_prefixes import DiskPrefixes
 from backends.errors import BackendError
@@ -346,7 +347,7 @@ class Engine:
         draft = self._draft_in_use(request)
         if self.prefixes is None or draft is None:
             return events
-        return _then_save_draft(events, self.prefixes, draft)
+        return then_save_draft(events, self.prefixes, draft)
 
     def overlaps(self) -> bool:
         """Whether the loop may draft the next round during each verify: the target has
@@ -376,21 +377,11 @@ class Engine:
     ) -> Callable[[Sequence[int]], SavePoint | None] | None:
         """What brings kept or saved states back before the loop reads ``request``'s
         prompt, and says where reading it should pause to save the target's state."""
-        conversations, prefixes = self.conversations, self.prefixes
-        if conversations is None and prefixes is None:
+        if self.conversations is None and self.prefixes is None:
             return None
         draft = self._draft_in_use(request)
         roles = [("target", self.target)] + ([("draft", draft)] if draft is not None else [])
-
-        def prepare(prompt: Sequence[int]) -> SavePoint | None:
-            for role, model in roles:
-                if conversations is not None:
-                    conversations.prepare(role, model, prompt)
-                if prefixes is not None:
-                    prefixes.load(role, model, prompt)
-            return prefixes.save_point("target", self.target, prompt) if prefixes else None
-
-        return prepare
+        return cache_preparer(self.conversations, self.prefixes, roles)
 
     def close(self) -> None:
         """Finish writing prefixes to disk, then free both models and the conversations
@@ -407,18 +398,6 @@ class Engine:
         self.target.close()
         if self.draft is not None:
             self.draft.close()
-
-
-def _then_save_draft(
-    events: Iterator[GenerationEvent], prefixes: DiskPrefixes, draft: Model
-) -> Iterator[GenerationEvent]:
-    """``events``, then (once the reply is whole and delivered) the draft's state saved.
-
-    Only a reply that ran to its end: a consumer that stops early closes the generator
-    and nothing is saved for it.
-    """
-    yield from events
-    prefixes.save_after_reply("draft", draft)
 
 
 def _tokens_of(model: Model) -> Callable[[str], list[int]]:

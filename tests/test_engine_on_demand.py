@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from app.client import CancelFlag, ChatTurn, EngineRequestError, Loading, Waiting
-from app.client.engine_client import chat_item
+from app.client.chat_stream import chat_item
 from app.engine.command import parse_duration
 from app.errors import DraftpenError
 from backends.base import ChatMessage

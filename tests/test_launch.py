@@ -25,16 +25,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.cli.launch import (
-    AGENTS,
-    EXIT_NOT_INSTALLED,
-    Endpoint,
-    LaunchPlan,
-    agent_plan,
-    prepare_engine,
-    run_cli,
-    split_arguments,
-)
+from app.cli.agent_settings import AGENTS, Endpoint, LaunchPlan, agent_plan
+from app.cli.launch import EXIT_NOT_INSTALLED, prepare_engine, run_cli, split_arguments
 from app.client import find_engine
 from app.engine.runner import AgentServer
 from app.engine.scheduler import LoadOptions, PairScheduler

@@ -1,15 +1,9 @@
-"""Saved prompt prefixes on disk: the files, their index, a byte budget.
+"""Saved prompt prefixes on disk: the directory of files, their index, a byte budget.
 
-Each saved state is one file, ``<id>.prefix``::
-
-    MAGIC, header length (u32), header (JSON: key, label, tokens)
-    the state's tokens (int32, little-endian)
-    the runtime's state, as its ``write_state`` wrote it
-    the state's length (u64), crc32 of tokens and state (u32), MAGIC
-
-A file is written to a temporary name and renamed into place, so a reader sees a whole
-file or none. A file that does not read back whole (truncated, corrupt, saved for
-another model) is logged, deleted and never loaded.
+Each saved state is one file, ``<id>.prefix``, laid out and checked as
+backends/caches/prefix_file.py says. A file is written to a temporary name and renamed
+into place, so a reader sees a whole file or none. A file that does not read back whole
+(truncated, corrupt, saved for another model) is logged, deleted and never loaded.
 
 ``index.sqlite3`` says which block names (``prefix_keys.block_names``) each file
 covers, its size and when it was last used; SQLite's locking lets two engines in one
@@ -20,7 +14,6 @@ and the files 0600. Over the budget, the least recently used go first.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import sqlite3
@@ -28,25 +21,20 @@ import struct
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO
 
-import numpy as np
-
+from backends.caches.prefix_file import CorruptPrefixError, Decoded, read_prefix, write_prefix
 from backends.caches.prefix_keys import block_end
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"DPPREFX1"
 SUFFIX = ".prefix"
 INDEX_NAME = "index.sqlite3"
 # A temporary file older than this was left by a process that died while writing.
 STALE_TEMP_SECONDS = 3600
-TRAILER = "<QI8s"
-TRAILER_BYTES = struct.calcsize(TRAILER)
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -60,12 +48,6 @@ CREATE TABLE IF NOT EXISTS blocks (
 );
 CREATE INDEX IF NOT EXISTS blocks_by_entry ON blocks (entry);
 """
-
-Decoded = TypeVar("Decoded")
-
-
-class CorruptPrefixError(Exception):
-    """A saved prefix's file does not read back as it was written."""
 
 
 @dataclass(frozen=True)
@@ -88,34 +70,6 @@ class StoredPrefix:
     nbytes: int
     created: float
     last_used: float
-
-
-class _ChecksumFile:
-    """A file whose bytes written or read pass through a crc32."""
-
-    def __init__(self, handle: BinaryIO) -> None:
-        self.handle = handle
-        self.crc = 0
-        self.count = 0
-
-    def write(self, data: bytes | bytearray | memoryview | np.ndarray) -> int:
-        view = memoryview(data).cast("B")
-        self.crc = zlib.crc32(view, self.crc)
-        self.count += len(view)
-        return self.handle.write(view)
-
-    def readinto(self, buffer: bytearray | memoryview | np.ndarray) -> int:
-        view = memoryview(buffer).cast("B")
-        read = self.handle.readinto(view) or 0
-        self.crc = zlib.crc32(view[:read], self.crc)
-        self.count += read
-        return read
-
-    def read(self, size: int) -> bytes:
-        data = self.handle.read(size)
-        self.crc = zlib.crc32(data, self.crc)
-        self.count += len(data)
-        return data
 
 
 class PrefixStore:
@@ -171,24 +125,7 @@ class PrefixStore:
         path = self._path(hit.entry)
         try:
             with path.open("rb") as raw:
-                header = _read_header(raw)
-                if header.get("key") != key:
-                    raise CorruptPrefixError("it was saved for another model or build")
-                count = int(header["tokens"])
-                nbytes = path.stat().st_size - raw.tell() - 4 * count - TRAILER_BYTES
-                if nbytes < 0:
-                    raise CorruptPrefixError("it is truncated")
-                checked = _ChecksumFile(raw)  # type: ignore[arg-type]
-                token_bytes = checked.read(4 * count)
-                tokens = tuple(int(t) for t in np.frombuffer(token_bytes, dtype="<i4"))
-                decoded = decode(tokens, checked, nbytes)  # type: ignore[arg-type]
-                if checked.count != 4 * count + nbytes:
-                    raise CorruptPrefixError("its state did not read back whole")
-                length, crc, magic = struct.unpack(TRAILER, raw.read(TRAILER_BYTES))
-                if magic != MAGIC or length != nbytes:
-                    raise CorruptPrefixError("it is truncated")
-                if crc != checked.crc:
-                    raise CorruptPrefixError("its checksum does not match")
+                tokens, decoded = read_prefix(raw, path.stat().st_size, key, decode)
         except FileNotFoundError:
             log.warning("prefix cache: %s is gone; the prompt is read instead", path.name)
             self._forget(hit.entry)
@@ -316,13 +253,8 @@ class PrefixStore:
         encode: Callable[[BinaryIO], None],
     ) -> int:
         """Write one file; the bytes it takes."""
-        header = json.dumps({"key": key, "label": label, "tokens": len(tokens)}).encode()
         with _open_new(path) as raw:
-            raw.write(MAGIC + struct.pack("<I", len(header)) + header)
-            checked = _ChecksumFile(raw)  # type: ignore[arg-type]
-            checked.write(np.asarray(tokens, dtype="<i4"))
-            encode(checked)  # type: ignore[arg-type]
-            raw.write(struct.pack(TRAILER, checked.count - 4 * len(tokens), checked.crc, MAGIC))
+            write_prefix(raw, key, label, tokens, encode)
             raw.flush()
             os.fsync(raw.fileno())
             return raw.tell()
@@ -375,19 +307,6 @@ class PrefixStore:
                 _remove(path)
         for entry in known - present:
             self._forget(entry)
-
-
-def _read_header(raw: BinaryIO) -> dict[str, object]:
-    start = raw.read(len(MAGIC) + 4)
-    if len(start) != len(MAGIC) + 4 or start[: len(MAGIC)] != MAGIC:
-        raise CorruptPrefixError("it is not a draftpen prefix file")
-    (length,) = struct.unpack("<I", start[len(MAGIC) :])
-    if length > 1 << 16:
-        raise CorruptPrefixError("its header is damaged")
-    header = json.loads(raw.read(length))
-    if not isinstance(header, dict):
-        raise CorruptPrefixError("its header is damaged")
-    return header
 
 
 def _open_new(path: Path) -> BinaryIO:

@@ -21,8 +21,9 @@ verify batch that calibration found bit-identical to one-token decoding, so gree
 output equals plain decoding exactly, not just up to rounding. The n-gram drafter is
 also *shadowed* while it is not used: its proposal is compared with what plain
 decoding then wrote, which costs nothing, so speed comes back when the text turns
-repetitive. Draft-model rounds stop early where the draft's confidence in its next
-token falls below a floor learned from what the target accepted (:class:`ConfidenceFloor`).
+repetitive (backends/speculation/ngram_shadow.py). Draft-model rounds stop early where
+the draft's confidence in its next token falls below a floor learned from what the
+target accepted (:class:`ConfidenceFloor`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from backends.speculation.draft_policy import RoundOutcome, RoundPlan
 from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.mtp_drafter import MtpDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
+from backends.speculation.ngram_shadow import NgramShadow
 from backends.speculation.proposal import Drafter
 from backends.token_prefix import common_prefix_length
 
@@ -146,7 +148,7 @@ class AdaptiveDraftPolicy:
         self._model_can_pay_at = -1  # the costs' version _model_could_pay was worked out at
         self._model_could_pay = False
         self._round_key = ""  # the acceptance estimate the current round draws on
-        self._shadows: list[tuple[int, list[int], str]] = []
+        self._shadow = NgramShadow()
         self._corrections_before = 0  # the costs' corrections made before this reply
         self._note_made, self._note = 0, ""  # _costs_note's, as of that many corrections
         # The reply's max_tokens (None: unbounded): a catch-up is spread over no more
@@ -161,7 +163,7 @@ class AdaptiveDraftPolicy:
         """A new generation: reset drafters; keep what was learned about the text."""
         for drafter in self.drafters.values():
             drafter.begin(prompt_tokens)
-        self._shadows = []
+        self._shadow.reset()
         self._corrections_before = self._note_made = len(self.costs.corrections)
         self._note = ""
         self._prompt_length = len(prompt_tokens)
@@ -173,7 +175,7 @@ class AdaptiveDraftPolicy:
         what depends only on the costs (the verify times for each K, whether the draft
         model could pay at all) is derived once per observation, not per drafter.
         """
-        self._score_shadow(context)
+        self._shadow.score(context, self._estimate)
         verify = self.costs.verify_table(self.max_draft_tokens + 1)
         plain_seconds = verify[1]
         plain_rate = 1.0 / plain_seconds
@@ -233,7 +235,7 @@ class AdaptiveDraftPolicy:
         self._round_key = best_key
         note = self._costs_note()
         if best.drafter == "none":
-            self._start_shadow(context)
+            self._shadow.start(self.drafters.get("ngram"), context, self.max_draft_tokens)
             return RoundPlan(None, 0, 1.0, best.reason, note)
         drafter = self.drafters[best.drafter]
         reason = best.reason
@@ -397,32 +399,6 @@ class AdaptiveDraftPolicy:
         if "model" in self.drafters and not self._model_can_pay():
             return "speculation off: draft model too slow on this machine"
         return "speculation off: drafts not accepted often enough to pay here"
-
-    def _start_shadow(self, context: Sequence[int]) -> None:
-        """Ask the n-gram drafter what it would propose; score it as plain decoding writes.
-
-        A new shadow starts every plain round (lookups cost microseconds), so a
-        repetitive stretch is noticed within a few tokens.
-        """
-        ngram = self.drafters.get("ngram")
-        if not isinstance(ngram, NgramDrafter):
-            return
-        tokens, size = ngram.lookup(context, self.max_draft_tokens)
-        if tokens and size >= ngram.min_match:
-            key = ngram.last_match_key
-            self._shadows.append((len(context), list(tokens), key))
-
-    def _score_shadow(self, context: Sequence[int]) -> None:
-        """Score every shadow proposal whose outcome the written tokens now decide."""
-        pending: list[tuple[int, list[int], str]] = []
-        for start, proposed, key in self._shadows:
-            written = context[start : start + len(proposed)]
-            matched = common_prefix_length(proposed, written)
-            if matched == len(written) and len(written) < len(proposed):
-                pending.append((start, proposed, key))  # agrees so far; not decided yet
-                continue
-            self._estimate(key).observe(min(len(proposed), matched + 1), matched)
-        self._shadows = pending
 
 
 # The n-gram drafter ignores randomness; the controller never samples with this.
