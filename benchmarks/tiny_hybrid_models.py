@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from tests.model_files import SMOLLM2_KEY, require_model
-from tests.tiny_hybrid import (
+from tests.support.model_files import SMOLLM2_KEY, require_model
+from tests.support.tiny_hybrid import (
     HEAD_DIM,
     N_EMBD,
     N_FF,
