@@ -46,7 +46,7 @@ from pathlib import Path
 import pytest
 
 from app.client import find_engine
-from tests.chat_app.test_cli_generate import REPO
+from tests.support.draftpen_cli import REPO
 from tests.support.model_files import DRAFT_KEY, TARGET_KEY, require_model
 
 # Each launch's limit: the small pair reads these prompts in about a minute.

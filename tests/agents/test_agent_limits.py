@@ -17,9 +17,9 @@ from typing import Any
 import openai
 import pytest
 
-from tests.engine.test_anthropic_messages import ANSWER, API_KEY, QUESTION, messages_server
-from tests.engine.test_server_tools import HermesScriptedModel, scripted_server
+from tests.engine.messages_server import API_KEY, QUESTION, messages_server
 from tests.support.byte_model import ScriptedByteModel
+from tests.support.scripted_tools import ANSWER, HermesScriptedModel, scripted_server
 
 LONG_REPLY = "word " * 200  # 1,000 byte tokens: longer than any context below
 CONTEXT = 96

@@ -41,8 +41,8 @@ from app.engine.scheduler import LoadOptions, PairScheduler
 from app.errors import DraftpenError
 from app.settings import Settings
 from backends.engine import Engine
-from tests.chat_app.test_cli_generate import REPO
-from tests.engine.test_tcp_api_key import KEY, tcp_engine
+from tests.engine.tcp_engine import KEY, tcp_engine
+from tests.support.draftpen_cli import REPO
 from tests.support.engine_fixtures import ScriptedPairs
 from tests.support.model_files import SMOLLM2_KEY, require_model
 

@@ -20,7 +20,7 @@ from app.bench.suite import BenchPrompt, load_prompt_suite
 from app.errors import DraftpenError
 from backends.engine import Engine
 from backends.speculation.cost_model import CostModel
-from tests.chat_app.test_cli_generate import run_draftpen
+from tests.support.draftpen_cli import run_draftpen
 from tests.support.fakes import HashModel, draft_model_for
 from tests.support.model_files import SMOLLM2_KEY, require_model
 

@@ -17,8 +17,8 @@ from app.client import EngineClient, EngineLost
 from app.main import build_parser
 from app.options import chat_settings
 from app.settings import Settings, save_settings
-from tests.engine.test_engine_clients import pid_alive, sdk, sdk_chat, short_socket, stop_engine
 from tests.support.engine_fixtures import wait_until
+from tests.support.engine_process import pid_alive, sdk, sdk_chat, short_socket, stop_engine
 from tests.support.model_files import SMOLLM2_KEY, require_model
 
 

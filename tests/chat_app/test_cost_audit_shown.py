@@ -17,7 +17,7 @@ from app.cli.doctor_calibrations import calibration_lines, calibrations_json
 from app.settings import Settings
 from backends.speculation.cost_audit import COSTS_NOTE_PREFIX
 from backends.speculation.cost_model import CostModel
-from tests.chat_app.test_tui import CODE_REPLY, stats_text
+from tests.chat_app.tui_replies import CODE_REPLY, stats_text
 from tests.support.tui_helpers import (
     make_app,
     run,

@@ -1,27 +1,24 @@
-"""The chat app, driven through Textual's pilot against scripted (fake) engines."""
+"""The chat app writing a reply, driven through Textual's pilot against scripted (fake)
+engines: streaming, stats, Esc, Markdown as it comes, provenance colours, copying, and
+what is refused while it writes.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import sqlite3
-import tomllib
-from pathlib import Path
-
 import pytest
 from textual.color import Color
-from textual.widgets import Input, Markdown, Select, Static
+from textual.widgets import Markdown, Static
 
 from app.chats.history import STOPPED, History, history_path
 from app.client.engine_client import EngineClient
 from app.client.wire import HealthReport
-from app.errors import ModelNotDownloadedError
-from app.settings import Settings, settings_path
-from app.tui.screens.help import HelpScreen
-from app.tui.screens.models import ModelsScreen
-from app.tui.screens.settings import SettingsScreen
-from app.tui.widgets.chat_list import ChatList, ChatListItem
+from app.settings import Settings
 from app.tui.widgets.message_view import DRAFT_STYLE, MessageView
-from app.tui.widgets.stats_bar import StatsBar
+from tests.chat_app.tui_replies import (
+    ARTIFACTS,
+    CODE_REPLY,
+    stats_text,
+)
 from tests.support.tui_helpers import (
     make_app,
     reply_views,
@@ -32,16 +29,6 @@ from tests.support.tui_helpers import (
     stop_engine_servers,  # noqa: F401 (an autouse fixture)
     wait_until_ready,
 )
-
-ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
-CODE_REPLY = (
-    "Here is the function:\n\n```python\ndef double(x):\n    return x * 2\n```\n\n"
-    "And the same again:\n\n```python\ndef double(x):\n    return x * 2\n```\n"
-)
-
-
-def stats_text(app) -> str:  # type: ignore[no-untyped-def]
-    return str(app.chat_screen.query_one(StatsBar).render())
 
 
 def test_reply_streams_in_and_stats_bar_shows_the_loops_statistics() -> None:
@@ -218,122 +205,6 @@ def test_provenance_colours_mark_draft_tokens_and_toggle_with_a_key() -> None:
     run(body)
 
 
-def test_quitting_while_a_cancelled_worker_winds_down_still_closes_the_history() -> None:
-    # A worker that was cancelled but has not ended yet when the app quits (a closing
-    # screen's, or one that a newer load replaced) raised out of the shutdown and left
-    # the history open.
-    app = make_app({"fake": scripted_engine(["unused"])})
-
-    async def slow_to_stop() -> None:
-        try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            await asyncio.sleep(0.5)  # still winding down when the app unmounts
-            raise
-
-    async def body() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_until_ready(app, pilot)
-            worker = app.run_worker(slow_to_stop(), group="winding-down")
-            await pilot.pause()
-            worker.cancel()
-
-    run(body)  # the shutdown itself raises nothing
-    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
-        app.history.chats()
-
-
-def test_chats_switch_and_survive_a_restart() -> None:
-    engine = scripted_engine(["First answer.", "Second answer."])
-
-    async def first_session() -> None:
-        app = make_app({"fake": engine})
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_until_ready(app, pilot)
-            await send(pilot, "alpha question")
-            await settle(app, pilot)
-            await pilot.press("ctrl+n")
-            await send(pilot, "beta question")
-            await settle(app, pilot)
-            chat_list = app.chat_screen.query_one(ChatList)
-            titles = [item.chat.title for item in chat_list.query(ChatListItem)]
-            assert titles == ["beta question", "alpha question"]
-            chat_list.focus()
-            chat_list.index = 1
-            await pilot.press("enter")
-            await pilot.pause()
-            shown = [view.content for view in app.chat_screen.query(MessageView)]
-            assert shown == ["alpha question", "First answer."]
-
-    async def second_session() -> None:
-        app = make_app({"fake": scripted_engine(["unused"])})
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_until_ready(app, pilot)
-            chats = app.history.chats()
-            assert [chat.title for chat in chats] == ["beta question", "alpha question"]
-            # The most recent chat opens; its messages are back.
-            shown = [view.content for view in app.chat_screen.query(MessageView)]
-            assert shown == ["beta question", "First answer."]
-
-    run(first_session)
-    run(second_session)
-
-
-def test_rename_and_delete_a_chat_from_the_list() -> None:
-    app = make_app({"fake": scripted_engine(["Fine."])})
-
-    async def body() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_until_ready(app, pilot)
-            await send(pilot, "hello")
-            await settle(app, pilot)
-            app.chat_screen.query_one(ChatList).focus()
-            await pilot.press("r")
-            await pilot.pause()
-            title_input = app.screen.query_one("#title", Input)
-            title_input.value = "Greetings"
-            await pilot.press("enter")
-            await pilot.pause()
-            assert [chat.title for chat in app.history.chats()] == ["Greetings"]
-            app.chat_screen.query_one(ChatList).focus()
-            await pilot.press("delete")
-            await pilot.pause()
-            await pilot.press("y")
-            await pilot.pause()
-            assert app.history.chats() == []
-            assert not list(app.chat_screen.query(MessageView))
-
-    run(body)
-
-
-def test_export_writes_the_chat_as_markdown() -> None:
-    app = make_app({"fake": scripted_engine(["Use `ls -la`."])})
-
-    async def body() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_until_ready(app, pilot)
-            await send(pilot, "How do I list files?")
-            await settle(app, pilot)
-            await pilot.press("ctrl+g")
-            await pilot.pause()
-            path = app.chat_screen.last_export
-            assert path is not None
-            text = path.read_text(encoding="utf-8")
-            lines = text.splitlines()
-            assert lines[0] == "# How do I list files?"
-            assert lines[4:] == [
-                "## You",
-                "",
-                "How do I list files?",
-                "",
-                "## Assistant",
-                "",
-                "Use `ls -la`.",
-            ]
-
-    run(body)
-
-
 def test_copy_the_last_reply_and_its_last_code_block() -> None:
     app = make_app({"fake": scripted_engine([CODE_REPLY])})
 
@@ -346,113 +217,6 @@ def test_copy_the_last_reply_and_its_last_code_block() -> None:
             assert app.clipboard == "def double(x):\n    return x * 2\n"
             await pilot.press("ctrl+r")
             assert app.clipboard == CODE_REPLY
-
-    run(body)
-
-
-def test_settings_screen_validates_and_saves_to_the_config_file() -> None:
-    app = make_app({"fake": scripted_engine(["ok"])})
-
-    async def body() -> None:
-        async with app.run_test(size=(120, 45)) as pilot:
-            await wait_until_ready(app, pilot)
-            await pilot.press("ctrl+s")
-            await pilot.pause()
-            screen = app.screen
-            assert isinstance(screen, SettingsScreen)
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            app.save_screenshot(str(ARTIFACTS / "settings.svg"))
-            screen.query_one("#temperature", Input).value = "abc"
-            await pilot.press("ctrl+s")
-            await pilot.pause()
-            assert app.screen is screen  # still open, saying what is wrong
-            assert "Temperature must be a number" in str(
-                screen.query_one("#settings-error").render()
-            )
-            screen.query_one("#temperature", Input).value = "0.3"
-            screen.query_one("#max_tokens", Input).value = "64"
-            await pilot.press("ctrl+s")
-            await pilot.pause()
-            assert not isinstance(app.screen, SettingsScreen)
-            saved = tomllib.loads(settings_path().read_text(encoding="utf-8"))
-            assert saved["temperature"] == 0.3 and saved["max_tokens"] == 64
-            assert app.settings.max_tokens == 64
-            # The next reply uses them.
-            await send(pilot, "hi")
-            await settle(app, pilot)
-            request = app.served.engine.requests[-1]
-            assert request.max_tokens == 64 and request.params.temperature == 0.3
-
-    run(body)
-
-
-def test_a_missing_pair_opens_the_models_screen_on_that_pair() -> None:
-    def engines(name: str):  # type: ignore[no-untyped-def]
-        raise ModelNotDownloadedError(name)
-
-    app = make_app(engines, pair_name="missing")
-
-    async def body() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            for _ in range(100):
-                await pilot.pause()
-                if isinstance(app.screen, ModelsScreen):
-                    break
-            assert isinstance(app.screen, ModelsScreen)
-            await pilot.pause()
-            table = app.screen.query_one("#pairs")
-            assert app.screen.rows[table.cursor_row].name == "missing"
-            await pilot.press("escape")
-            assert "draftpen models pull missing" in stats_text(app)
-            await send(pilot, "hello?")
-            await pilot.pause()
-            assert app.history.chats() == []  # nothing was sent to a model that is not there
-
-    run(body)
-
-
-def test_pair_picker_loads_the_chosen_pair() -> None:
-    engines = {"fake": scripted_engine(["from fake"]), "other": scripted_engine(["from other"])}
-    app = make_app(engines)
-
-    async def body() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_until_ready(app, pilot)
-            await pilot.press("ctrl+o")
-            await pilot.pause()
-            assert isinstance(app.screen, ModelsScreen)
-            await pilot.press("down", "enter")
-            await wait_until_ready(app, pilot)
-            for _ in range(100):
-                await pilot.pause()
-                if app.ready and app.served.engine is engines["other"]:
-                    break
-            assert app.served.engine is engines["other"] and app.loaded.pair == "other"
-            assert engines["fake"].target.closed  # the old pair's memory is freed
-            await send(pilot, "hi")
-            await settle(app, pilot)
-            assert reply_views(app)[-1].content == "from other"
-
-    run(body)
-
-
-def test_help_lists_every_key_binding_and_the_palette_lists_the_actions() -> None:
-    app = make_app({"fake": scripted_engine(["ok"])})
-
-    async def body() -> None:
-        async with app.run_test(size=(120, 50)) as pilot:
-            await wait_until_ready(app, pilot)
-            await pilot.press("f1")
-            await pilot.pause()
-            assert isinstance(app.screen, HelpScreen)
-            help_text = str(app.screen.query_one("#help-text").render())
-            for key in ("escape", "ctrl+n", "ctrl+g", "ctrl+r", "ctrl+b", "ctrl+t", "ctrl+s", "f2"):
-                assert key in help_text
-            for words in ("Stop writing", "Export to Markdown", "Copy last code block"):
-                assert words in help_text
-            await pilot.press("escape")
-            commands = {command.title for command in app.get_system_commands(app.screen)}
-            assert {"New chat", "Export chat", "Settings", "Copy last code block"} <= commands
 
     run(body)
 
@@ -477,54 +241,6 @@ def test_send_while_writing_is_refused_without_losing_the_text(hold: None) -> No
     run(body)
 
 
-def test_a_chat_longer_than_the_context_leaves_out_its_oldest_turns() -> None:
-    engine = scripted_engine(["A fairly long answer to fill the context up quickly."], n_ctx=200)
-    app = make_app(
-        {"fake": engine}, settings=Settings(drafter="none", temperature=0.0, max_tokens=40)
-    )
-
-    async def body() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_until_ready(app, pilot)
-            for turn in range(4):
-                await send(pilot, f"question number {turn}, padded out with some words")
-                await settle(app, pilot)
-            assert [view.state for view in reply_views(app)] == ["complete"] * 4
-            last_prompt = engine.target.token_text  # the fake decodes bytes
-            prompt = "".join(last_prompt(t) for t in engine.requests[-1].prompt_tokens)
-            assert "question number 3" in prompt and "question number 0" not in prompt
-            assert len(engine.requests[-1].prompt_tokens) <= 200 - 40
-            # The history keeps every message.
-            assert len(app.history.messages(app.chat_screen.chat_id)) == 8
-
-    run(body)
-
-
-def test_a_history_that_cannot_be_written_keeps_the_typed_message_and_says_so() -> None:
-    app = make_app({"fake": scripted_engine(["Saved."])})
-
-    async def body() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_until_ready(app, pilot)
-            database = app.history._db
-            # Every write now fails inside SQLite, as on a full disk or a read-only file.
-            database.execute("PRAGMA query_only = ON")
-            await send(pilot, "a message worth keeping")
-            await pilot.pause()
-            assert app.chat_screen.query_one("#prompt").text == "a message worth keeping"
-            assert app.chat_screen.reply is None and not list(app.chat_screen.query(MessageView))
-            assert app.history.chats() == []
-            database.execute("PRAGMA query_only = OFF")  # space freed
-            await pilot.press("enter")
-            await settle(app, pilot)
-            assert [view.content for view in app.chat_screen.query(MessageView)] == [
-                "a message worth keeping",
-                "Saved.",
-            ]
-
-    run(body)
-
-
 def test_switching_pairs_while_writing_is_refused_and_keeps_the_engine_open() -> None:
     engines = {"fake": scripted_engine([CODE_REPLY], hold_after=5), "other": scripted_engine(["x"])}
     app = make_app(engines)
@@ -540,34 +256,6 @@ def test_switching_pairs_while_writing_is_refused_and_keeps_the_engine_open() ->
             engines["fake"].target.release.set()
             await settle(app, pilot)
             assert reply_views(app)[-1].content == CODE_REPLY
-
-    run(body)
-
-
-def test_changing_exact_output_in_settings_reloads_the_pair() -> None:
-    loads: list[str] = []
-
-    def engines(name: str):  # type: ignore[no-untyped-def]
-        loads.append(name)
-        return scripted_engine(["ok"])
-
-    app = make_app(engines)
-
-    async def body() -> None:
-        async with app.run_test(size=(120, 45)) as pilot:
-            await wait_until_ready(app, pilot)
-            assert loads == ["fake"] and app.settings.exact_output is False
-            await pilot.press("ctrl+s")
-            await pilot.pause()
-            screen = app.screen
-            assert isinstance(screen, SettingsScreen)
-            screen.query_one("#exact_output", Select).value = True
-            await pilot.press("ctrl+s")
-            await pilot.pause()
-            await wait_until_ready(app, pilot)
-            # The kernels are chosen when the models load: saving loads the pair again.
-            assert app.settings.exact_output is True
-            assert loads == ["fake", "fake"]
 
     run(body)
 

@@ -17,8 +17,8 @@ from app.models.pair_files import resolve_pair
 from app.models.store import ModelStore
 from app.tui.models_service import ModelsService
 from app.tui.screens.models import ModelsScreen
-from tests.chat_app.test_tui import ARTIFACTS
-from tests.models.test_hub_downloads import (
+from tests.chat_app.tui_replies import ARTIFACTS
+from tests.models.hub_pairs import (
     DRAFT_FILE,
     DRAFT_REPO,
     DRAFT_SIZE,

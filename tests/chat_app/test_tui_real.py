@@ -1,15 +1,13 @@
-"""The chat app against a real engine process (SmolLM2): through the pilot, and in a terminal.
+"""The chat app against a real engine process (SmolLM2): through the pilot, and in a
+terminal.
 
 The app starts the engine as it does for a user (``ensure_engine``: a detached
-``draftpen serve --idle-exit``) on a socket of its own; the tests then check what a
-person sees and what the history keeps, against answers the official ``openai`` SDK
-gets from the same engine.
+``draftpen serve``): a reply, Esc, a pair switch, the engine's death survived; a chat
+behind an agent; the models screen; ``draftpen`` in a pseudo-terminal.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import os
 import pty
 import re
@@ -19,142 +17,41 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from textual.widgets import DataTable, Label
 
-from app.chats.history import COMPLETE, INTERRUPTED, STOPPED, History
-from app.client import EngineClient, ensure_engine
+from app.chats.history import COMPLETE, INTERRUPTED, STOPPED
 from app.models.user_pairs import add_user_pair
-from app.settings import Settings
 from app.tui.app import DraftpenApp
 from app.tui.models_service import ModelsService
 from app.tui.screens.models import ModelsScreen
-from app.tui.widgets.message_view import MessageView
 from app.tui.widgets.stats_bar import StatsBar
-from tests.engine.test_engine_clients import (
+from tests.support.engine_fixtures import wait_until
+from tests.support.engine_process import (
     COUNTING,
-    FIXED_DRAFTS,
     pid_alive,
     sdk,
     sdk_chat,
-    short_socket,
-    stop_engine,
 )
-from tests.engine.test_server import start_server
-from tests.engine.test_server_conversation_cache import Turn, ask, fixed_conversation
-from tests.support.engine_fixtures import wait_until
 from tests.support.model_files import SMOLLM2_KEY, require_model
-from tests.support.tui_helpers import FakeModelsService, run, send
+from tests.support.real_engine_app import (
+    COUNT_PROMPT,
+    PAIR,
+    StartedEngines,
+    chat_settings,
+    make_real_app,
+    replies,
+    wait_for,
+)
+from tests.support.tui_helpers import run, send
 
 pytestmark = pytest.mark.real_model
-PAIR = "smollm2"
+
+
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>]")
-COUNT_PROMPT = "Count from 1 to 300, separated by commas, nothing else."
-
-
-@pytest.fixture(scope="module")
-def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One DRAFTPEN_HOME for this module's engines (forward costs measured once)."""
-    return tmp_path_factory.mktemp("tui-engine-home")
-
-
-@pytest.fixture
-def engine_home(shared_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The shared home, for this test and the engines its app starts."""
-    monkeypatch.setenv("DRAFTPEN_HOME", str(shared_home))
-    return shared_home
-
-
-@dataclasses.dataclass
-class StartedEngines:
-    """The socket the app's engines use, and what ``ensure_engine`` said."""
-
-    socket_path: Path
-    statuses: list[str] = dataclasses.field(default_factory=list)
-    # More ``draftpen serve`` options for the engines the app starts.
-    serve_options: tuple[str, ...] = ()
-
-    def connect(self, settings: Settings, on_status: Callable[[str], None]) -> EngineClient:
-        """The app's connector: the real ``ensure_engine``, on this socket."""
-
-        def status(text: str) -> None:
-            self.statuses.append(text)
-            on_status(text)
-
-        return ensure_engine(
-            settings,
-            status,
-            socket_path=self.socket_path,
-            serve_options=["--keep-alive", "-1", *self.serve_options],
-        )
-
-    def client(self) -> EngineClient:
-        """A client of whichever engine answers now."""
-        return EngineClient(self.socket_path)
-
-
-@pytest.fixture
-def engines(engine_home: Path, request: pytest.FixtureRequest) -> Iterator[StartedEngines]:
-    """Where the app starts its engine; whichever runs at the end is stopped."""
-    require_model(SMOLLM2_KEY)
-    started = StartedEngines(short_socket(request.node.name[:30]))
-    try:
-        yield started
-    finally:
-        if started.socket_path.exists():
-            stop_engine(started.client())
-
-
-def chat_settings(**changes: Any) -> Settings:
-    """Greedy, fixed n-gram drafts: the same decoding path as the SDK requests below."""
-    values: dict[str, Any] = {
-        "default_pair": PAIR,
-        "temperature": 0.0,
-        "max_tokens": 32,
-        "drafter": FIXED_DRAFTS["drafter"],
-        "draft_tokens": FIXED_DRAFTS["k"],
-    }
-    return Settings(**{**values, **changes})
-
-
-def make_real_app(
-    engines: StartedEngines,
-    settings: Settings,
-    history: Path,
-    models_service: Callable[[], Any] = FakeModelsService,
-) -> DraftpenApp:
-    return DraftpenApp(
-        connect=engines.connect,
-        models_service=models_service,
-        history=History(history),
-        settings=settings,
-        pair_name=PAIR,
-    )
-
-
-async def wait_for(pilot: Any, condition: Callable[[], bool], what: str, seconds: float) -> None:
-    """Let the app run until ``condition`` holds (models load, engines start: seconds)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            app = pilot.app
-            chat_id = app.chat_screen.chat_id
-            stored = app.history.messages(chat_id) if chat_id is not None else []
-            raise AssertionError(
-                f"timed out waiting for {what}: {app.engine_status}; "
-                f"{[(m.role, m.state, m.content[:30]) for m in stored]}; "
-                f"{[n.message for n in app._notifications]}"
-            )
-        await pilot.pause(0.05)
-
-
-def replies(app: DraftpenApp) -> list[MessageView]:
-    return [view for view in app.chat_screen.query(MessageView) if view.role == "assistant"]
 
 
 def stats_text(app: DraftpenApp) -> str:
@@ -350,64 +247,6 @@ def test_the_models_screen_lists_what_the_engine_serves_and_marks_what_it_holds(
             assert [p.pair for p in health.loaded] == [PAIR] and health.loads == 3
 
     run(body)
-
-
-def test_many_openai_clients_and_the_chat_app_at_once_under_a_tiny_cache_answer_as_alone(
-    engines: StartedEngines, engine_home: Path, tmp_path: Path
-) -> None:
-    # Room for about one short SmolLM2 conversation: kept states must be evicted.
-    # One sequence: turns take turns on one cache, and answers compare to the token.
-    engines.serve_options = ("--conversation-cache", "2MiB", "--parallel", "1")
-    app = make_real_app(engines, chat_settings(max_tokens=24), tmp_path / "history.sqlite3")
-    topics = ("tea", "rivers", "clocks")
-    chat_turns = ("Name three colours.", "And three fruits?")
-
-    async def body() -> dict[str, list[Turn]]:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.ready, "the pair to load", 180)
-            openai_client = sdk(engines.client())
-
-            def client(topic: str) -> list[Turn]:  # an agent resending its transcript
-                return [ask(openai_client, fixed_conversation(topic, n), 12) for n in (1, 2)]
-
-            with ThreadPoolExecutor(max_workers=len(topics)) as pool:
-                agents = {topic: pool.submit(client, topic) for topic in topics}
-                for text in chat_turns:  # the chat takes its turns among them
-                    await send(pilot, text)
-                    await wait_for(pilot, lambda: app.chat_screen.reply is None, "reply", 300)
-                answers = {topic: future.result(timeout=300) for topic, future in agents.items()}
-            return answers
-
-    answers = asyncio.run(body())
-    chat = History(tmp_path / "history.sqlite3")
-    [stored_chat] = chat.chats()
-    stored = [(m.role, m.content, m.state) for m in chat.messages(stored_chat.id)]
-    chat.close()
-    assert [state for _, _, state in stored] == [COMPLETE] * 4
-    health = engines.client().health()
-    figures = health.loaded[0].conversation_cache
-    assert figures is not None and health.loads == 1
-    assert figures.saved >= 1 and figures.evicted >= 1
-    assert figures.used_bytes <= figures.budget_bytes == 2 << 20
-
-    # Each answer equals the same request made alone, on an engine that keeps nothing.
-    alone = start_server(
-        engine_home, short_socket("alone"), "--conversation-cache", "0", "--parallel", "1"
-    )
-    try:
-        alone_sdk = alone.openai()
-        for topic in topics:
-            for turns, turn in zip((1, 2), answers[topic], strict=True):
-                again = ask(alone_sdk, fixed_conversation(topic, turns), 12)
-                assert again.reply == turn.reply, (topic, turns)
-        chat_so_far: list[dict[str, str]] = []
-        for role, content, _ in stored:
-            if role == "assistant":
-                again = ask(alone_sdk, chat_so_far, 24)
-                assert again.reply == content, chat_so_far
-            chat_so_far.append({"role": role, "content": content})
-    finally:
-        alone.stop()
 
 
 def _read_screen(fd: int, until: Callable[[str], bool], timeout: float) -> str:

@@ -16,7 +16,7 @@ from app.settings import Settings, settings_path
 from app.tui.screens.settings import SettingsScreen
 from app.tui.widgets.message_view import MessageView
 from app.tui.widgets.reasoning_view import THINKING_TITLE, ReasoningView
-from tests.engine.test_server_tools import prompt_text
+from tests.support.scripted_tools import prompt_text
 from tests.support.thinking_model import EMPTY_THINK, ThinkingByteModel, thinking_reply
 from tests.support.tui_helpers import (
     RecordingEngine,

@@ -16,9 +16,9 @@ import anthropic
 import jsonschema
 import pytest
 
-from tests.engine.test_anthropic_messages import API_KEY, WEATHER_TOOL, blocks
-from tests.engine.test_server import RunningServer, start_server
+from tests.engine.messages_server import API_KEY, WEATHER_TOOL, blocks
 from tests.support.model_files import DRAFT_KEY, TARGET_KEY, require_model
+from tests.support.serve_process import RunningServer, start_server
 
 # -- the SDK ------------------------------------------------------------------------------
 

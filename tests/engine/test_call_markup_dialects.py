@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.engine.test_anthropic_messages import WEATHER_TOOL
-from tests.engine.test_server_tools import scripted_server
+from tests.engine.messages_server import WEATHER_TOOL
 from tests.engine.tool_call_dialects import DIALECTS, ask, assert_no_call_markup
+from tests.support.scripted_tools import scripted_server
 
 PARIS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ROME = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'

@@ -24,7 +24,7 @@ from backends.caches.conversation_cache import MIN_KEPT_TOKENS, MIN_RESTORE_GAIN
 from backends.engine import Engine, GenerationRequest
 from backends.generation_events import SpeculativeStats
 from backends.sampling.filters import SamplingParams
-from tests.chat_app.test_cli_generate import assert_clean_error, run_draftpen
+from tests.support.draftpen_cli import assert_clean_error, run_draftpen
 from tests.support.fakes import EOS, HashModel, StatefulHashModel, draft_model_for
 
 GREEDY = SamplingParams(temperature=0.0)

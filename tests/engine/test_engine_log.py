@@ -14,8 +14,8 @@ from app.client import engine_log_path, ensure_engine
 from app.client.engine_log import LOG_MAX_BYTES, backup_path, rotate_log
 from app.engine.log_file import RotatingOutput
 from app.settings import Settings
-from tests.engine.test_engine_clients import short_socket, stop_engine
 from tests.support.engine_fixtures import wait_until
+from tests.support.engine_process import short_socket, stop_engine
 
 
 def test_a_log_past_the_limit_moves_to_dot_1_and_the_older_one_goes(tmp_path: Path):

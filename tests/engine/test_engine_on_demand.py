@@ -26,7 +26,7 @@ from backends.base import ChatMessage
 from backends.generation_events import GenerationEvent
 from backends.output.reasoning import ReasoningFormat
 from backends.sampling.filters import SamplingParams
-from tests.chat_app.test_cli_generate import assert_clean_error, run_draftpen
+from tests.support.draftpen_cli import assert_clean_error, run_draftpen
 from tests.support.engine_fixtures import reply_of, scripted_engine_server, wait_until
 from tests.support.thinking_model import ThinkingByteModel, thinking_reply
 

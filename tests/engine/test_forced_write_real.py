@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.engine.test_server import RunningServer, start_starter_server
 from tests.engine.tool_call_dialects import DIALECTS, ask, assert_no_call_markup
+from tests.support.serve_process import RunningServer, start_starter_server
 
 # A byte-for-byte copy of shared/repro/forced_write_messages.json.
 REPRO = Path(__file__).parents[1] / "repro" / "forced_write_messages.json"

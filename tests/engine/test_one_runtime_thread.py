@@ -19,7 +19,7 @@ import pytest
 from app.engine.jobs import ShuttingDownError
 from app.engine.queue import GenerationQueue
 from app.engine.scheduler import LoadOptions, PairScheduler
-from tests.engine.test_server import chat, start_server
+from tests.support.serve_process import chat, start_server
 
 
 def unused_loader(name: str, options: LoadOptions, report: object) -> object:

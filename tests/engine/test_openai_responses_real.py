@@ -18,9 +18,9 @@ import jsonschema
 import openai
 import pytest
 
-from tests.engine.test_openai_responses import WEATHER, free_port
-from tests.engine.test_server import RunningServer, start_server
+from tests.engine.responses_helpers import WEATHER, free_port
 from tests.support.model_files import DRAFT_KEY, TARGET_KEY, require_model
+from tests.support.serve_process import RunningServer, start_server
 
 API_KEY = "responses-real-test-key"
 # Codex's prompt (instructions and tool schemas) is about 9k tokens; its answer, more.

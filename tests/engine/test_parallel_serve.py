@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine.test_server import RunningServer, chat, start_server
+from tests.support.serve_process import RunningServer, chat, start_server
 
 pytestmark = pytest.mark.real_model
 

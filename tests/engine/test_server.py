@@ -1,168 +1,32 @@
 """``draftpen serve`` end to end: the real server on a Unix socket, real clients, SmolLM2.
 
-The real-model tests start ``draftpen serve`` as a subprocess, wait for its one line
-on stdout, and talk to it with the official ``openai`` SDK, httpx and curl over the
-socket. The tests without a model check the socket's safety rules directly, with an
-in-process server over a fake model where a server is needed.
+The server starts as a subprocess (tests/support/serve_process.py) and answers the openai
+SDK, httpx and curl: the same text as ``draftpen generate``, stats in every chunk,
+concurrent clients uncrossed, cached prefixes reported.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import select
 import shutil
-import signal
-import socket
 import stat
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import httpx
-import openai
 import pytest
 
-from app.engine.runner import AgentServer
-from app.engine.unix_socket import (
-    bind_unix_socket,
-    default_socket_path,
-    peer_uid,
-    prepare_socket_dir,
-)
-from app.errors import ServerAlreadyRunningError
-from app.settings import Settings
-from backends.engine import Engine
-from tests.chat_app.test_cli_generate import REPO, assert_clean_error, run_draftpen
-from tests.support.fakes import HashModel
-from tests.support.model_files import DRAFT_KEY, SMOLLM2_KEY, TARGET_KEY, models_dir, require_model
+from tests.support.draftpen_cli import run_draftpen
+from tests.support.model_files import models_dir
 from tests.support.real_runtimes import assert_parts_only_at_a_near_tie
-
-PAIR = "smollm2"
-LISTENING = "draftpen serve: listening on unix:"
-# A raw-text prompt SmolLM2 continues for a long time: a request that holds the engine.
-COUNTING = {"model": PAIR, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "temperature": 0}
-
-
-@dataclass
-class RunningServer:
-    """A ``draftpen serve`` subprocess and the ways to reach it."""
-
-    process: subprocess.Popen[str]
-    socket_path: Path
-    log_path: Path
-
-    def client(self, timeout: float = 60.0) -> httpx.Client:
-        """An httpx client bound to the socket."""
-        transport = httpx.HTTPTransport(uds=str(self.socket_path))
-        return httpx.Client(transport=transport, base_url="http://draftpen", timeout=timeout)
-
-    def openai(self) -> openai.OpenAI:
-        """The official SDK, unchanged, over the socket."""
-        transport = httpx.HTTPTransport(uds=str(self.socket_path))
-        return openai.OpenAI(
-            api_key="unused",
-            base_url="http://draftpen/v1",
-            http_client=httpx.Client(transport=transport, timeout=60.0),
-            max_retries=0,
-        )
-
-    def health(self) -> dict[str, Any]:
-        with self.client(timeout=10.0) as client:
-            return client.get("/health").json()
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            raise
-
-
-def start_server(home: Path, socket_path: Path, *options: str, pair: str = PAIR) -> RunningServer:
-    """Start ``draftpen serve --pair smollm2`` (or ``pair``) and wait until it listens."""
-    if pair == PAIR:
-        require_model(SMOLLM2_KEY)
-    log_path = home / f"serve-{socket_path.stem}.log"
-    with log_path.open("w") as log:
-        command = [sys.executable, "-m", "app.main", "serve", "--pair", pair]
-        process = subprocess.Popen(
-            [*command, "--socket", str(socket_path), *options],
-            cwd=REPO,
-            env={
-                **os.environ,
-                "DRAFTPEN_HOME": str(home),
-                "DRAFTPEN_MODELS_DIR": str(models_dir()),
-            },
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-        )
-    assert process.stdout is not None
-    # Loading includes measuring forward costs once per home: slow on a busy machine.
-    ready, _, _ = select.select([process.stdout], [], [], 300)
-    line = process.stdout.readline() if ready else ""
-    if not line.startswith(LISTENING):
-        process.kill()
-        pytest.fail(f"draftpen serve did not start: {line!r}\n{log_path.read_text()}")
-    assert line.strip() == f"{LISTENING}{socket_path}"
-    return RunningServer(process, socket_path, log_path)
-
-
-def start_starter_server(
-    tmp_path_factory: pytest.TempPathFactory, home_name: str, *options: str
-) -> Iterator[RunningServer]:
-    """``draftpen serve --pair starter OPTIONS`` in a new home, for a module's fixture."""
-    require_model(TARGET_KEY)
-    require_model(DRAFT_KEY)
-    home = tmp_path_factory.mktemp(home_name)
-    running = start_server(home, home / "starter.sock", *options, pair="starter")
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def server_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One DRAFTPEN_HOME for the module's servers, so the cost calibration is measured once."""
-    return tmp_path_factory.mktemp("serve-home")
-
-
-@pytest.fixture(scope="module")
-def server(server_home: Path) -> Iterator[RunningServer]:
-    """The shared server, for tests that leave it as they found it."""
-    running = start_server(server_home, server_home / "s.sock")
-    yield running
-    running.stop()
-
-
-def chat(text: str, **fields: Any) -> dict[str, Any]:
-    """A greedy one-turn chat request."""
-    return {
-        "model": PAIR,
-        "messages": [{"role": "user", "content": text}],
-        "temperature": 0,
-        **fields,
-    }
-
-
-def sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any] | str]:
-    """The payloads of server-sent events: parsed JSON, or the final "[DONE]"."""
-    for line in lines:
-        if line.startswith("data: "):
-            payload = line.removeprefix("data: ")
-            yield payload if payload == "[DONE]" else json.loads(payload)
-
+from tests.support.serve_process import (
+    COUNTING,
+    PAIR,
+    RunningServer,
+    chat,
+    sse_events,
+)
 
 # -- the real server, real clients ------------------------------------------------------
 
@@ -424,104 +288,6 @@ def test_client_disconnecting_mid_stream_frees_the_engine(server: RunningServer)
     assert "cancelled after" in server.log() and "client disconnected" in server.log()
 
 
-BAD_REQUESTS = [
-    pytest.param(b'{"model": "smollm2", "messages": [', 400, "invalid_json", None, id="bad-json"),
-    pytest.param(b"[1, 2]", 400, "invalid_type", None, id="not-an-object"),
-    pytest.param(chat("hi", temperature="hot"), 400, "invalid_type", "temperature", id="type"),
-    pytest.param(chat("hi", max_tokens=2.5), 400, "invalid_type", "max_tokens", id="float-int"),
-    pytest.param(chat("hi", top_p=3), 400, "invalid_value", "top_p", id="range"),
-    pytest.param(
-        chat("hi", functions=[]), 400, "unknown_parameter", "functions", id="unknown-field"
-    ),
-    pytest.param({"model": PAIR}, 400, "missing_required_parameter", "messages", id="missing"),
-    pytest.param({**chat("hi"), "model": "gpt-4o"}, 404, "model_not_found", "model", id="model"),
-    pytest.param(
-        chat("word " * 5000), 400, "context_length_exceeded", "messages", id="long-prompt"
-    ),
-    pytest.param(b"x" * (2 << 20), 413, "request_too_large", None, id="oversize"),
-    pytest.param(
-        chat("hi", speculative={"drafter": "model"}),
-        400,
-        "invalid_value",
-        "speculative.drafter",
-        id="no-draft-model",
-    ),
-    pytest.param(
-        chat("hi", speculative={"exact": "yes"}),
-        400,
-        "invalid_type",
-        "speculative.exact",
-        id="exact-not-bool",
-    ),
-    pytest.param(
-        chat("hi", messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
-        400,
-        "invalid_value",
-        "messages[0].content",
-        id="image",
-    ),
-]
-
-
-@pytest.mark.real_model
-@pytest.mark.parametrize(("body", "status", "code", "param"), BAD_REQUESTS)
-def test_bad_request_gets_its_4xx_and_an_openai_error_object(
-    server: RunningServer, body: bytes | dict[str, Any], status: int, code: str, param: str | None
-):
-    with server.client() as client:
-        if isinstance(body, bytes):
-            response = client.post("/v1/chat/completions", content=body)
-        else:
-            response = client.post("/v1/chat/completions", json=body)
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["code"] == code and error["param"] == param
-    assert error["type"] == "invalid_request_error" and len(error["message"]) > 20
-
-
-@pytest.mark.real_model
-def test_unknown_paths_and_methods_get_error_objects(server: RunningServer):
-    with server.client() as client:
-        missing = client.get("/v2/nothing")
-        wrong_method = client.get("/v1/chat/completions")
-    assert missing.status_code == 404
-    assert "/v1/chat/completions" in missing.json()["error"]["message"]
-    assert wrong_method.status_code == 405
-    assert wrong_method.json()["error"]["message"]
-
-
-@pytest.mark.real_model
-def test_openai_sdk_raises_the_servers_error(server: RunningServer):
-    with pytest.raises(openai.BadRequestError, match="context"):
-        server.openai().chat.completions.create(**chat("word " * 5000, max_tokens=10))
-
-
-@pytest.mark.real_model
-def test_max_tokens_far_above_the_room_is_a_ceiling_at_the_context_end(server_home: Path):
-    # As llama.cpp's server and Ollama read it: opencode sends max_tokens 32000 whatever
-    # the context, and the reply stops where the context is full.
-    small = start_server(server_home, server_home / "ceiling.sock", "--context", "256")
-    try:
-        context = small.health()["loaded"][0]["context_length"]
-        # A whole context of tokens: minutes when others share this machine's cores.
-        with small.client(timeout=600) as client:
-            counted = client.post("/v1/completions", json={**COUNTING, "max_tokens": 100_000})
-        sdk = (
-            small.openai()
-            .with_options(timeout=600)
-            .chat.completions.create(**chat("Count to 3.", max_tokens=32_000))
-        )
-    finally:
-        assert small.stop() == 0
-    assert counted.status_code == 200, counted.text
-    body = counted.json()
-    assert body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"]["total_tokens"] == context
-    assert sdk.usage is not None and sdk.usage.total_tokens <= context
-    assert sdk.choices[0].finish_reason in ("stop", "length")
-
-
 @pytest.mark.real_model
 def test_an_agents_second_turn_reports_its_resent_prefix_as_cached(server: RunningServer):
     # Agents resend their whole prompt every turn: a long system prompt, the turns so
@@ -555,148 +321,3 @@ def test_an_agents_second_turn_reports_its_resent_prefix_as_cached(server: Runni
     # All that turn 1 read is reused; only its reply and the new question are read.
     assert first.usage.prompt_tokens - 4 <= cached < usage.prompt_tokens
     assert usage.prompt_tokens - cached < 60
-
-
-@pytest.mark.real_model
-def test_second_server_on_the_same_socket_is_refused(server: RunningServer):
-    started = time.monotonic()
-    result = run_draftpen("serve", "--pair", PAIR, "--socket", str(server.socket_path))
-    assert_clean_error(result, f"already running on {server.socket_path}")
-    assert time.monotonic() - started < 30  # refused before loading the model
-    assert server.health()["status"] == "ok"
-    assert stat.S_ISSOCK(server.socket_path.stat().st_mode)
-
-
-@pytest.mark.real_model
-def test_queue_over_its_bound_gets_503_with_retry_after(server_home: Path):
-    # One sequence: a second request waits (with several, it would run beside it).
-    running = start_server(server_home, server_home / "q.sock", "--queue", "1", "--parallel", "1")
-    try:
-        holder = running.client()
-        waiter_result: dict[str, httpx.Response] = {}
-
-        def wait_in_queue() -> None:
-            with running.client() as client:
-                waiter_result["response"] = client.post(
-                    "/v1/completions", json={**COUNTING, "max_tokens": 4}
-                )
-
-        request = {**COUNTING, "max_tokens": 3000, "stream": True}
-        with holder.stream("POST", "/v1/completions", json=request) as held:
-            # Keep the event iterator: dropping it would close the held stream early.
-            held_events = sse_events(held.iter_lines())
-            assert isinstance(next(held_events), dict)  # generating now
-            waiter = threading.Thread(target=wait_in_queue)
-            waiter.start()
-            deadline = time.monotonic() + 10
-            while running.health()["queue"]["waiting"] < 1:
-                assert time.monotonic() < deadline, running.health()
-                time.sleep(0.02)
-            with running.client() as client:
-                refused = client.post("/v1/completions", json={**COUNTING, "max_tokens": 4})
-        holder.close()  # the held stream is abandoned: the waiting request runs next
-        waiter.join(timeout=60)
-        assert refused.status_code == 503
-        assert refused.headers["Retry-After"].isdigit()
-        assert refused.json()["error"]["code"] == "queue_full"
-        assert waiter_result["response"].status_code == 200
-    finally:
-        running.stop()
-
-
-@pytest.mark.real_model
-def test_sigterm_cancels_in_flight_work_removes_the_socket_and_exits_0(server_home: Path):
-    running = start_server(server_home, server_home / "t.sock")
-    with running.client() as client:
-        request = {**COUNTING, "max_tokens": 3000, "stream": True}
-        with client.stream("POST", "/v1/completions", json=request) as response:
-            events = sse_events(response.iter_lines())
-            assert isinstance(next(events), dict)
-            running.process.send_signal(signal.SIGTERM)
-            rest = list(events)
-    assert rest[-1] == "[DONE]"
-    assert rest[-2]["choices"][0]["finish_reason"] == "cancelled"
-    assert running.process.wait(timeout=30) == 0, running.log()
-    assert not running.socket_path.exists()
-    assert running.process.stdout is not None
-    assert running.process.stdout.read() == ""  # stdout: the one "listening" line only
-    assert "server shutting down" in running.log()
-
-
-# -- the socket's rules, no model needed --------------------------------------------------
-
-
-def test_peer_uid_is_read_from_the_socket():
-    if not hasattr(socket, "SO_PEERCRED"):
-        pytest.skip("SO_PEERCRED is Linux only")
-    left, right = socket.socketpair(socket.AF_UNIX)
-    with left, right:
-        assert peer_uid(left) == os.getuid()
-
-
-def test_connection_from_another_uid_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture):
-    if not hasattr(socket, "SO_PEERCRED"):
-        pytest.skip("SO_PEERCRED is Linux only")
-    engine = Engine(HashModel())
-    path = tmp_path / "peer.sock"
-    server = AgentServer(
-        engine,
-        model_id="fake",
-        socket_path=path,
-        settings=Settings(drafter="none"),
-        allowed_uid=os.getuid() + 1,
-        configure_logging=False,
-    )
-    listening = threading.Event()
-    thread = threading.Thread(target=server.run, kwargs={"announce": lambda _: listening.set()})
-    thread.start()
-    try:
-        assert listening.wait(10)
-        transport = httpx.HTTPTransport(uds=str(path))
-        with httpx.Client(transport=transport) as client, pytest.raises(httpx.TransportError):
-            client.get("http://draftpen/health")
-    finally:
-        server.stop()
-        thread.join(10)
-    assert not thread.is_alive()
-    assert f"refused a connection from uid {os.getuid()}" in caplog.text
-    assert not path.exists()
-
-
-def test_stale_socket_is_replaced_and_a_live_one_is_not(tmp_path: Path):
-    path = tmp_path / "s.sock"
-    dead = socket.socket(socket.AF_UNIX)
-    dead.bind(str(path))
-    dead.close()  # the file stays, nobody listens: what a crashed server leaves
-    live = bind_unix_socket(path)
-    try:
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600
-        with pytest.raises(ServerAlreadyRunningError, match=f"already running on {path}"):
-            bind_unix_socket(path)
-    finally:
-        live.close()
-
-
-def test_default_socket_lives_in_a_private_runtime_dir(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
-    monkeypatch.delenv("DRAFTPEN_HOME")
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    path = default_socket_path()
-    assert path == tmp_path / "draftpen" / "draftpen.sock"
-    (tmp_path / "draftpen").mkdir(mode=0o755)
-    prepare_socket_dir(path, private=True)
-    assert stat.S_IMODE((tmp_path / "draftpen").stat().st_mode) == 0o700
-
-    monkeypatch.delenv("XDG_RUNTIME_DIR")
-    if sys.platform == "linux":
-        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-        fallback = default_socket_path()
-        assert fallback == tmp_path / "cache" / "draftpen" / "run" / "draftpen.sock"
-        prepare_socket_dir(fallback, private=True)
-        assert stat.S_IMODE(fallback.parent.stat().st_mode) == 0o700
-
-
-def test_bad_tcp_address_is_one_line():
-    result = run_draftpen("serve", "--pair", PAIR, "--tcp", "localhost")
-    assert_clean_error(result, "--tcp wants HOST:PORT")

@@ -11,57 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
-from tests.engine.test_server import PAIR, RunningServer, start_server
+from tests.engine.conversations import (
+    SYSTEM,
+    Turn,
+    ask,
+    fixed_conversation,
+)
+from tests.support.serve_process import RunningServer, start_server
 
 pytestmark = pytest.mark.real_model
-
-SYSTEM = {"role": "system", "content": "You are a concise assistant. Answer in one sentence."}
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One answered request: the messages sent, the reply and the token counts."""
-
-    messages: list[dict[str, str]]
-    reply: str
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    stats_cached_tokens: int
-
-
-def ask(client: openai.OpenAI, messages: list[dict[str, str]], max_tokens: int = 24) -> Turn:
-    """A greedy streamed request; usage comes in the last chunk, stats in every one."""
-    chunks = list(
-        client.chat.completions.create(
-            model=PAIR,
-            messages=messages,  # type: ignore[arg-type]
-            temperature=0,
-            max_tokens=max_tokens,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"speculative": {"drafter": "ngram", "k": 4}},
-        )
-    )
-    usage = chunks[-1].usage
-    assert usage is not None and usage.prompt_tokens_details is not None
-    reply = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    stats: dict[str, Any] = chunks[-1].model_extra["draftpen"]  # type: ignore[index]
-    return Turn(
-        messages,
-        reply,
-        usage.prompt_tokens,
-        usage.completion_tokens,
-        usage.prompt_tokens_details.cached_tokens or 0,
-        int(stats["cached_prompt_tokens"]),
-    )
 
 
 def next_turn(turn: Turn, text: str) -> list[dict[str, str]]:
@@ -148,16 +111,6 @@ def test_without_the_cache_each_return_rereads_its_history_and_answers_the_same(
         # Only the shared system turn was still in the one live cache.
         assert unkept[name].cached_tokens < turns[name.replace("2", "1")].prompt_tokens
         assert unkept[name].reply == turns[name].reply
-
-
-def fixed_conversation(topic: str, turns: int) -> list[dict[str, str]]:
-    """A conversation with fixed replies, as an agent resends its own transcript."""
-    messages = [SYSTEM]
-    for index in range(turns):
-        if index:
-            messages.append({"role": "assistant", "content": f"Part {index} about {topic}."})
-        messages.append({"role": "user", "content": f"One more fact about {topic} ({index})."})
-    return messages
 
 
 def test_many_clients_at_once_under_a_tiny_budget_evict_and_change_no_answer(

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from tests.engine.test_server_tools import PARIS_CALL, WEATHER_TOOL, prompt_text, scripted_server
+from tests.support.scripted_tools import PARIS_CALL, WEATHER_TOOL, prompt_text, scripted_server
 from tests.support.thinking_model import ThinkingByteModel, thinking_reply
 
 REASONING = "The user wants the weather.\nI should answer briefly."

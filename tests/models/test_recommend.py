@@ -26,7 +26,7 @@ from app.models.store import ModelStore
 from app.tui.models_service import ModelsService
 from app.tui.screens.models import ModelsScreen
 from app.tui.widgets.found_models import FoundModelsView
-from tests.chat_app.test_tui import ARTIFACTS
+from tests.chat_app.tui_replies import ARTIFACTS
 from tests.models.gguf_files import vocabulary, write_gguf
 from tests.support.tui_helpers import (
     make_app,

@@ -9,7 +9,6 @@ is checked on the installed library itself, so it holds on every CI machine, AMX
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shlex
 import shutil
@@ -21,8 +20,11 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-REPO = Path(__file__).resolve().parents[2]
-LIB_SH = REPO / "packaging" / "lib.sh"
+from tests.packaging.shell import (
+    lib_sh,
+    shell_output,
+)
+
 AMX_MATMUL = "ggml_backend_amx_mul_mat"
 NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
@@ -131,40 +133,6 @@ def test_the_no_amx_flags_win_over_march_native_on_an_amx_cpu() -> None:
     assert "__AVX512VNNI__" in macros(*no_amx)  # the rest of the CPU is kept
     assert "__AMX_INT8__" not in macros(*no_amx)
     assert "__AMX_TILE__" not in macros(*no_amx)
-
-
-# -- packaging/lib.sh, in bash ----------------------------------------------------------
-
-
-def lib_sh(
-    script: str, *, env: dict[str, str] | None = None, machine: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` in bash after sourcing lib.sh. ``machine`` fakes ``uname -m``."""
-    fake_uname = ""
-    if machine:
-        fake_uname = (
-            f'uname() {{ if [[ "$1" == -m ]]; then echo {machine}; '
-            'else command uname "$@"; fi; }\n'
-        )
-    clean = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("DRAFTPEN_LLAMA", "DRAFTPEN_CPUINFO", "DRAFTPEN_RUNTIME_CHECK"))
-    }
-    return subprocess.run(
-        ["bash", "-c", f"set -euo pipefail\n. {LIB_SH}\n{fake_uname}{script}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**clean, **(env or {})},
-        cwd=REPO,
-    )
-
-
-def shell_output(script: str, **kwargs: object) -> str:
-    result = lib_sh(script, **kwargs)  # type: ignore[arg-type]
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
 
 
 @pytest.fixture

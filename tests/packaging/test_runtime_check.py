@@ -18,7 +18,7 @@ from app.runtime_check.check import run_runtime_check
 from app.runtime_check.install_record import RECORD_ENV, read_install_check
 from app.runtime_check.probe import CRASH_HOOK_ENV
 from app.runtime_check.tiny_model import write_tiny_model
-from tests.packaging.test_runtime_build import shell_output
+from tests.packaging.shell import shell_output
 
 REPO = Path(__file__).resolve().parents[2]
 LIB_SH = REPO / "packaging" / "lib.sh"

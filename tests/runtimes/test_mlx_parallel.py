@@ -8,8 +8,6 @@ verify, reject and roll back beside each other.
 
 from __future__ import annotations
 
-import json
-import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,13 +23,15 @@ from backends.speculation.acceptance import AcceptanceEstimate
 from backends.speculation.cost_model import CostModel
 from backends.speculation.draft_policy import FIRST_ROUND_REASON
 from backends.speculation.model_drafter import READ_AS_PROMPT
-from tests.support.model_files import SMOLLM2_KEY, TINY_MLX_LLAMA, require_mlx_model
+from tests.runtimes.tiny_llama_mlx import (
+    _tiny_llama,
+)
 
 pytest.importorskip("mlx_lm")
 
 pytestmark = pytest.mark.real_model
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
 PROMPTS = (
     "def fibonacci(n):\n",
     "Once upon a time, in a village by the sea, there lived",
@@ -47,35 +47,6 @@ LONG_PROMPT = (
     "Keep the answer short: one line per module, no code, and no guesses about files "
     "that you have not opened yourself."
 )
-
-
-def _tiny_llama(directory: Path, *, seed: int, like: Path | None = None) -> Path:
-    """A 2-layer llama with random weights (or ``like``'s, perturbed) and SmolLM2's
-    tokenizer."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.models import llama
-
-    config = dict(TINY_MLX_LLAMA)
-    mx.random.seed(seed)
-    if like is None:
-        weights = dict(tree_flatten(llama.Model(llama.ModelArgs.from_dict(config)).parameters()))
-    else:
-        weights = mx.load(str(like / "model.safetensors"))
-        weights = {
-            name: value + 0.3 * mx.std(value) * mx.random.normal(value.shape)
-            for name, value in weights.items()
-        }
-    directory.mkdir()
-    # Stored in float16 as published models are: loading converts them to float32 on
-    # the loading thread, which the runtime thread must not have to finish.
-    weights = {name: value.astype(mx.float16) for name, value in weights.items()}
-    mx.save_safetensors(str(directory / "model.safetensors"), weights)
-    (directory / "config.json").write_text(json.dumps(config))
-    source = require_mlx_model(SMOLLM2_KEY)
-    for name in TOKENIZER_FILES:
-        shutil.copy(source / name, directory / name)
-    return directory
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +140,7 @@ def test_beside_others_the_first_token_comes_before_the_draft_model_reads_the_pr
     pair_dirs: tuple[Path, Path],
 ) -> None:
     # Figures under which `auto` drafts with the draft model, held as given.
-    from tests.speculation.test_first_token import GPU_COSTS, GPU_DRAFT_STEP, HeldCosts
+    from tests.speculation.held_costs import GPU_COSTS, GPU_DRAFT_STEP, HeldCosts
 
     exchange = RuntimeExchange()
     stop = threading.Event()

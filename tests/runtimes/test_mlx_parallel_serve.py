@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 
-from tests.engine.test_server import RunningServer, start_server
-from tests.runtimes.test_mlx_parallel import _tiny_llama
+from tests.runtimes.tiny_llama_mlx import _tiny_llama
 from tests.runtimes.tiny_mlx_pair import mlx_pair_catalog, store_converted
 from tests.support.model_files import SMOLLM2_KEY, require_mlx_model
+from tests.support.serve_process import RunningServer, start_server
 
 pytest.importorskip("mlx_lm")
 

@@ -17,7 +17,7 @@ from app.engine.scheduler import LoadOptions
 from app.engine.schema import ApiError
 from app.errors import DraftpenError
 from backends.engine import Engine
-from tests.chat_app.test_cli_generate import assert_clean_error, run_draftpen
+from tests.support.draftpen_cli import assert_clean_error, run_draftpen
 from tests.support.fakes import HashModel
 
 OPTIONS = LoadOptions(context_length=256, exact=False)

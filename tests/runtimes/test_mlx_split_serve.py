@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from tests.engine.test_server import LISTENING, REPO, RunningServer, start_server
 from tests.runtimes.tiny_mlx_pair import mlx_pair_catalog, store_converted, tiny_qwen2_pair
+from tests.support.draftpen_cli import REPO
+from tests.support.serve_process import LISTENING, RunningServer, start_server
 
 pytest.importorskip("mlx_lm")
 

@@ -21,8 +21,8 @@ from backends.caches.disk_prefixes import DiskPrefixes
 from backends.caches.prefix_keys import BLOCK_TOKENS
 from backends.caches.prefix_store import PrefixStore
 from backends.engine import Engine, GenerationRequest
-from tests.runtimes.test_mlx_hybrid import CONFIG as HYBRID_CONFIG
-from tests.runtimes.test_mlx_hybrid import (
+from tests.runtimes.tiny_mlx_hybrid import CONFIG as HYBRID_CONFIG
+from tests.runtimes.tiny_mlx_hybrid import (
     TOKENIZER_FILES,
     tiny_dirs,  # noqa: F401  (a fixture)
 )

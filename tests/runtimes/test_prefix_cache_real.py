@@ -19,7 +19,7 @@ from backends.caches.prefix_keys import BLOCK_TOKENS, block_names
 from backends.caches.prefix_store import PrefixStore
 from backends.engine import Engine, GenerationRequest
 from backends.llamacpp.model import LlamaCppModel
-from tests.runtimes.test_hybrid_targets import (
+from tests.runtimes.hybrid_helpers import (
     tiny_files,  # noqa: F401  (a fixture)
 )
 from tests.support.model_files import SMOLLM2_KEY, require_model

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -30,88 +29,24 @@ from backends.base import ChatMessage
 from backends.generation_events import GenerationEvent
 from backends.sampling.filters import SamplingParams
 from backends.workers.endpoints import Endpoint
-from backends.workers.wire import PROTOCOL, WorkerUnreachableError, probe, unreachable
-from tests.chat_app.test_cli_generate import REPO
-from tests.chat_app.test_tui_real import COUNT_PROMPT
-from tests.engine.test_engine_clients import short_socket, stop_engine
-from tests.engine.test_server import RunningServer, chat, start_server
-from tests.runtimes.test_workers import as_at_a_terminal
+from backends.workers.wire import PROTOCOL, probe, unreachable
+from tests.runtimes.real_workers import (
+    WORKER_COMMAND,
+    Worker,
+    free_port,
+    start_worker,
+)
+from tests.support.draftpen_cli import REPO
+from tests.support.engine_process import short_socket, stop_engine
 from tests.support.model_files import SMOLLM2_KEY, models_dir, require_model
+from tests.support.real_engine_app import COUNT_PROMPT
+from tests.support.serve_process import RunningServer, chat, start_server
 
 pytestmark = pytest.mark.real_model
 
+
 PAIR = "smollm2"
 SMOLLM2_FILE = "smollm2-135m-instruct-q4_1.gguf"
-WORKER_COMMAND = (sys.executable, "-m", "app.main", "worker")
-
-
-def free_port() -> int:
-    with socket.socket() as probe_socket:
-        probe_socket.bind(("127.0.0.1", 0))
-        return int(probe_socket.getsockname()[1])
-
-
-@dataclass
-class Worker:
-    """A ``draftpen worker`` process and its address."""
-
-    process: subprocess.Popen[str]
-    endpoint: Endpoint
-    log: Path
-
-    @property
-    def address(self) -> str:
-        return str(self.endpoint)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def start_worker(home: Path, *options: str) -> Worker:
-    """``draftpen worker --port P --threads 1``, waited for until it answers."""
-    port = free_port()
-    log = home / f"worker-{port}.log"
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            [*WORKER_COMMAND, "--port", str(port), "--threads", "1", *options],
-            cwd=REPO,
-            env={**os.environ, "DRAFTPEN_HOME": str(home)},
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            text=True,
-            preexec_fn=as_at_a_terminal,
-        )
-    endpoint = Endpoint("127.0.0.1", port)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            probe(endpoint, timeout=2)
-            return Worker(process, endpoint, log)
-        except WorkerUnreachableError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"draftpen worker did not start:\n{log.read_text()}")
-            time.sleep(0.2)
-
-
-@pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One DRAFTPEN_HOME for the module (forward costs measured once)."""
-    return tmp_path_factory.mktemp("workers-home")
-
-
-@pytest.fixture
-def two_workers(home: Path) -> Iterator[tuple[Worker, Worker]]:
-    first, second = start_worker(home), start_worker(home)
-    yield first, second
-    first.stop()
-    second.stop()
 
 
 def greedy_reply(server: RunningServer, text: str) -> str:

@@ -19,7 +19,8 @@ from backends.speculation.calibration import disturbed, measure_costs
 from backends.speculation.controller import PLAIN_CHECK_REASON
 from backends.speculation.cost_audit import CostAudit
 from backends.speculation.cost_model import CostModel, SharedForwardCosts
-from tests.support.fakes import HashModel, chat_prompt
+from tests.support.fake_runs import chat_prompt
+from tests.support.fakes import HashModel
 
 # The curve stored during a compile on the 2-core EPYC (issue 51), in seconds: a quiet
 # one-token forward there costs ~0.045 s.

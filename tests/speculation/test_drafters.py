@@ -10,7 +10,8 @@ from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.ngram_drafter import NgramDrafter, NgramIndex
 from backends.speculation.prediction_drafter import PredictionDrafter
 from backends.token_prefix import common_prefix_length
-from tests.support.fakes import EOS, HashModel, chat_prompt, draft_model_for
+from tests.support.fake_runs import chat_prompt
+from tests.support.fakes import EOS, HashModel, draft_model_for
 
 GREEDY = SamplingParams()
 RNG = np.random.default_rng(0)

@@ -19,18 +19,18 @@ from backends.generation_events import FINISH_STOP
 from backends.sampling.filters import SamplingParams
 from backends.speculation.acceptance import AcceptanceEstimate
 from backends.speculation.controller import AdaptiveDraftPolicy
-from backends.speculation.cost_model import CostModel
 from backends.speculation.draft_policy import FIRST_ROUND_REASON
 from backends.speculation.loop import speculative_generate
 from backends.speculation.model_drafter import READ_AS_PROMPT, ModelDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
+from tests.speculation.held_costs import (
+    GPU_COSTS,
+    GPU_DRAFT_STEP,
+    HeldCosts,
+)
 from tests.support.fakes import ASSISTANT, BOS, USER, HashModel, ScriptedTextModel, draft_model_for
 
 GREEDY = SamplingParams()
-# A GPU's figures, where `auto` drafts with the draft model: a verify of a few tokens
-# costs about one step and a draft step a fifth of one.
-GPU_COSTS = {1: 0.020, 2: 0.0205, 4: 0.021, 8: 0.023, 16: 0.028}
-GPU_DRAFT_STEP = 0.004
 
 
 def agent_prompt(length: int = 300) -> list[int]:
@@ -38,17 +38,6 @@ def agent_prompt(length: int = 300) -> list[int]:
     rng = np.random.default_rng(5)
     body = [int(token) for token in rng.integers(6, 64, size=length - 3)]
     return [BOS, USER, *body, ASSISTANT]
-
-
-class HeldCosts(CostModel):
-    """Figures the loop's measurements leave as they are: the fakes run in microseconds,
-    and the choices these tests need are the ones the figures give."""
-
-    def observe_verify(self, batch: int, seconds: float) -> None:
-        """Not learned."""
-
-    def observe_draft_step(self, seconds: float) -> None:
-        """Not learned."""
 
 
 def pair(target: HashModel | None = None) -> tuple[Engine, HashModel, HashModel]:

@@ -27,9 +27,10 @@ from backends.sampling.row_scans import log_normaliser, top_ids
 from backends.speculation.draft_policy import FixedDraftPolicy
 from backends.speculation.loop import speculative_generate
 from backends.speculation.model_drafter import ModelDrafter
-from tests.engine.test_server_tools import PARIS_CALL, WEATHER_TOOL, scripted_server
-from tests.support.fakes import HashModel, chat_prompt, draft_model_for
+from tests.support.fake_runs import chat_prompt
+from tests.support.fakes import HashModel, draft_model_for
 from tests.support.model_files import DRAFT_KEY, TARGET_KEY, require_model
+from tests.support.scripted_tools import PARIS_CALL, WEATHER_TOOL, scripted_server
 
 GREEDY = SamplingParams(temperature=0.0)
 SAMPLED = [

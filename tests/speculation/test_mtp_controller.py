@@ -22,33 +22,13 @@ from backends.speculation.draft_policy import FixedDraftPolicy, RoundOutcome
 from backends.speculation.loop import speculative_generate
 from backends.speculation.mtp_drafter import MtpDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
-from tests.support.fakes import HashModel, chat_prompt, draft_model_for, run_generation
+from tests.speculation.fake_head import (
+    FakeHead,
+)
+from tests.support.fake_runs import chat_prompt, run_generation
+from tests.support.fakes import HashModel
 
 GPU_LIKE = {1: 0.010, 2: 0.0102, 4: 0.0106, 8: 0.011, 16: 0.012}
-
-
-class FakeHead:
-    """A draft head that reads the committed context and chains on its own guesses."""
-
-    def __init__(self, target: HashModel) -> None:
-        self.guesser = draft_model_for(target, noise_scale=1.0)
-        self.chain: list[int] = []
-        self.starts: list[int] = []
-
-    def start(self, evaluated: int, context: Sequence[int]) -> HostRows | None:
-        self.starts.append(evaluated)
-        self.chain = list(context)
-        return self._row()
-
-    def step(self, token: int) -> HostRows:
-        self.chain.append(token)
-        return self._row()
-
-    def finish(self) -> None:
-        self.chain = []
-
-    def _row(self) -> HostRows:
-        return HostRows(self.guesser.logits_for(self.chain)[np.newaxis])
 
 
 class LimitedHashModel(HashModel):

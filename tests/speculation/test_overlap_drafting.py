@@ -24,8 +24,9 @@ from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
 from backends.speculation.overlap import _PreDraft, _serving
 from backends.speculation.proposal import Drafter
-from tests.speculation.test_mtp_controller import FakeHead
-from tests.support.fakes import HashModel, chat_prompt, draft_model_for
+from tests.speculation.fake_head import FakeHead
+from tests.support.fake_runs import chat_prompt
+from tests.support.fakes import HashModel, draft_model_for
 
 GREEDY = SamplingParams()
 PROMPTS = ("the cat sat on the mat", "is this a test, 42 is the answer!")

@@ -15,12 +15,12 @@ import textwrap
 
 import pytest
 
-from tests.chat_app.test_cli_generate import REPO
-from tests.runtimes.test_workers_real import (
+from tests.runtimes.real_workers import (
     Worker,
     home,  # noqa: F401  (fixtures)
     two_workers,  # noqa: F401  (fixtures)
 )
+from tests.support.draftpen_cli import REPO
 from tests.support.model_files import SMOLLM2_KEY, require_model
 
 pytestmark = pytest.mark.real_model

@@ -7,7 +7,7 @@ from backends.speculation.acceptance import AcceptanceEstimate
 from backends.speculation.controller import AdaptiveDraftPolicy
 from backends.speculation.cost_model import CostModel, SharedForwardCosts
 from backends.speculation.ngram_drafter import NgramDrafter
-from tests.speculation.test_controller import (
+from tests.speculation.scripted_costs import (
     CPU_COSTS,
     GPU_COSTS,
     GPU_DRAFT_STEP,

@@ -17,7 +17,7 @@ import json
 import pytest
 
 from backends.engine import Engine
-from tests.speculation.test_exact_forced_call_real import REPRO, forced_write_request
+from tests.speculation.forced_write import REPRO, forced_write_request
 from tests.support.model_files import TARGET_KEY
 from tests.support.real_runtimes import load_model
 
