@@ -1,6 +1,6 @@
 """Limits agents live with: max_tokens as a ceiling, ``n`` choices, nameless json_schema.
 
-In-process servers over the scripted byte model (tests/byte_model.py) with the official
+In-process servers over the scripted byte model (tests/support/byte_model.py) with the official
 ``openai`` SDK and httpx on the socket: the byte model writes exactly the reply a test
 needs, and its one-token-per-byte prompts make the context's arithmetic exact.
 """

@@ -116,7 +116,7 @@ def test_generate_prints_the_same_text_with_the_draft_model_as_without():
 
     Without it (the default), llama.cpp's fastest kernels may flip a near-tie between a
     verify batch and a one-token decode (an AVX-512 Xeon did, at token ~40 here): that
-    promise is checked, near-ties and all, in tests/test_runtime_conformance.py.
+    promise is checked, near-ties and all, in tests/runtimes/test_runtime_conformance.py.
     """
     require_model(TARGET_KEY)
     require_model(DRAFT_KEY)

@@ -143,7 +143,7 @@ def test_a_chat_waits_behind_an_agent_on_one_engine_and_both_answer_as_alone(
     engines: StartedEngines, tmp_path: Path
 ) -> None:
     # One sequence, so the chat waits (with several it writes beside the agent, and
-    # the stats line says so: tests/test_tui.py, tests/test_parallel_serve.py).
+    # the stats line says so: tests/chat_app/test_tui.py, tests/engine/test_parallel_serve.py).
     engines.serve_options = ("--parallel", "1")
     app = make_real_app(engines, chat_settings(), tmp_path / "history.sqlite3")
     agent_answers: list[str] = []

@@ -1,7 +1,8 @@
 """The chat app with a model that thinks: reasoning dimmed, collapsible, above the answer.
 
-Driven through Textual's pilot; the model is :class:`~tests.thinking_model.ThinkingByteModel`
-(Qwen3's chat template over scripted replies) with an identical draft model.
+Driven through Textual's pilot; the model is
+:class:`~tests.support.thinking_model.ThinkingByteModel` (Qwen3's chat template over
+scripted replies) with an identical draft model.
 """
 
 from __future__ import annotations

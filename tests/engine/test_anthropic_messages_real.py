@@ -3,8 +3,8 @@
 ``draftpen serve --pair starter`` runs as a subprocess on TCP with an API key, as an
 agent CLI would reach it. The SDK tests check what generation decides (an answer, a
 call the grammar makes certain, a tool result answered); the shapes are checked fast,
-on scripted models, in tests/test_anthropic_messages.py. Claude Code itself answers
-through ``draftpen launch claude`` in tests/test_agent_clis.py.
+on scripted models, in tests/engine/test_anthropic_messages.py. Claude Code itself answers
+through ``draftpen launch claude`` in tests/agents/test_agent_clis.py.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Issue 41 on scripted models: every dialect, streamed and not, shows no call syntax as
 text and runs no call twice.
 
-A scripted byte model behind a Hermes template (tests/test_server_tools.py) writes
+A scripted byte model behind a Hermes template (tests/support/scripted_tools.py) writes
 exactly the replies that showed the defect: the same forced call again and again, and
 a reply cut by ``max_tokens`` in the head of its next call. The same conversation goes
 through Anthropic Messages, OpenAI chat completions and Responses
-(tests/tool_call_dialects.py); the real starter pair's reply is checked in
-tests/test_forced_write_real.py.
+(tests/engine/tool_call_dialects.py); the real starter pair's reply is checked in
+tests/engine/test_forced_write_real.py.
 """
 
 from __future__ import annotations

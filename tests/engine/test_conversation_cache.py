@@ -2,8 +2,8 @@
 
 The fakes' logits are a pure function of the context, so every answer can be compared
 exactly with the same request on an engine that keeps nothing. Real runtimes are in
-tests/test_conversation_cache_real.py; the server's side in
-tests/test_server_conversation_cache.py.
+tests/runtimes/test_conversation_cache_real.py; the server's side in
+tests/engine/test_server_conversation_cache.py.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def one_at_a_time(engine_home: Path, request: pytest.FixtureRequest) -> Iterator
 @pytest.mark.real_model
 def test_a_waiting_chat_sees_what_it_waits_behind_then_runs(one_at_a_time: EngineClient):
     # One at a time: a chat waits behind an agent (with several, it runs beside it:
-    # tests/test_parallel_serve.py).
+    # tests/engine/test_parallel_serve.py).
     engine = one_at_a_time
     require_model(SMOLLM2_KEY)
     engine.load(PAIR)
@@ -142,8 +142,8 @@ def test_many_openai_clients_and_a_chat_at_once_answer_as_each_alone(
     one_at_a_time: EngineClient,
 ):
     # Queued one at a time, each answer is its answer alone to the token. Several at
-    # once on fast kernels part at near-ties (tests/test_server.py); under exact kernels
-    # they do not (tests/test_parallel_serve.py).
+    # once on fast kernels part at near-ties (tests/engine/test_server.py); under exact kernels
+    # they do not (tests/engine/test_parallel_serve.py).
     engine = one_at_a_time
     require_model(SMOLLM2_KEY)
     topics = ["rivers", "owls", "tea"]

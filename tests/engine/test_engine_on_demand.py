@@ -3,7 +3,7 @@
 The real server (uvicorn on a Unix socket, the scheduler, the one worker) runs in this
 process; its loader builds scripted engines instead of reading model files, so these
 tests check what the engine decides (what to load, when to unload, who waits for what,
-when to stop) in well under a second each. ``tests/test_engine_clients.py`` checks the
+when to stop) in well under a second each. ``tests/engine/test_engine_clients.py`` checks the
 same through a real ``draftpen serve`` process with a real model.
 """
 

@@ -4,9 +4,9 @@
 (tool_choice forcing Write after a Read, greedy, max_tokens 200): the reply's first
 text block held ``\\n<tool_call>\\n{"name": "`` and five identical Write calls followed,
 until max_tokens. It is sent as it is to ``/v1/messages`` and, converted, to
-``/v1/chat/completions`` and ``/v1/responses`` (tests/tool_call_dialects.py), whole
+``/v1/chat/completions`` and ``/v1/responses`` (tests/engine/tool_call_dialects.py), whole
 and streamed, drafting with the draft model and not. The fast shape checks are in
-tests/test_call_markup_dialects.py, on scripted models.
+tests/engine/test_call_markup_dialects.py, on scripted models.
 """
 
 from __future__ import annotations

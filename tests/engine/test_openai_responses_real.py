@@ -3,8 +3,8 @@
 One ``draftpen serve --pair starter --context 32768`` for the module, on its Unix
 socket and on TCP with an API key, as ``draftpen launch codex`` runs it: the official
 ``openai`` SDK generates through both. The shapes themselves are checked on scripted
-models in tests/test_openai_responses.py; Codex CLI itself answers through
-``draftpen launch codex`` in tests/test_agent_clis.py.
+models in tests/engine/test_openai_responses.py; Codex CLI itself answers through
+``draftpen launch codex`` in tests/agents/test_agent_clis.py.
 """
 
 from __future__ import annotations

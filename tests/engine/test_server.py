@@ -229,7 +229,7 @@ def test_httpx_completions_and_curl_work_over_the_socket(server: RunningServer):
 def test_eight_concurrent_clients_get_complete_uncrossed_answers(server: RunningServer):
     """Eight at once on the default engine (``--parallel auto``: four sequences batched,
     fast kernels): each gets its own answer, token for token the one it got alone but
-    where a batch rounded a near-tie the other way (tests/test_parallel_serve.py holds
+    where a batch rounded a near-tie the other way (tests/engine/test_parallel_serve.py holds
     exact kernels to equality)."""
     topics = ["cats", "rain", "bread", "trains", "music", "mountains", "coffee", "stars"]
     requests = [

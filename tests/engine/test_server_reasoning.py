@@ -1,6 +1,6 @@
 """``reasoning_content`` over the socket: a model that thinks, streamed and not.
 
-The model is :class:`~tests.thinking_model.ThinkingByteModel` (Qwen3's own template over
+The model is :class:`~tests.support.thinking_model.ThinkingByteModel` (Qwen3's own template over
 scripted replies; no small thinking model can be had from PyPI), served in-process by the
 real server on a real Unix socket, read with httpx and the ``openai`` SDK.
 """

@@ -1,6 +1,6 @@
 """Bring your own pair: local GGUF files and hub files, `models add`, `models scan`, flags.
 
-Header-only GGUF files (tests/gguf_files.py) stand in for models where nothing is loaded;
+Header-only GGUF files (tests/models/gguf_files.py) stand in for models where nothing is loaded;
 the real test models check the header reader against llama.cpp's own reading, the
 vocabulary rule's reason on a real mismatch, and that a pair given by paths writes what
 the catalog pair writes.

@@ -1,7 +1,7 @@
 """Hybrid targets speculate, exactly: rollback of a recurrent state on llama.cpp.
 
 Tiny random-weight ``qwen35`` models (Gated DeltaNet + attention, written by
-tests/tiny_hybrid.py with SmolLM2's tokenizer): a target, and a draft model that is
+tests/support/tiny_hybrid.py with SmolLM2's tokenizer): a target, and a draft model that is
 the target with noise on its weights, so rounds accept some drafts and reject others.
 A recurrent state cannot be cut back like a KV cache; backends/llamacpp/rollback.py
 does it with llama.cpp's snapshots, checkpoints and replay. Greedy speculation must

@@ -1,10 +1,10 @@
 """A target split across two local processes (mlx's ring backend over TCP), with a draft
 model on rank 0 only, writes what the same target writes in one process (greedy).
 
-Tiny random-weight Qwen2 models (tests/tiny_mlx_pair.py) keep it to seconds: the split
+Tiny random-weight Qwen2 models (tests/runtimes/tiny_mlx_pair.py) keep it to seconds: the split
 is mlx-lm's own (``model.pipeline``, ``shard``), so random weights exercise it as well
 as real ones. The ranks run this file as a script (``python -m``); with
-``draftpen serve`` under ``mlx.launch``: tests/test_mlx_split_serve.py.
+``draftpen serve`` under ``mlx.launch``: tests/runtimes/test_mlx_split_serve.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A real ``draftpen serve`` subprocess on the MLX runtime (Linux's MLX CPU here), asked
 over its Unix socket by the official ``openai`` SDK from two clients at once. The pair
 is a tiny random-weight llama target with a perturbed copy as its draft
-(tests/test_mlx_parallel.py's models), listed in a catalog of the test's own
+(tests/runtimes/tiny_llama_mlx.py's models), listed in a catalog of the test's own
 (``$DRAFTPEN_CATALOG``) and stored as a converted MLX model, so that loading and
 measuring forward costs take seconds: SmolLM2 on MLX's CPU takes over a minute to
 calibrate and reads ~10 prompt tokens a second.

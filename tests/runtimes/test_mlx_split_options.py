@@ -2,7 +2,7 @@
 
 What ``serve`` under ``mlx.launch`` refuses before it joins a group, and how rank 0's
 scheduler keeps the one pair every rank holds. Two ranks serving for real:
-tests/test_mlx_split_serve.py.
+tests/runtimes/test_mlx_split_serve.py.
 """
 
 from __future__ import annotations

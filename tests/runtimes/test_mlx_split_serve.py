@@ -3,7 +3,7 @@ target split across two ranks, served by rank 0, writes what one process writes.
 
 Both ranks run on this machine (a hostfile of 127.0.0.1 twice: mlx.launch starts local
 ranks without ssh), with MLX's CPU backend and one thread each. The pair is the tiny
-random-weight Qwen2 of tests/tiny_mlx_pair.py, in a catalog of the test's own. A real
+random-weight Qwen2 of tests/runtimes/tiny_mlx_pair.py, in a catalog of the test's own. A real
 HTTP client asks rank 0 over its Unix socket for a greedy reply; a one-process
 ``serve --runtime mlx`` on the same pair answers the same request first.
 """

@@ -1,7 +1,7 @@
 """Prompt prefixes saved to disk by one engine and loaded by the next, on MLX.
 
 Real models (marked ``real_model``): SmolLM2 converted for MLX, and the tiny hybrid
-Qwen3.5 models tests/test_mlx_hybrid.py writes (Gated DeltaNet layers in mlx-lm's
+Qwen3.5 models tests/runtimes/tiny_mlx_hybrid.py writes (Gated DeltaNet layers in mlx-lm's
 ``ArraysCache``: the recurrent state is saved and loaded whole). Each round trip starts
 two engines one after the other on fresh model objects, as two sessions of
 ``draftpen serve`` would, sharing one directory. MLX reads prompts slowly on a CPU

@@ -36,7 +36,7 @@ CONFIG = {
     "rope_parameters": {"type": "default", "rope_theta": 10000, "partial_rotary_factor": 0.5},
 }
 # The tokens a random model mostly writes: SmolLM2's ids from 300 on are common word
-# pieces (as tests/tiny_hybrid.py does for llama.cpp).
+# pieces (as tests/support/tiny_hybrid.py does for llama.cpp).
 FAVOURED_FIRST, FAVOURED_TOKENS = 300, 64
 
 

@@ -1,9 +1,9 @@
 """The MTP drafter and the rollback limit in the loop and the controller, on fakes.
 
-No runtime: the "head" is a seeded-noise copy of the HashModel target (tests/fakes.py)
+No runtime: the "head" is a seeded-noise copy of the HashModel target (tests/support/fakes.py)
 read through the :class:`~backends.speculation.mtp_drafter.DraftHead` protocol, so it drafts with
 partial acceptance like a real head. The llama.cpp head itself is tested on tiny
-GGUFs in tests/test_mtp_drafter.py.
+GGUFs in tests/speculation/test_mtp_drafter.py.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """``--drafter mtp``: the target's own multi-token-prediction head drafts, exactly.
 
-A tiny random-weight ``qwen35`` target with one nextn block (tests/tiny_hybrid.py),
+A tiny random-weight ``qwen35`` target with one nextn block (tests/support/tiny_hybrid.py),
 and the same head alone in a separate MTP file beside a target without one. Random
 weights make the head a poor guesser (most drafts are rejected), which exercises
 rollback every round; exactness does not depend on the weights. At temperature > 0
-the drafts are checked the way tests/test_sampling_lossless.py checks the accept
+the drafts are checked the way tests/speculation/test_sampling_lossless.py checks the accept
 step, with the real rows: drafts are distributed as the head's reported ``q``, and
 the loop's accept/resample step then emits tokens distributed as the target's ``p``.
 """
@@ -38,7 +38,7 @@ LlamaCppModel = llamacpp.LlamaCppModel
 CONTEXT = 1024
 PROMPT = [ChatMessage("user", "Write a short poem about the sea, please.")]
 GPU_LIKE_COSTS = {1: 0.010, 2: 0.0102, 3: 0.0104, 4: 0.0106, 5: 0.0108, 8: 0.011, 16: 0.012}
-# The distribution checks (see tests/test_sampling_lossless.py for the bound).
+# The distribution checks (see tests/speculation/test_sampling_lossless.py for the bound).
 SAMPLES = 2000
 SUPPORT = 16
 TEMPERATURE = 3.0  # flat enough that the head's q and the target's p overlap

@@ -52,7 +52,7 @@ class FavouringModel(HashModel):
 
 def tv_bound(n: int, support: int) -> float:
     """TV(empirical, true) stays below this except with probability 1e-6 (see
-    tests/test_sampling_lossless.py for the derivation)."""
+    tests/speculation/test_sampling_lossless.py for the derivation)."""
     return 0.5 * math.sqrt(support / n) + math.sqrt(math.log(1 / FAILURE_PROBABILITY) / (2 * n))
 
 

@@ -88,7 +88,7 @@ class ScriptedByteModel:
     def apply_chat_template(
         self, messages: Sequence[ChatMessage], *, tools: Sequence[ToolSpec] = ()
     ) -> str:
-        """The fakes' chat template (:func:`tests.fakes.fake_chat_template`), no tools."""
+        """The fakes' chat template (:func:`tests.support.fakes.fake_chat_template`), no tools."""
         return fake_chat_template(messages)
 
     def vocab_info(self) -> VocabInfo:

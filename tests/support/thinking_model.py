@@ -3,7 +3,7 @@
 No small reasoning model is published on PyPI (the only source the test machines
 reach; see README "Reasoning"), so the reasoning tests use Qwen3's published chat
 template (tests/templates/qwen3.jinja, with its ``enable_thinking`` switch) over
-:class:`~tests.byte_model.ScriptedByteModel`. Each scripted reply is written the way
+:class:`~tests.support.byte_model.ScriptedByteModel`. Each scripted reply is written the way
 Qwen3 writes one, ``<think>\\n...\\n</think>\\n\\nanswer``; when the template closed an
 empty think block in the prompt (thinking off), the model writes the answer alone.
 """
