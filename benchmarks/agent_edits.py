@@ -17,7 +17,7 @@ agents stream them:
 Asked only before the file, the starter's 1.5B target writes a placeholder
 (``"content": "<tool_response>...</tool_response>"``) or a patch of line numbers, so
 each request asks again after the file, as a user does when a model hesitates (and as
-tests/test_tool_call_drafting_real.py does); ``--as-is`` leaves that out (``write``:
+tests/speculation/test_tool_call_drafting_real.py does); ``--as-is`` leaves that out (``write``:
 the repro exactly).
 
 Each drafter of ``--drafters`` gets an engine of its own, started fresh with the

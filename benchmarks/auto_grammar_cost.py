@@ -35,7 +35,7 @@ def main() -> None:
     if len(sys.argv) > 1:
         path = sys.argv[1]
     else:
-        from tests.model_files import TARGET_KEY, require_model
+        from tests.support.model_files import TARGET_KEY, require_model
 
         path = str(require_model(TARGET_KEY))
     model = load_model(path, runtime="llamacpp", n_ctx=512)

@@ -95,7 +95,7 @@ def through_engine(client: EngineClient, pair: str, tokens: int) -> tuple[float,
 
 def per_event_cost(repeats: int) -> tuple[float, float]:
     """Milliseconds per event in this process and through the engine (scripted model)."""
-    import tests.engine_fixtures as fixtures
+    import tests.support.engine_fixtures as fixtures
 
     text = "word " * 400  # 2,000 one-byte tokens
     fixtures.reply_of = lambda name: text  # every scripted pair writes it

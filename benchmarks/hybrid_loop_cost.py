@@ -1,6 +1,6 @@
 """The loop's cost on tiny hybrid targets: host time, rollback, the MTP head (a benchmark).
 
-Writes tiny random-weight ``qwen35`` GGUFs with tests/tiny_hybrid.py (Gated DeltaNet +
+Writes tiny random-weight ``qwen35`` GGUFs with tests/support/tiny_hybrid.py (Gated DeltaNet +
 attention, SmolLM2's tokenizer): a target with its nextn (MTP) block, the same trunk
 without it, and a draft model (that trunk with noise on its weights); and, for
 comparison, an attention-only ``qwen3`` model of the same width, depth and vocabulary

@@ -1,5 +1,5 @@
 """The tiny models benchmarks/hybrid_loop_cost.py measures: random-weight ``qwen35``
-hybrids (tests/tiny_hybrid.py) and an attention-only ``qwen3`` of the same size, each with
+hybrids (tests/support/tiny_hybrid.py) and an attention-only ``qwen3`` of the same size, each with
 a noisy draft, written as GGUFs and loaded with llama.cpp."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from tests.model_files import SMOLLM2_KEY, require_model
-from tests.tiny_hybrid import (
+from tests.support.model_files import SMOLLM2_KEY, require_model
+from tests.support.tiny_hybrid import (
     HEAD_DIM,
     N_EMBD,
     N_FF,
@@ -24,7 +24,9 @@ from tests.tiny_hybrid import (
 )
 
 CONTEXT = 1024
-DRAFT_SCALE = 0.1  # the draft model's weight noise, relative (as tests/test_hybrid_targets.py)
+DRAFT_SCALE = (
+    0.1  # the draft model's weight noise, relative (as tests/runtimes/test_hybrid_targets.py)
+)
 
 
 def attention_only_tensors(hybrid: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:

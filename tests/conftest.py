@@ -29,7 +29,7 @@ def draftpen_home(
     monkeypatch.setenv("DRAFTPEN_MODELS_DIR", str(TEST_MODELS_DIR))
     monkeypatch.delenv("DRAFTPEN_CATALOG", raising=False)
     # The Hugging Face cache is per test too, and the hub is a closed port: no test
-    # reaches the internet or reads a real token (tests/hub_server.py serves the hub).
+    # reaches the internet or reads a real token (tests/support/hub_server.py serves the hub).
     monkeypatch.setenv("HF_HOME", str(home / "huggingface"))
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     for name in ("HF_HUB_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):

@@ -20,7 +20,7 @@ from backends.errors import BackendError
 from backends.workers.endpoints import Endpoint
 
 # The protocol of ggml-rpc.h in the llama.cpp that llama-cpp-python 0.3.36 vendors
-# (RPC_PROTO_*_VERSION). tests/test_workers_real.py asks a real worker of this build, so
+# (RPC_PROTO_*_VERSION). tests/runtimes/test_workers_real.py asks a real worker of this build, so
 # a new pin whose protocol moved fails there until this is updated.
 PROTOCOL = (7, 0, 0)
 CMD_GET_DEVICE_MEMORY = 11

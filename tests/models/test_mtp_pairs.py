@@ -1,0 +1,161 @@
+"""Loading a pair whose drafter is the target's own MTP head.
+
+The head is either inside the target GGUF (``drafter = "mtp"`` with no draft) or a
+separate MTP file (``draft`` names it). Such a file is not a model that runs alone, so it
+must never be loaded as a draft model; and where the runtime has no MTP drafter the pair
+still loads and drafts with n-grams, saying so. The target here is the real SmolLM2 file
+(its catalog entry claims an MTP layer: nothing reads it until a drafter does); the
+separate head is a GGUF header with no weights, which llama.cpp could not load as a
+model, so loading it by mistake fails the test.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+import app.loading
+from app.loading import load_engine
+from app.models.pair_download import check_pair_tokenizers
+from app.models.pair_files import pair_files
+from app.settings import user_catalog_path
+from backends.engine import Engine
+from tests.models.gguf_files import write_gguf
+from tests.support.model_files import SMOLLM2_KEY, require_model
+
+MY_MODELS = """
+[models.small-with-head]
+name = "SmolLM2 (its catalog entry claims an MTP layer)"
+format = "gguf"
+architecture = "llama"
+size_bytes = {target_size}
+mtp_layers = 1
+
+[models.small-with-head.sources.local]
+path = "{target}"
+
+[models.small]
+name = "SmolLM2"
+format = "gguf"
+architecture = "llama"
+size_bytes = {target_size}
+
+[models.small.sources.local]
+path = "{target}"
+
+[models.head]
+name = "A separate MTP head (no weights)"
+format = "gguf"
+architecture = "llama"
+size_bytes = {head_size}
+mtp_layers = 1
+
+[models.head.sources.local]
+path = "{head}"
+
+[pairs.embedded]
+description = "The head inside the target."
+
+[pairs.embedded.llamacpp]
+target = "small-with-head"
+drafter = "mtp"
+
+[pairs.separate]
+description = "The head in its own file."
+
+[pairs.separate.llamacpp]
+target = "small"
+draft = "head"
+drafter = "mtp"
+"""
+
+
+@pytest.fixture
+def mtp_pairs(tmp_path: Path) -> Path:
+    """The user's catalog with the two MTP pairs; returns the separate head's path."""
+    target = require_model(SMOLLM2_KEY)
+    head = write_gguf(tmp_path / "mtp-head.gguf")
+    path = user_catalog_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        MY_MODELS.format(
+            target=target,
+            target_size=target.stat().st_size,
+            head=head,
+            head_size=head.stat().st_size,
+        )
+    )
+    return head
+
+
+def load(name: str, messages: list[str]) -> Engine:
+    return load_engine(
+        name, n_ctx=256, runtime="llamacpp", calibrate=False, on_progress=messages.append
+    )
+
+
+def test_an_mtp_pair_loads_and_drafts_with_ngrams_where_the_runtime_has_no_mtp_drafter(
+    mtp_pairs: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(app.loading, "DRAFTER_CHOICES", ("auto", "model", "ngram", "none"))
+    messages: list[str] = []
+    with caplog.at_level(logging.WARNING, logger="app.loading"):
+        engine = load("embedded", messages)
+    try:
+        assert engine.draft is None
+        assert engine.drafter_named("ngram") is not None  # it still speculates
+        note = "embedded: this build of draftpen cannot draft with an MTP head yet"
+        assert any(message.startswith(note) for message in messages)
+        assert "drafting with n-grams instead" in caplog.text  # seen without a callback too
+    finally:
+        engine.target.close()
+
+
+def test_a_separate_mtp_head_is_never_loaded_as_a_draft_model(
+    mtp_pairs: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    resolved = pair_files("separate", "llamacpp")
+    assert resolved.draft_path is None and resolved.mtp_head_path == mtp_pairs
+    # It reads the target's vocabulary: there is no tokenizer pair to check.
+    assert check_pair_tokenizers(resolved) is None
+
+    # A runtime with an MTP drafter but no way to take a separate head: n-grams, said so.
+    monkeypatch.setattr(app.loading, "DRAFTER_CHOICES", ("auto", "model", "mtp", "ngram", "none"))
+    monkeypatch.delattr(Engine, "attach_mtp_head", raising=False)
+    messages: list[str] = []
+    with caplog.at_level(logging.WARNING, logger="app.loading"):
+        engine = load("separate", messages)
+    try:
+        assert engine.draft is None
+        assert any("not with a separate file (mtp-head.gguf)" in m for m in messages)
+    finally:
+        engine.target.close()
+
+    # One that takes it is handed the file, and nothing loads it as a model.
+    attached: list[Path] = []
+    monkeypatch.setattr(
+        Engine, "attach_mtp_head", lambda self, path: attached.append(path), raising=False
+    )
+    messages = []
+    engine = load("separate", messages)
+    try:
+        assert attached == [mtp_pairs] and engine.draft is None
+        assert "loading MTP head mtp-head.gguf" in messages
+        assert not any("n-grams instead" in m for m in messages)
+    finally:
+        engine.target.close()
+
+
+def test_a_head_inside_the_target_needs_nothing_more_where_the_runtime_drafts_with_mtp(
+    mtp_pairs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app.loading, "DRAFTER_CHOICES", ("auto", "model", "mtp", "ngram", "none"))
+    messages: list[str] = []
+    engine = load("embedded", messages)
+    try:
+        assert engine.draft is None
+        assert not any("MTP" in message for message in messages)
+    finally:
+        engine.target.close()
