@@ -165,9 +165,14 @@ def keep_corrections(
 def ensure_calibrated(
     engine: Engine, runtime: str, report: Callable[[str], None] = lambda message: None
 ) -> CostModel:
-    """Load this engine's cost model from disk, or measure and store it. Figures that
-    look taken on a busy machine (``calibration.disturbed``) are measured again, and
-    kept only once they look sound: `auto` decides with them for every reply."""
+    """Load this engine's cost model from disk, or measure and store it.
+
+    Figures that look taken on a busy machine (``calibration.disturbed``) are not
+    stored: they serve for now, held to what the loop measures while it decodes
+    (``cost_audit.py``, whose corrections are stored), and the next start measures
+    again. Nothing waits for a second measurement: on a busy machine it would take as
+    long as the first, and the load is what a user waits on.
+    """
     key = calibration_key(engine, runtime)
     models = " + ".join(model.name for model in (engine.target, engine.draft) if model is not None)
     costs = load_costs(key)
@@ -180,11 +185,10 @@ def ensure_calibrated(
         costs = engine.calibrate()
         why = disturbed(costs)
         if why is not None:
-            report(f"the machine looked busy while measuring ({why}): measuring once more")
-            costs = engine.calibrate()
-            why = disturbed(costs)
-        if why is not None:
-            report(f"still disturbed ({why}): used for now, measured again next start")
+            report(
+                f"the machine looked busy while measuring ({why}): these figures serve for "
+                "now, corrected as replies are written, and are measured again next start"
+            )
         else:
             try:
                 save_costs(key, costs, models=models)
