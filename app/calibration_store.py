@@ -147,15 +147,30 @@ def keep_corrections(
     """Store the curve again whenever the loop corrects it (cost_audit.py), off the
     loop's thread: the next start begins from what this one measured."""
 
+    # Corrections come in bursts (one size, then the next); each write runs on its own
+    # thread, so an older snapshot may reach the lock after a newer one: it is skipped,
+    # or the file would end up holding figures the loop has already corrected.
+    lock = threading.Lock()
+    made = 0
+    written = 0
+
     def store(correction: CostCorrection) -> None:
+        nonlocal made
         # The figures as they stand now, copied on the loop's thread (it changes them).
         snapshot = costs.copy()
+        made += 1
+        generation = made
 
         def write() -> None:
-            try:
-                save_costs(key, snapshot, models=models, correction=correction)
-            except OSError as error:
-                report(f"could not store the corrected calibration ({error})")
+            nonlocal written
+            with lock:
+                if generation < written:
+                    return
+                try:
+                    save_costs(key, snapshot, models=models, correction=correction)
+                    written = generation
+                except OSError as error:
+                    report(f"could not store the corrected calibration ({error})")
 
         threading.Thread(target=write, name="calibration-store", daemon=True).start()
 

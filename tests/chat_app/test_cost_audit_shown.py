@@ -4,7 +4,11 @@ app's stats bar (through the real engine server), and in `draftpen doctor`."""
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable
+
+import pytest
 
 from app.calibration_store import (
     calibration_path,
@@ -85,6 +89,36 @@ def test_a_correction_is_stored_with_the_curve_and_when_it_was_made() -> None:
     [data] = calibrations_json(tuple(stored_calibrations()))
     assert data["target_forward_ms"][1] == 46.0 and "other processes" in data["disturbed"]
     json.dumps(data)
+
+
+def test_an_older_correction_written_last_does_not_undo_a_newer_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each correction is written on its own thread; here the second one's thread runs
+    # first, as a busy machine may schedule them.
+    held: list[Callable[[], None]] = []
+
+    class HeldThread:
+        def __init__(self, target: Callable[[], None], **fields: object) -> None:
+            self.target = target
+
+        def start(self) -> None:
+            held.append(self.target)
+
+    monkeypatch.setattr(threading, "Thread", HeldThread)
+    key = "race-key"
+    costs = CostModel({1: 0.3, 2: 0.43, 16: 1.5}, 0.06)
+    keep_corrections(costs, key, "target.gguf", lambda message: None)
+    costs.observe_verify(1, 0.046)
+    costs.observe_verify(1, 0.045)  # the one-token forward corrected
+    costs.observe_verify(2, 0.020)  # then the two-token one (scaled with it, not measured)
+    assert [c.key for c in costs.corrections] == [1, 2]
+    assert len(held) == 2
+    for write in reversed(held):
+        write()
+    stored = read_calibration(calibration_path(key))
+    assert stored is not None and stored.correction.startswith("2-token forward")
+    assert stored.costs.target_seconds[1] == 0.046 and stored.costs.target_seconds[2] == 0.020
 
 
 def test_doctor_says_when_nothing_was_measured_and_reads_around_a_damaged_file() -> None:

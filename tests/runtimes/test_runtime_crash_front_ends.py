@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,13 +139,14 @@ def test_plain_chat_keeps_each_partial_reply_restarts_once_then_stops_saying_why
     assert err.count("starting the engine again") == 1
     assert "crashed twice, so draftpen does not start it again" in err
     assert len(engine_starts) == 2
-    # Both counts were on the screen as far as they went (after the "> " prompt), and
-    # the chat holds the second.
-    shown = [line.removeprefix("> ") for line in out.splitlines() if line.startswith("> ")]
+    # Both counts were on the screen as far as they went (each after a "> " prompt, over
+    # as many lines as the model wrote before the crash), and the chat holds the second.
+    shown = re.split(r"^> ", out, flags=re.MULTILINE)[1:]
     counts = [text for text in shown if text.strip()]
     assert len(counts) == 2
     assert [message.role for message in chat.messages] == ["user", "assistant"]
-    assert chat.messages[1].content == counts[1]
+    assert chat.messages[1].content.strip()
+    assert counts[1].startswith(chat.messages[1].content)
 
 
 @pytest.mark.real_model
