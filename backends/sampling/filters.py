@@ -26,6 +26,7 @@ from backends.sampling.row_scans import (
     SAMPLE_SIZE,
     all_ids,
     row_mass,
+    tokens_for_mass,
     top_k_ids,
     unnormalised,
     upper_set,
@@ -156,17 +157,30 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
             found = nucleus_in(ids, weights, top_p, (0.0, 0.0))
             assert isinstance(found, tuple)  # the whole row reaches any top_p <= 1
             return finish(*found, 0.0)
-        # Tokens outside an upper set each weigh less than its least likely member: a
-        # bound that usually decides the nucleus without a pass over the whole row.
-        bound = (n_vocab - ids.size) * float(weights.min()) * (1.0 + _BOUND_MARGIN)
-        found = nucleus_in(ids, weights, top_p, (0.0, bound))
-        if found is UNDECIDED:
-            if row_sum is None:
+        found = UNDECIDED
+        if row_sum is None:
+            # Tokens outside an upper set each weigh less than its least likely member:
+            # a bound that usually decides the nucleus without a pass over the whole row.
+            bound = (n_vocab - ids.size) * float(weights.min()) * (1.0 + _BOUND_MARGIN)
+            found = nucleus_in(ids, weights, top_p, (0.0, bound))
+            if found is UNDECIDED:
                 row_sum = row_mass(row, top, temperature)
+        if found is UNDECIDED:
             # The float32 buffer still holds every weight: the candidates' float32
             # share comes off the row's sum, and their float64 weights count instead.
+            # (Once the sum is known, the bound is not tried: the sum decides alone.)
+            assert row_sum is not None
             outside = without(row_sum, ids)
             found = nucleus_in(ids, weights, top_p, (outside, outside))
+            if found is BEYOND:
+                # Size the next candidate set from the mass still missing (estimated
+                # from a sample of the weights), rather than widening blindly.
+                inside = float(weights.sum())
+                missing = top_p * (inside + outside) - inside
+                wanted = max(
+                    wanted * 2, ids.size + tokens_for_mass(missing, float(weights.min()))
+                )
+                continue
         if isinstance(found, tuple):
             return finish(*found, 0.0)
         wanted *= _WIDEN
@@ -340,9 +354,11 @@ def _near_top_candidates(
         return None  # NaN, +inf, or a row the grammar masked whole: the general path
     # Rounded to float32 as the comparison with the row is; the bound uses that value.
     cut = np.float32(top - temperature * _NEAR_TOP_NATS)
-    ids = (row >= cut).nonzero()[0]
-    if ids.size > _NEAR_TOP_LIMIT:
+    near = row >= cut
+    # Counted before their ids are listed: a flat row has tens of thousands.
+    if np.count_nonzero(near) > _NEAR_TOP_LIMIT:
         return None  # a flat row: the general path
+    ids = near.nonzero()[0]
     return ids, row[ids], top, cut, first
 
 
