@@ -37,7 +37,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -93,6 +95,7 @@ def draft_row(target: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def measure(shape: str, setting: str, mode: str, rounds: int, evict: bool, seed: int) -> float:
     """Milliseconds of sampling work per generated token for one cell."""
+    from backends.base import Model
     from backends.sampling.filters import SamplingParams
     from backends.sampling.rows import HostRows
     from backends.speculation.draft_chain import draft_chain
@@ -106,7 +109,7 @@ def measure(shape: str, setting: str, mode: str, rounds: int, evict: bool, seed:
     pool = target_rows(shape, POOL, seed)
     rng = np.random.default_rng(seed + 1)
     drafts_pool = [draft_row(row, rng) for row in pool[: POOL // 2]]
-    target = _Target()
+    target = cast(Model, _Target())
     sweep = np.zeros(64 << 18, dtype=np.float32) if evict else None  # 64 MiB
     block = np.empty((K + 1, N_VOCAB), dtype=np.float32)
     draft_steps = [np.empty((1, N_VOCAB), dtype=np.float32) for _ in range(K)]
@@ -125,14 +128,12 @@ def measure(shape: str, setting: str, mode: str, rounds: int, evict: bool, seed:
             np.add(sweep, 1.0, out=sweep)
         started = time.perf_counter()
         if mode == "plain":
-            verified = verify_round(
-                target, HostRows(block[:1]), [], EMPTY_PROPOSAL, sampling, None  # type: ignore[arg-type]
-            )
+            verified = verify_round(target, HostRows(block[:1]), [], EMPTY_PROPOSAL, sampling, None)
         else:
             steps = iter(draft_steps[1:])
 
-            def step(token: int, steps: object = steps) -> HostRows:
-                return HostRows(next(steps))  # type: ignore[call-overload]
+            def step(token: int, steps: Iterator[np.ndarray] = steps) -> HostRows:
+                return HostRows(next(steps))
 
             chain = draft_chain(
                 HostRows(draft_steps[0]),
@@ -147,9 +148,7 @@ def measure(shape: str, setting: str, mode: str, rounds: int, evict: bool, seed:
                 is_end=target.is_end_of_generation,
             )
             proposal = chain.proposal(params, [], 0.0, passes=1)
-            verified = verify_round(
-                target, HostRows(block), chain.tokens, proposal, sampling, None  # type: ignore[arg-type]
-            )
+            verified = verify_round(target, HostRows(block), chain.tokens, proposal, sampling, None)
         seconds += time.perf_counter() - started
         tokens += len(verified.emitted)
     return 1000.0 * seconds / tokens

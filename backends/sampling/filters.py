@@ -110,12 +110,15 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
 
     # Top-k alone wants all k tokens, usually more than lie near the top; min-p alone
     # has a tighter cut of its own (below). Everything with top-p starts near the top.
+    # The row's maximum, from its first pass (the first of tied maxima; NaN's index
+    # where there is one, as ``max`` would give NaN).
+    first = int(row.argmax())
+    top = row[first]
     if top_p < 1.0:
-        near = _near_top(row, temperature, top_k, top_p, min_p)
+        near = _near_top(row, first, temperature, top_k, top_p, min_p)
         if near is not None:
             return near
 
-    top = row.max()
     if top_k:
         # The k most likely tokens, then the old full-row arithmetic on those k.
         ids = top_k_ids(row, top_k)
@@ -177,9 +180,7 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
                 # from a sample of the weights), rather than widening blindly.
                 inside = float(weights.sum())
                 missing = top_p * (inside + outside) - inside
-                wanted = max(
-                    wanted * 2, ids.size + tokens_for_mass(missing, float(weights.min()))
-                )
+                wanted = max(wanted * 2, ids.size + tokens_for_mass(missing, float(weights.min())))
                 continue
         if isinstance(found, tuple):
             return finish(*found, 0.0)
@@ -187,7 +188,7 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
 
 
 def _near_top(
-    row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
+    row: np.ndarray, first: int, temperature: float, top_k: int, top_p: float, min_p: float
 ) -> SparseDistribution | None:
     """The filtered distribution (with top-p, ``top_p < 1``) from the tokens near the
     row's maximum, or None.
@@ -206,7 +207,7 @@ def _near_top(
     the caller then takes the general path. Equal rows give equal results either
     way, and the same function serves plain and speculative decoding alike.
     """
-    near = _near_top_candidates(row, temperature)
+    near = _near_top_candidates(row, first, temperature)
     if near is None:
         return None
     ids, values, top, cut, first = near
@@ -333,12 +334,13 @@ def _first_reaching(order: list[int], weights: list[float], goal: float) -> int:
 
 
 def _near_top_candidates(
-    row: np.ndarray, temperature: float
+    row: np.ndarray, first: int, temperature: float
 ) -> tuple[np.ndarray, np.ndarray, float, np.float32, int] | None:
     """Every token within ``T * _NEAR_TOP_NATS`` of the row's maximum.
 
-    Returns their ids (ascending), their logits, the maximum, the cut (every token
-    left out lies below it) and the first token with the maximum. None for a row with
+    ``first`` is the row's argmax (the first of tied maxima). Returns the candidates'
+    ids (ascending), their logits, the maximum, the cut (every token left out lies
+    below it) and ``first``. None for a row with
     more than ``_NEAR_TOP_LIMIT`` such tokens (or a maximum that is not finite).
 
     Two sequential passes (the argmax, then the comparison) and nothing strided over
@@ -348,8 +350,7 @@ def _near_top_candidates(
     logit; the second pass then finds the row in the cache). The argmax rather than
     ``max``: numpy's reductions pay ~45 us of cold code after a decode, its argmax less.
     """
-    first = int(row.argmax())  # NaN: the first NaN's index
-    top = float(row[first])
+    top = float(row[first])  # NaN: argmax gave the first NaN's index
     if not math.isfinite(top):
         return None  # NaN, +inf, or a row the grammar masked whole: the general path
     # Rounded to float32 as the comparison with the row is; the bound uses that value.
