@@ -114,10 +114,10 @@ def tokens_for_mass(mass: float, below: float) -> int:
     buffer = _scratch.row
     size = buffer.shape[0]
     stride = max(size // SAMPLE_SIZE, 1)
-    sample = buffer[::stride]
-    sample = sample[sample < below]
     if mass <= 0.0:
         return stride
+    sample = buffer[::stride]
+    sample = sample[sample < below]
     cumulative = np.cumsum(np.sort(sample)[::-1], dtype=np.float64)
     taken = int(np.searchsorted(cumulative, mass / stride)) + 1
     return size if taken > sample.size else taken * stride
