@@ -26,6 +26,7 @@ from backends.sampling.row_scans import (
     SAMPLE_SIZE,
     all_ids,
     row_mass,
+    tokens_for_mass,
     top_k_ids,
     unnormalised,
     upper_set,
@@ -109,12 +110,15 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
 
     # Top-k alone wants all k tokens, usually more than lie near the top; min-p alone
     # has a tighter cut of its own (below). Everything with top-p starts near the top.
+    # The row's maximum, from its first pass (the first of tied maxima; NaN's index
+    # where there is one, as ``max`` would give NaN).
+    first = int(row.argmax())
     if top_p < 1.0:
-        near = _near_top(row, temperature, top_k, top_p, min_p)
+        near = _near_top(row, first, temperature, top_k, top_p, min_p)
         if near is not None:
             return near
+    top = row[first]
 
-    top = row.max()
     if top_k:
         # The k most likely tokens, then the old full-row arithmetic on those k.
         ids = top_k_ids(row, top_k)
@@ -156,24 +160,35 @@ def distribution(logits_row: np.ndarray, params: SamplingParams) -> SparseDistri
             found = nucleus_in(ids, weights, top_p, (0.0, 0.0))
             assert isinstance(found, tuple)  # the whole row reaches any top_p <= 1
             return finish(*found, 0.0)
-        # Tokens outside an upper set each weigh less than its least likely member: a
-        # bound that usually decides the nucleus without a pass over the whole row.
-        bound = (n_vocab - ids.size) * float(weights.min()) * (1.0 + _BOUND_MARGIN)
-        found = nucleus_in(ids, weights, top_p, (0.0, bound))
-        if found is UNDECIDED:
-            if row_sum is None:
+        found = UNDECIDED
+        if row_sum is None:
+            # Tokens outside an upper set each weigh less than its least likely member:
+            # a bound that usually decides the nucleus without a pass over the whole row.
+            bound = (n_vocab - ids.size) * float(weights.min()) * (1.0 + _BOUND_MARGIN)
+            found = nucleus_in(ids, weights, top_p, (0.0, bound))
+            if found is UNDECIDED:
                 row_sum = row_mass(row, top, temperature)
+        if found is UNDECIDED:
             # The float32 buffer still holds every weight: the candidates' float32
             # share comes off the row's sum, and their float64 weights count instead.
+            # (Once the sum is known, the bound is not tried: the sum decides alone.)
+            assert row_sum is not None
             outside = without(row_sum, ids)
             found = nucleus_in(ids, weights, top_p, (outside, outside))
+            if found is BEYOND:
+                # Size the next candidate set from the mass still missing (estimated
+                # from a sample of the weights), rather than widening blindly.
+                inside = float(weights.sum())
+                missing = top_p * (inside + outside) - inside
+                wanted = max(wanted * 2, ids.size + tokens_for_mass(missing, float(weights.min())))
+                continue
         if isinstance(found, tuple):
             return finish(*found, 0.0)
         wanted *= _WIDEN
 
 
 def _near_top(
-    row: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
+    row: np.ndarray, first: int, temperature: float, top_k: int, top_p: float, min_p: float
 ) -> SparseDistribution | None:
     """The filtered distribution (with top-p, ``top_p < 1``) from the tokens near the
     row's maximum, or None.
@@ -192,7 +207,7 @@ def _near_top(
     the caller then takes the general path. Equal rows give equal results either
     way, and the same function serves plain and speculative decoding alike.
     """
-    near = _near_top_candidates(row, temperature)
+    near = _near_top_candidates(row, first, temperature)
     if near is None:
         return None
     ids, values, top, cut, first = near
@@ -319,12 +334,13 @@ def _first_reaching(order: list[int], weights: list[float], goal: float) -> int:
 
 
 def _near_top_candidates(
-    row: np.ndarray, temperature: float
+    row: np.ndarray, first: int, temperature: float
 ) -> tuple[np.ndarray, np.ndarray, float, np.float32, int] | None:
     """Every token within ``T * _NEAR_TOP_NATS`` of the row's maximum.
 
-    Returns their ids (ascending), their logits, the maximum, the cut (every token
-    left out lies below it) and the first token with the maximum. None for a row with
+    ``first`` is the row's argmax (the first of tied maxima). Returns the candidates'
+    ids (ascending), their logits, the maximum, the cut (every token left out lies
+    below it) and ``first``. None for a row with
     more than ``_NEAR_TOP_LIMIT`` such tokens (or a maximum that is not finite).
 
     Two sequential passes (the argmax, then the comparison) and nothing strided over
@@ -334,16 +350,31 @@ def _near_top_candidates(
     logit; the second pass then finds the row in the cache). The argmax rather than
     ``max``: numpy's reductions pay ~45 us of cold code after a decode, its argmax less.
     """
-    first = int(row.argmax())  # NaN: the first NaN's index
-    top = float(row[first])
+    top = float(row[first])  # NaN: argmax gave the first NaN's index
     if not math.isfinite(top):
         return None  # NaN, +inf, or a row the grammar masked whole: the general path
     # Rounded to float32 as the comparison with the row is; the bound uses that value.
     cut = np.float32(top - temperature * _NEAR_TOP_NATS)
+    if _looks_flat(row, cut):
+        return None  # the general path, without listing tens of thousands of ids
     ids = (row >= cut).nonzero()[0]
     if ids.size > _NEAR_TOP_LIMIT:
         return None  # a flat row: the general path
     return ids, row[ids], top, cut, first
+
+
+def _looks_flat(row: np.ndarray, cut: np.float32) -> bool:
+    """Whether a probe of every ``_FLAT_PROBE_STRIDE``-th logit finds so many at or above
+    ``cut`` that the row very likely has more than ``_NEAR_TOP_LIMIT`` such tokens.
+
+    Only a choice of path (both give the same distribution): listing the ids of a
+    flat row's near-top tokens costs ~90 us, and the probe, in Python on a few dozen
+    logits the argmax has just brought into the cache, a few: no numpy call, which
+    would pay its cold code on every peaked row.
+    """
+    probe = row[::_FLAT_PROBE_STRIDE].tolist()
+    limit = float(cut)
+    return len([value for value in probe if value >= limit]) > _FLAT_PROBE_HITS
 
 
 def _softmax(values: np.ndarray) -> np.ndarray:
@@ -366,6 +397,10 @@ _BOUND_MARGIN = 1e-9
 _NEAR_TOP_WEIGHT = 1e-4 / 151_936
 _NEAR_TOP_NATS = -math.log(_NEAR_TOP_WEIGHT)
 _NEAR_TOP_LIMIT = 8192
+# A row whose probe of every 4,096th logit finds more than 4 near the top has, on
+# average, more than 16,000 tokens there (a peaked row's probe finds none or one).
+_FLAT_PROBE_STRIDE = 4096
+_FLAT_PROBE_HITS = 4
 
 
 def _outside_mass(row: np.ndarray, top: float, temperature: float, ids: np.ndarray) -> float:

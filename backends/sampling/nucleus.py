@@ -11,8 +11,12 @@ import numpy as np
 
 from backends.sampling.sparse_distribution import SparseDistribution
 
-# Candidate sets larger than this are not sorted whole (see _smallest_top_set).
-_SORT_LIMIT = 1024
+# Up to this many candidates the nucleus is found by a stable argsort; up to
+# _SORT_LIMIT by sorting the weights' values (several times faster than a stable
+# argsort from a few hundred on); larger sets are grouped by magnitude first (see
+# _smallest_top_set).
+_ARGSORT_LIMIT = 256
+_SORT_LIMIT = 32_768
 _LEVELS_PER_NAT = 4.0
 _LAST_LEVEL = 4096
 _TINY = 1e-300
@@ -45,14 +49,22 @@ def nucleus_in(
     low, high = top_p * (inside + outside[0]), top_p * (inside + outside[1])
     if inside < high:
         return BEYOND if inside < low else UNDECIDED
-    if weights.size <= _SORT_LIMIT:
+    size = weights.size
+    if size <= _SORT_LIMIT:
         # One sort serves both goals.
-        order = np.argsort(-weights, kind="stable")
-        cumulative = np.cumsum(weights[order])
-        count = min(int(np.searchsorted(cumulative, high)) + 1, weights.size)
-        if high != low and min(int(np.searchsorted(cumulative, low)) + 1, weights.size) != count:
+        if size <= _ARGSORT_LIMIT:
+            order = np.argsort(-weights, kind="stable")
+            descending = weights[order]
+        else:
+            order = None
+            descending = np.sort(weights)[::-1]
+        cumulative = np.cumsum(descending)
+        count = min(int(np.searchsorted(cumulative, high)) + 1, size)
+        if high != low and min(int(np.searchsorted(cumulative, low)) + 1, size) != count:
             return UNDECIDED
-        kept = order[:count]
+        if count == size:
+            return ids, weights
+        kept = order[:count] if order is not None else _first_largest(weights, descending, count)
         return ids[kept], weights[kept]
     kept = _smallest_top_set(weights, high)
     if high != low and _smallest_top_set(weights, low).size != kept.size:
@@ -60,19 +72,29 @@ def nucleus_in(
     return ids[kept], weights[kept]
 
 
+def _first_largest(weights: np.ndarray, descending: np.ndarray, count: int) -> np.ndarray:
+    """Positions of the ``count`` largest ``weights`` (``descending``: them sorted), equal
+    weights at the boundary taken in position order: the first ``count`` of a stable
+    argsort of ``-weights``, without one.
+
+    Every weight above the ``count``-th largest is kept; of those equal to it, the
+    first few by position fill the rest (a stable sort puts them in that order). The
+    positions come out ascending, so ascending ids stay sorted for :func:`finish`.
+    """
+    boundary = descending[count - 1]
+    keep = weights > boundary
+    tied = np.flatnonzero(weights == boundary)
+    keep[tied[: count - int(np.count_nonzero(keep))]] = True
+    return np.flatnonzero(keep)
+
+
 def _smallest_top_set(weights: np.ndarray, goal: float) -> np.ndarray:
     """Indices of the fewest largest ``weights`` whose sum reaches ``goal``.
 
-    A few hundred weights are simply sorted. More are first grouped by magnitude
+    For more than ``_SORT_LIMIT`` weights: they are first grouped by magnitude
     (buckets a quarter of a nat wide, by one ``bincount``), so only the bucket where
-    the running sum crosses ``goal`` needs sorting: sorting thousands of candidates
-    would cost more than everything else in a round.
+    the running sum crosses ``goal`` needs sorting.
     """
-    size = weights.size
-    if size <= _SORT_LIMIT:
-        order = np.argsort(-weights, kind="stable")
-        count = int(np.searchsorted(np.cumsum(weights[order]), goal)) + 1
-        return order[: min(count, size)]
     # weights are exp(x - max) in (0, 1]: larger weight, lower level; ties share one.
     levels = -np.log(np.maximum(weights, _TINY)) * _LEVELS_PER_NAT
     levels = np.minimum(levels, _LAST_LEVEL).astype(np.int64)

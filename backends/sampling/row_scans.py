@@ -103,6 +103,26 @@ def without(row_mass: float, ids: np.ndarray) -> float:
     return max(row_mass - share, 0.0)
 
 
+def tokens_for_mass(mass: float, below: float) -> int:
+    """About how many tokens lighter than ``below`` it takes, heaviest first, to add up
+    to ``mass``; the row's size where they never do.
+
+    Estimated from a strided sample of the weights the last :func:`row_mass` left in the
+    buffer (each sampled weight standing for ``stride`` tokens): a guess that sizes a
+    candidate set, never a decision, so it may be wrong either way.
+    """
+    buffer = _scratch.row
+    size = buffer.shape[0]
+    stride = max(size // SAMPLE_SIZE, 1)
+    if mass <= 0.0:
+        return stride
+    sample = buffer[::stride]
+    sample = sample[sample < below]
+    cumulative = np.cumsum(np.sort(sample)[::-1], dtype=np.float64)
+    taken = int(np.searchsorted(cumulative, mass / stride)) + 1
+    return size if taken > sample.size else taken * stride
+
+
 def log_normaliser(logits_row: np.ndarray) -> float:
     """``log(sum(exp(x)))`` of one row at temperature 1: its log-softmax is ``x`` minus this.
 

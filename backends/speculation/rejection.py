@@ -18,14 +18,16 @@ def residual(target: SparseDistribution, draft: SparseDistribution) -> SparseDis
     """normalize(max(p - q, 0)): where to sample after a draft token is rejected."""
     if target.ids.size + draft.ids.size <= PYTHON_CANDIDATES:
         return _small_residual(target, draft)
-    ids = np.union1d(target.ids, draft.ids)
-    excess = np.maximum(target.probs_at(ids) - draft.probs_at(ids), 0.0)
+    # Only tokens p can emit have any excess (where p is 0, so is max(p - q, 0)): the
+    # residual lives on p's support, and q is only looked up there.
+    excess = target.probs - draft.probs_at(target.ids)
+    np.maximum(excess, 0.0, out=excess)
     total = excess.sum()
     if total <= 0.0:
         # p == q: a rejection has probability zero, so any choice is fine; use p.
         return target
     keep = excess > 0.0
-    return SparseDistribution(ids[keep], excess[keep] / total)
+    return SparseDistribution(target.ids[keep], excess[keep] / total)
 
 
 def _small_residual(target: SparseDistribution, draft: SparseDistribution) -> SparseDistribution:

@@ -102,7 +102,7 @@ def test_a_flat_row_skips_the_near_top_pass(monkeypatch: pytest.MonkeyPatch) -> 
     row = llm_like_row(np.random.default_rng(34), 4.0)  # thousands within reach of the top
     params = SamplingParams(temperature=0.7, top_p=0.95)
     assert not near_a_threshold(row, params)
-    assert sampling._near_top(row, 0.7, 0, 0.95, 0.0) is None
+    assert sampling._near_top(row, int(row.argmax()), 0.7, 0, 0.95, 0.0) is None
     assert_same_filtering(distribution(row, params), row, params)
     assert general, "the general path ran"
 
@@ -132,11 +132,11 @@ def test_a_top_k_set_reaching_below_the_cut_bounds_the_rest_of_it() -> None:
     row = peaked_row(np.random.default_rng(35), [1.0])  # two tokens near the top
     # top_p so close to 1 that the bound on the 38 below the cut cannot settle it.
     params = SamplingParams(temperature=0.7, top_k=40, top_p=1.0 - 1e-15)
-    assert sampling._near_top(row, 0.7, 40, params.top_p, 0.0) is None
+    assert sampling._near_top(row, int(row.argmax()), 0.7, 40, params.top_p, 0.0) is None
     assert_same_filtering(distribution(row, params), row, params)
     # With top_p 0.95 the bound on the 38 below the cut settles it near the top.
     params = SamplingParams(temperature=0.7, top_k=40, top_p=0.95)
-    assert sampling._near_top(row, 0.7, 40, 0.95, 0.0) is not None
+    assert sampling._near_top(row, int(row.argmax()), 0.7, 40, 0.95, 0.0) is not None
     assert_same_filtering(distribution(row, params), row, params)
 
 
@@ -146,13 +146,13 @@ def test_a_nucleus_reaching_below_the_cut_is_settled_near_the_top_only_by_min_p(
     row = np.full(QWEN_VOCAB, 10.0 - sampling._NEAR_TOP_NATS - 0.01, dtype=np.float32)
     row[[5, 6, 7]] = [10.0, 9.0, 7.5]
     wide = 1.0 - 1e-6
-    assert sampling._near_top(row, 1.0, 0, wide, 0.0) is None
+    assert sampling._near_top(row, int(row.argmax()), 1.0, 0, wide, 0.0) is None
     got = distribution(row, SamplingParams(temperature=1.0, top_p=wide))
     # Which of the tied tokens reach top_p is within rounding (each holds < 1e-9), so
     # only the shape of the answer is checked here.
     assert {5, 6, 7} < set(got.ids.tolist()) and got.ids.size < QWEN_VOCAB
     # min-p then drops every token below the cut, wherever the nucleus ends: exact.
-    assert sampling._near_top(row, 1.0, 0, wide, 0.01) is not None
+    assert sampling._near_top(row, int(row.argmax()), 1.0, 0, wide, 0.01) is not None
     params = SamplingParams(temperature=1.0, top_p=wide, min_p=0.01)
     got = distribution(row, params)
     np.testing.assert_array_equal(got.ids, [5, 6, 7])
@@ -177,7 +177,14 @@ def test_few_candidates_are_filtered_in_python_exactly_as_numpy_filters_them(
     rows += [llm_like_row(rng, peak) for peak in (9.0, 12.0)]
     settled = 0
     for row in rows:
-        args = (row, params.temperature, params.top_k, params.top_p, params.min_p)
+        args = (
+            row,
+            int(row.argmax()),
+            params.temperature,
+            params.top_k,
+            params.top_p,
+            params.min_p,
+        )
         in_python = sampling._near_top(*args)
         with monkeypatch.context() as numpy_only:
             numpy_only.setattr(sampling, "PYTHON_CANDIDATES", 0)
