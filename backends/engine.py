@@ -37,6 +37,7 @@ from backends.speculation.mtp_drafter import MtpDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
 from backends.speculation.prediction_drafter import PredictionDrafter
 from backends.speculation.proposal import Drafter
+from backends.speculation.reply_spec import LoopHooks, ReplySpec
 from backends.speculation.text_lookup import TextLookup
 
 DRAFTER_CHOICES = ("auto", "model", "mtp", "ngram", "none")
@@ -330,19 +331,21 @@ class Engine:
         would overwrite it, and the kept or saved state this prompt continues is
         brought back. After the reply the draft's state may be saved to disk.
         """
+        reply = ReplySpec(
+            request.params,
+            request.max_tokens,
+            request.stop,
+            self.grammar_state(request.constraint),
+            request.logprobs,
+            repeated_call_stop(request.constraint, request.reasoning),
+        )
+        hooks = LoopHooks(
+            cancel,
+            self._cache_preparer(request),
+            request.overlap_drafting and self.overlaps(),
+        )
         events = speculative_generate(
-            self.target,
-            request.prompt_tokens,
-            policy=self.policy_for(request),
-            params=request.params,
-            max_tokens=request.max_tokens,
-            stop=request.stop,
-            cancel=cancel,
-            constraint=self.grammar_state(request.constraint),
-            logprobs=request.logprobs,
-            prepare_cache=self._cache_preparer(request),
-            repeated_calls=repeated_call_stop(request.constraint, request.reasoning),
-            overlap_drafting=request.overlap_drafting and self.overlaps(),
+            self.target, request.prompt_tokens, self.policy_for(request), reply, hooks
         )
         draft = self._draft_in_use(request)
         if self.prefixes is None or draft is None:

@@ -52,6 +52,7 @@ from backends.sampling.filters import SamplingParams
 from backends.speculation.draft_policy import DraftPolicy, FixedDraftPolicy
 from backends.speculation.loop import speculative_generate
 from backends.speculation.model_drafter import ModelDrafter
+from backends.speculation.reply_spec import ReplySpec
 
 N_VOCAB = 151_936
 BOS, EOS = 1, 2  # EOS is never favoured: every run writes exactly --tokens tokens
@@ -279,9 +280,7 @@ def run_once(
     nominal_before = target.nominal_seconds + draft.nominal_seconds
     runtime_before = target.runtime_seconds + draft.runtime_seconds
     stats = None
-    for event in speculative_generate(
-        target, prompt, policy=policy, params=params, max_tokens=tokens
-    ):
+    for event in speculative_generate(target, prompt, policy, ReplySpec(params, tokens)):
         stats = event.stats
     assert stats is not None
     nominal = target.nominal_seconds + draft.nominal_seconds - nominal_before

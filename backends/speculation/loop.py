@@ -53,12 +53,11 @@ from backends.generation_events import (
     merge_segments,
 )
 from backends.output.constraints import GrammarState
-from backends.output.repeated_calls import RepeatedCallStop
 from backends.output.reply_end import ReplyEnd
-from backends.sampling.filters import SamplingParams
 from backends.sampling.penalties import TokenCounts
 from backends.speculation.draft_policy import DraftPolicy, FirstRound, RoundOutcome
 from backends.speculation.overlap import round_steps
+from backends.speculation.reply_spec import NO_HOOKS, LoopHooks, ReplySpec
 from backends.speculation.round_sampling import RoundSampling
 from backends.speculation.verification import VerifiedRound, verify_round
 from backends.token_prefix import common_prefix_length
@@ -70,50 +69,31 @@ PREFILL_SLICE = 1024
 def speculative_generate(
     target: Model,
     prompt_tokens: Sequence[int],
-    *,
     policy: DraftPolicy,
-    params: SamplingParams,
-    max_tokens: int,
-    stop: Sequence[str] = (),
-    cancel: threading.Event | None = None,
-    constraint: GrammarState | None = None,
-    logprobs: int | None = None,
-    prepare_cache: Callable[[Sequence[int]], SavePoint | None] | None = None,
-    repeated_calls: RepeatedCallStop | None = None,
-    overlap_drafting: bool = False,
+    reply: ReplySpec,
+    hooks: LoopHooks = NO_HOOKS,
 ) -> Iterator[GenerationEvent]:
-    """Generate from ``prompt_tokens``, yielding one event per round.
+    """Generate ``reply`` from ``prompt_tokens``, yielding one event per round; the
+    ``policy`` picks each round's drafter and K.
 
-    With a ``constraint`` (a grammar state at the start of the output) every row of
-    the target and of the draft model is masked by the grammar's state after the
-    tokens before it, the same mask for p and q, so the output is distributed exactly
-    as constrained plain decoding. Where the grammar allows one continuation only,
-    those tokens are this round's drafts ("grammar"): free, and accepted by
-    construction.
+    With a grammar (``reply.constraint``) every row of the target and of the draft
+    model is masked by the grammar's state after the tokens before it, the same mask for
+    p and q, so the output is distributed exactly as constrained plain decoding. Where
+    the grammar allows one continuation only, those tokens are this round's drafts
+    ("grammar"): free, and accepted by construction.
 
     The target's cache is reused where it already holds a prefix of the prompt (a
-    chat's earlier turns); ``prepare_cache(prompt_tokens)``, when given, runs first and
-    may put a better starting state into the caches (a kept conversation, see
-    ``backends/caches/conversation_cache.py``; a prefix saved on disk,
-    ``disk_prefixes.py``); its time counts as reading the prompt. It may return a
-    :class:`SavePoint`: reading the prompt pauses there while the state is kept.
+    chat's earlier turns); ``hooks.prepare_cache`` may first put a better starting state
+    into the caches (a kept conversation, ``backends/caches/conversation_cache.py``; a
+    prefix saved on disk, ``disk_prefixes.py``); its time counts as reading the prompt.
 
-    Stops at an end-of-generation token, a stop string (which is not shown),
-    ``max_tokens``, a full context, or when ``cancel`` is set (checked between
-    rounds). Raises :class:`ContextOverflowError` if the prompt does not fit.
-
-    With ``repeated_calls`` (a request that allows parallel tool calls) the reply also
-    ends where a tool call identical to an earlier one begins; that call is not shown
-    and the last event says ``repeated_call``.
-
-    ``logprobs`` (None: off; N in 0..20) adds to each event a :class:`TokenLogprob`
-    per token, with the N most likely alternatives. They are computed from the
-    target's rows only when asked for, since they cost host time per token.
-
-    ``overlap_drafting`` (a target split over workers, whose verify waits on the network)
-    drafts the next round during each verify where that applies (see ``overlap.py``).
+    Stops at an end-of-generation token, a stop string, a repeated tool call (the last
+    event says ``repeated_call``), ``max_tokens``, a full context, or when
+    ``hooks.cancel`` is set. Raises :class:`ContextOverflowError` if the prompt does not
+    fit. Log-probabilities are computed from the target's rows only when asked for,
+    since they cost host time per token.
     """
-    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+    if reply.logprobs is not None and not 0 <= reply.logprobs <= MAX_TOP_LOGPROBS:
         raise ValueError(f"logprobs must be in 0..{MAX_TOP_LOGPROBS} (or None for none)")
     if not prompt_tokens:
         raise ValueError("the prompt is empty")
@@ -124,11 +104,11 @@ def speculative_generate(
         )
     stats = StatsAccumulator(prompt_tokens=len(prompt_tokens))
     started = time.perf_counter()
-    read_whole = _read_prompt(target, prompt_tokens, stats, prepare_cache, cancel)
+    read_whole = _read_prompt(target, prompt_tokens, stats, hooks.prepare_cache, hooks.cancel)
     stats.prefill_seconds = time.perf_counter() - started
     stats.decode_started = stats.round_ended = time.perf_counter()
     detokenizer = IncrementalDetokenizer(target)
-    reply_end = ReplyEnd(stop, repeated_calls)
+    reply_end = ReplyEnd(reply.stop, reply.repeated_calls)
     if not read_whole:
         # What was read stays cached: a retry of the same prompt starts from there.
         yield _final_event(stats, reply_end, detokenizer, FINISH_CANCELLED)
@@ -142,19 +122,20 @@ def speculative_generate(
     # The reply's token counts for presence/frequency penalties (None: both are 0).
     # Tokens join as they are committed, so row i of a verify sees the counts after
     # the accepted drafts before it, as a draft model drafting position i did.
+    params, constraint = reply.params, reply.constraint
     penalties = TokenCounts.for_penalties(params.presence_penalty, params.frequency_penalty)
     sampling = RoundSampling(params, np.random.default_rng(params.seed), constraint, penalties)
     # A target with a recurrent state undoes at most this many drafts for free (its
     # snapshots); forced tokens and guesses together stay within it.
     most_drafts = rollback_limit(target)
     # With ``overlap_drafting``, the next round is drafted during the verify (overlap.py).
-    draft_round, verify_forward = round_steps(overlap_drafting, sampling, stats)
+    draft_round, verify_forward = round_steps(hooks.overlap_drafting, sampling, stats)
 
     while True:
-        if cancel is not None and cancel.is_set():
+        if hooks.cancel is not None and hooks.cancel.is_set():
             yield _final_event(stats, reply_end, detokenizer, FINISH_CANCELLED)
             return
-        remaining = max_tokens - stats.generated_tokens
+        remaining = reply.max_tokens - stats.generated_tokens
         room = target.n_ctx - len(target.cached_tokens) - 1
         if remaining <= 0 or room < 0:
             yield _final_event(stats, reply_end, detokenizer, FINISH_LENGTH)
@@ -170,7 +151,7 @@ def speculative_generate(
         base = len(target.cached_tokens)
         rows = verify_forward(target, [context[-1], *drafts])
         judging_started = time.perf_counter()
-        verified = verify_round(target, rows, drafts, proposal, sampling, logprobs)
+        verified = verify_round(target, rows, drafts, proposal, sampling, reply.logprobs)
         # Keep the pending token and the accepted drafts; the new pending token (the
         # correction or bonus) is evaluated at the head of the next round.
         rollback_started = time.perf_counter()
@@ -198,7 +179,7 @@ def speculative_generate(
             )
 
         kept, provenance, segments, finish = _commit(
-            target, verified, context, detokenizer, stats, max_tokens
+            target, verified, context, detokenizer, stats, reply.max_tokens
         )
         stats.count_round_end(
             time.perf_counter(), started, wrote=bool(kept or finish), plain=not drafts

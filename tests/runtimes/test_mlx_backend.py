@@ -140,6 +140,7 @@ def test_greedy_speculation_with_device_sampling_equals_plain_decoding(
     from backends.speculation.draft_policy import FixedDraftPolicy
     from backends.speculation.loop import speculative_generate
     from backends.speculation.model_drafter import ModelDrafter
+    from backends.speculation.reply_spec import ReplySpec
 
     model, draft = smollm2_pair_on_device
     prompt = model.tokenize("def fibonacci(n):\n")
@@ -149,7 +150,7 @@ def test_greedy_speculation_with_device_sampling_equals_plain_decoding(
         tokens = [
             token
             for event in speculative_generate(
-                model, prompt, policy=policy, params=SamplingParams(), max_tokens=24
+                model, prompt, policy, ReplySpec(SamplingParams(), 24)
             )
             for token in event.tokens
         ]
@@ -163,6 +164,7 @@ def test_sampling_with_device_rows_is_reproducible_and_drafts_are_judged(
     from backends.speculation.draft_policy import FixedDraftPolicy
     from backends.speculation.loop import speculative_generate
     from backends.speculation.model_drafter import ModelDrafter
+    from backends.speculation.reply_spec import ReplySpec
 
     model, draft = smollm2_pair_on_device
     prompt = model.tokenize("Once upon a time")
@@ -173,11 +175,7 @@ def test_sampling_with_device_rows_is_reproducible_and_drafts_are_judged(
         draft.rollback(0)
         events = list(
             speculative_generate(
-                model,
-                prompt,
-                policy=FixedDraftPolicy(ModelDrafter(draft), 3),
-                params=params,
-                max_tokens=20,
+                model, prompt, FixedDraftPolicy(ModelDrafter(draft), 3), ReplySpec(params, 20)
             )
         )
         runs.append([token for event in events for token in event.tokens])

@@ -24,6 +24,7 @@ from backends.speculation.loop import speculative_generate
 from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
 from backends.speculation.prediction_drafter import PredictionDrafter
+from backends.speculation.reply_spec import ReplySpec
 from tests.support.fakes import HashModel, draft_model_for
 from tests.support.model_files import DRAFT_KEY, TARGET_KEY
 
@@ -40,10 +41,8 @@ def generate(target, draft, constraint, params, *, k=3, max_tokens=8):
         speculative_generate(
             target,
             target.tokenize("<|user|>hello<|assistant|>"),
-            policy=policy,
-            params=params,
-            max_tokens=max_tokens,
-            constraint=constraint,
+            policy,
+            ReplySpec(params, max_tokens, constraint=constraint),
         )
     )
     return [t for e in events for t in e.tokens], events[-1].stats
@@ -144,10 +143,8 @@ def test_ngram_drafts_are_cut_where_the_grammar_refuses_them(vocabulary):
         speculative_generate(
             HashModel(),
             target.tokenize("<|user|>hello<|assistant|>"),
-            policy=FixedDraftPolicy(NgramDrafter(), 6),
-            params=params,
-            max_tokens=20,
-            constraint=vocabulary.compile(GRAMMAR).start(),
+            FixedDraftPolicy(NgramDrafter(), 6),
+            ReplySpec(params, 20, constraint=vocabulary.compile(GRAMMAR).start()),
         )
     )
     assert [t for e in events for t in e.tokens] == plain
@@ -262,10 +259,8 @@ def run_events(target, draft, constraint, params, *, k, max_tokens):
         speculative_generate(
             target,
             target.tokenize("<|user|>hello<|assistant|>"),
-            policy=policy,
-            params=params,
-            max_tokens=max_tokens,
-            constraint=constraint,
+            policy,
+            ReplySpec(params, max_tokens, constraint=constraint),
         )
     )
 
@@ -374,10 +369,8 @@ def test_a_prediction_drafts_after_forced_tokens_and_usage_counts_its_guesses(vo
     for event in speculative_generate(
         HashModel(),
         target.tokenize("<|user|>hello<|assistant|>"),
-        policy=policy,
-        params=SamplingParams(),
-        max_tokens=40,
-        constraint=vocabulary.compile(STRETCHES).start(),
+        policy,
+        ReplySpec(SamplingParams(), 40, constraint=vocabulary.compile(STRETCHES).start()),
     ):
         tally.add(event)
         events.append(event)
@@ -408,10 +401,8 @@ def test_under_exact_output_forced_tokens_are_verified_in_exact_batches(
         speculative_generate(
             target,
             target.tokenize("<|user|>hello<|assistant|>"),
-            policy=FixedDraftPolicy(drafter, k, exact_batch_limit=exact_batch_limit),
-            params=params,
-            max_tokens=40,
-            constraint=vocabulary.compile(STRETCHES).start(),
+            FixedDraftPolicy(drafter, k, exact_batch_limit=exact_batch_limit),
+            ReplySpec(params, 40, constraint=vocabulary.compile(STRETCHES).start()),
         )
     )
     assert [t for e in events for t in e.tokens] == plain

@@ -23,6 +23,7 @@ from backends.speculation.draft_policy import FIRST_ROUND_REASON
 from backends.speculation.loop import speculative_generate
 from backends.speculation.model_drafter import READ_AS_PROMPT, ModelDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
+from backends.speculation.reply_spec import LoopHooks, ReplySpec
 from tests.speculation.held_costs import (
     GPU_COSTS,
     GPU_DRAFT_STEP,
@@ -128,10 +129,9 @@ def test_the_overlapped_loop_keeps_the_first_round_plain_too(overlap: bool) -> N
     events = speculative_generate(
         target,
         agent_prompt(),
-        policy=auto_policy(draft, None),
-        params=GREEDY,
-        max_tokens=20,
-        overlap_drafting=overlap,
+        auto_policy(draft, None),
+        ReplySpec(GREEDY, 20),
+        LoopHooks(overlap_drafting=overlap),
     )
     first = next(events)
     assert first.draft_length == 0 and first.decision == FIRST_ROUND_REASON

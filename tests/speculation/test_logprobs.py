@@ -27,6 +27,7 @@ from backends.sampling.row_scans import log_normaliser, top_ids
 from backends.speculation.draft_policy import FixedDraftPolicy
 from backends.speculation.loop import speculative_generate
 from backends.speculation.model_drafter import ModelDrafter
+from backends.speculation.reply_spec import ReplySpec
 from tests.support.fake_runs import chat_prompt
 from tests.support.fakes import HashModel, draft_model_for
 from tests.support.model_files import DRAFT_KEY, TARGET_KEY, require_model
@@ -63,11 +64,8 @@ def generate(
         speculative_generate(
             target,
             chat_prompt(target, "tell me"),
-            policy=policy,
-            params=params,
-            max_tokens=max_tokens,
-            constraint=constraint,
-            logprobs=logprobs,
+            policy,
+            ReplySpec(params, max_tokens, constraint=constraint, logprobs=logprobs),
         )
     )
     tokens = [token for event in events for token in event.tokens]

@@ -20,6 +20,7 @@ from backends.speculation.draft_policy import FixedDraftPolicy
 from backends.speculation.loop import speculative_generate
 from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.prediction_drafter import PredictionDrafter
+from backends.speculation.reply_spec import ReplySpec
 from tests.speculation.loop_helpers import (
     DRAFTER_KINDS,
     GREEDY,
@@ -189,7 +190,7 @@ def test_a_prompt_that_fills_the_context_raises_context_overflow() -> None:
         with pytest.raises(ContextOverflowError, match="context"):
             next(
                 speculative_generate(
-                    target, [BOS] + [20] * (length - 1), policy=plain(), params=GREEDY, max_tokens=5
+                    target, [BOS] + [20] * (length - 1), plain(), ReplySpec(GREEDY, 5)
                 )
             )
     assert target.forward_calls == 0 and target.prefill_calls == 0
@@ -197,7 +198,7 @@ def test_a_prompt_that_fills_the_context_raises_context_overflow() -> None:
 
 def test_an_empty_prompt_is_refused() -> None:
     with pytest.raises(ValueError, match="empty"):
-        next(speculative_generate(new_target(), [], policy=plain(), params=GREEDY, max_tokens=5))
+        next(speculative_generate(new_target(), [], plain(), ReplySpec(GREEDY, 5)))
 
 
 @pytest.mark.parametrize("draft_length", (0, 1, 4, 8))

@@ -22,6 +22,7 @@ from backends.speculation.draft_policy import FixedDraftPolicy, RoundOutcome
 from backends.speculation.loop import speculative_generate
 from backends.speculation.mtp_drafter import MtpDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
+from backends.speculation.reply_spec import ReplySpec
 from tests.speculation.fake_head import (
     FakeHead,
 )
@@ -141,10 +142,8 @@ def test_the_head_reads_forced_tokens_then_drafts_and_changes_nothing():
             speculative_generate(
                 target,
                 target.tokenize("<|user|>hello<|assistant|>"),
-                policy=FixedDraftPolicy(drafter, 3 if drafter is not None else 0),
-                params=SamplingParams(),
-                max_tokens=40,
-                constraint=vocabulary.compile(stretches).start(),
+                FixedDraftPolicy(drafter, 3 if drafter is not None else 0),
+                ReplySpec(SamplingParams(), 40, constraint=vocabulary.compile(stretches).start()),
             )
         )
 

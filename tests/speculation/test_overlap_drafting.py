@@ -24,6 +24,7 @@ from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
 from backends.speculation.overlap import _PreDraft, _serving
 from backends.speculation.proposal import Drafter
+from backends.speculation.reply_spec import LoopHooks, ReplySpec
 from tests.speculation.fake_head import FakeHead
 from tests.support.fake_runs import chat_prompt
 from tests.support.fakes import HashModel, draft_model_for
@@ -66,12 +67,7 @@ def generate(
     provenance: list[bool] = []
     stats: dict[str, object] = {}
     for event in speculative_generate(
-        target,
-        prompt,
-        policy=policy,  # type: ignore[arg-type]
-        params=params,
-        max_tokens=max_tokens,
-        overlap_drafting=overlap,
+        target, prompt, policy, ReplySpec(params, max_tokens), LoopHooks(overlap_drafting=overlap)
     ):
         tokens.extend(event.tokens)
         provenance.extend(event.from_draft)

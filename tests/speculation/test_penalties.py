@@ -27,6 +27,7 @@ from backends.sampling.penalties import TokenCounts
 from backends.speculation.draft_policy import FixedDraftPolicy
 from backends.speculation.loop import speculative_generate
 from backends.speculation.model_drafter import ModelDrafter
+from backends.speculation.reply_spec import ReplySpec
 from tests.support.fakes import HashModel, draft_model_for
 from tests.support.model_files import DRAFT_KEY, TARGET_KEY
 
@@ -71,10 +72,8 @@ def generate(target, draft, params, *, k=3, max_tokens=3, logprobs=None):
         speculative_generate(
             target,
             target.tokenize(PROMPT_TEXT),
-            policy=policy,
-            params=params,
-            max_tokens=max_tokens,
-            logprobs=logprobs,
+            policy,
+            ReplySpec(params, max_tokens, logprobs=logprobs),
         )
     )
     return [t for e in events for t in e.tokens], events

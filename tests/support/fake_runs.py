@@ -20,6 +20,7 @@ from backends.sampling.filters import SamplingParams
 from backends.speculation.draft_policy import DraftPolicy, RoundOutcome, RoundPlan
 from backends.speculation.loop import speculative_generate
 from backends.speculation.proposal import EMPTY_PROPOSAL, DraftProposal
+from backends.speculation.reply_spec import LoopHooks, ReplySpec
 from tests.support.fakes import HashModel
 
 
@@ -133,13 +134,7 @@ def run_generation(
     """Drain ``speculative_generate``; snapshot the target's cache at every event."""
     record = GenerationRecord(prompt=list(prompt), events=[], caches=[])
     for event in speculative_generate(
-        target,
-        prompt,
-        policy=policy,
-        params=params,
-        max_tokens=max_tokens,
-        stop=stop,
-        cancel=cancel,
+        target, prompt, policy, ReplySpec(params, max_tokens, stop=stop), LoopHooks(cancel=cancel)
     ):
         record.events.append(event)
         record.caches.append(target.cached_tokens)
