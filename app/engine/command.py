@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from app.client.api_key import ApiKey
     from app.engine.scheduler import LoadOptions, PairLoader, PairScheduler
     from app.settings import Settings
+    from backends.caches.draft_history import HistorySettings
     from backends.caches.prefix_store import PrefixStore
 
 # Ollama's default keep-alive, and how long an engine started by a front end waits for
@@ -191,6 +192,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(default: the prefix_cache setting, auto); `draftpen cache` lists and clears it",
     )
     serve.add_argument(
+        "--history-index",
+        default=None,
+        metavar="SIZE",
+        help="RAM for the index of earlier replies (kept on disk too, per tokenizer) that "
+        "the n-gram drafter drafts from, so repeated work in a new session is drafted for "
+        "free: auto (48 MiB, about 1.2 million tokens), 0 (off: nothing is remembered) or "
+        "a size such as 128MiB (default: the history_index setting, auto); `draftpen "
+        "cache` lists and clears it",
+    )
+    serve.add_argument(
         "--log-file",
         default=None,
         metavar="PATH",
@@ -280,6 +291,7 @@ def run_serve(args: argparse.Namespace) -> int:
             runtime,
             conversation_cache_bytes=cache_bytes,
             prefix_store=_prefix_store(args.prefix_cache, settings),
+            history=_history_settings(args.history_index, settings),
         )
         scheduler = PairScheduler(loader, defaults, keep_alive=keep_alive)
 
@@ -377,6 +389,20 @@ def _prefix_store(option: str | None, settings: Settings) -> PrefixStore | None:
     except (OSError, sqlite3.Error) as error:
         log.warning("prefix cache off: %s cannot be used (%s)", directory, error)
         return None
+
+
+def _history_settings(option: str | None, settings: Settings) -> HistorySettings | None:
+    """The history index ``--history-index`` (else the setting) asks for; None: off."""
+    from app.settings import BYTE_SIZE_HINT, history_index_bytes, history_index_dir
+    from backends.caches.draft_history import HistorySettings
+
+    try:
+        budget = history_index_bytes(option if option is not None else settings.history_index)
+    except DraftpenError:
+        raise DraftpenError(f"--history-index wants {BYTE_SIZE_HINT}, not {option!r}.") from None
+    if budget == 0:
+        return None
+    return HistorySettings(history_index_dir(), budget)
 
 
 def _conversation_cache_bytes(option: str | None, settings: Settings) -> int:
