@@ -148,7 +148,7 @@ class Settings:
     prefix_cache: str = "auto"
     # RAM (and disk) for the index of earlier replies the n-gram drafter drafts from, so
     # an agent's repeated work in a new session is drafted for free: "auto" (48 MiB,
-    # about 1.2 million tokens), "0" (off: nothing is remembered), or a size.
+    # about a million tokens), "0" (off: nothing is remembered), or a size.
     history_index: str = "auto"
     # Other machines running `draftpen worker` that hold part of the target's layers
     # (serve --workers): "HOST:PORT,HOST:PORT", "" for none; and their shares,
@@ -232,7 +232,7 @@ AUTO_CONVERSATION_CACHE_SHARE = 1 / 8
 # "auto" keeps prompt prefixes in this share of the free disk, up to the cap.
 AUTO_PREFIX_CACHE_SHARE = 1 / 5
 AUTO_PREFIX_CACHE_CAP = 20 << 30
-# "auto" lets the history index hold about 1.2 million tokens in RAM (5 MB on disk).
+# "auto" lets the history index hold about a million tokens in RAM (4 MB on disk).
 AUTO_HISTORY_INDEX_BYTES = 48 << 20
 BYTE_SIZE_HINT = '"auto", "0" (off) or a size such as "2GiB", "512MB" or "1500000000"'
 _SIZE_UNITS = {

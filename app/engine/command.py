@@ -197,7 +197,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SIZE",
         help="RAM for the index of earlier replies (kept on disk too, per tokenizer) that "
         "the n-gram drafter drafts from, so repeated work in a new session is drafted for "
-        "free: auto (48 MiB, about 1.2 million tokens), 0 (off: nothing is remembered) or "
+        "free: auto (48 MiB, about a million tokens), 0 (off: nothing is remembered) or "
         "a size such as 128MiB (default: the history_index setting, auto); `draftpen "
         "cache` lists and clears it",
     )
