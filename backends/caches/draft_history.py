@@ -126,6 +126,9 @@ class DraftHistory:
         self.key = ""
         self.label = f"{getattr(model, 'name', '?')} tokenizer"
         self._known: list[int] = []  # the last prompt and reply added
+        # Whether this tokenizer's file was there when last read or written: gone since,
+        # it was cleared (`draftpen cache clear`), and what this engine holds goes too.
+        self._file_seen = False
         self._dirty = False
         self._saved_at = time.monotonic()
         self._lock = threading.Lock()
@@ -219,9 +222,20 @@ class DraftHistory:
             path.unlink(missing_ok=True)
             return
         self.index.load(tokens)
+        self._file_seen = True
         self._count(loaded_tokens=len(self.index))
 
+    def _forget_if_cleared(self) -> None:
+        """Forget what this engine holds when its file was deleted since it was last
+        read or written: whoever cleared it meant these replies too."""
+        if self._file_seen and self.key and not self._path().exists():
+            log.info("history index: its file was deleted; the replies held in RAM go too")
+            self.index.clear()
+            self._known = []
+            self._file_seen = False
+
     def _add(self, prompt: list[int], reply: list[int]) -> None:
+        self._forget_if_cleared()
         started = time.perf_counter()
         shared = common_prefix_length(self._known, prompt)
         begin = max(0, min(shared, len(prompt) - PROMPT_END_TOKENS), len(prompt) - MAX_PROMPT_PART)
@@ -238,6 +252,7 @@ class DraftHistory:
     def _save(self) -> None:
         if not self.key:
             return
+        self._forget_if_cleared()
         self._saved_at = time.monotonic()
         tokens = self.index.stored()
         directory = self.settings.directory
@@ -256,6 +271,7 @@ class DraftHistory:
             self._count(save_failed=1)
             return
         self._dirty = False
+        self._file_seen = True
         self._count(saved=1)
         _keep_within(directory, self.settings.budget_bytes, keep=self._path())
 

@@ -120,6 +120,16 @@ class HistoryIndex:
             self._append(data)
             self.streams += int(np.count_nonzero(data == SEPARATOR))
 
+    def clear(self) -> None:
+        """Forget every stream."""
+        with self._lock:
+            self._tokens.fill(SEPARATOR)
+            for n in ANCHORS:
+                self._heads[n].fill(-1)
+                self._chains[n].fill(-1)
+            self._total = 0
+            self.streams = 0
+
     def stored(self) -> np.ndarray:
         """Every token held, oldest first (int32, separators included): for saving."""
         with self._lock:

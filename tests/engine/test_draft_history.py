@@ -21,6 +21,7 @@ from backends.caches.draft_history import (
     SUFFIX,
     DraftHistory,
     HistorySettings,
+    clear_histories,
     stored_histories,
     tokenizer_key,
 )
@@ -210,3 +211,22 @@ def test_the_setting_and_the_flag_bound_it_or_turn_it_off(tmp_path: Path, monkey
     assert chosen is not None and chosen.budget_bytes == 8 << 20
     with pytest.raises(DraftpenError, match="--history-index"):
         _history_settings("lots", Settings())
+
+
+def test_clearing_the_files_makes_a_running_engine_forget_too(tmp_path: Path) -> None:
+    directory = tmp_path / "history"
+    remembered = DraftHistory(history(directory), HashModel())
+    first = list(range(10, 60))
+    remembered.add([1, 2, 3], first)
+    remembered.save()
+    assert remembered.flush(10) and remembered.index.lookup(first[:20], 4).tokens
+    clear_histories(directory)
+    remembered.add([4, 5, 6], list(range(7, 30)))
+    remembered.close()
+    assert remembered.index.lookup(first[:20], 4).tokens == []
+    assert len(list(directory.glob(f"*{SUFFIX}"))) == 1
+    again = DraftHistory(history(directory), HashModel())
+    assert again.flush(10)
+    assert again.index.lookup(first[:20], 4).tokens == []
+    assert again.index.lookup(list(range(7, 20)), 4).tokens == [20, 21, 22, 23]
+    again.close()
