@@ -9,13 +9,12 @@ import numpy as np
 
 from backends.sampling.filters import SamplingParams, distribution
 from backends.speculation.controller import AdaptiveDraftPolicy
-from backends.speculation.cost_model import CostModel
 from backends.speculation.draft_policy import FixedDraftPolicy
 from backends.speculation.history_index import HistoryIndex
 from backends.speculation.ngram_drafter import NgramDrafter
 from backends.speculation.text_lookup import TextLookup, escaped
+from tests.speculation.held_costs import GPU_COSTS, HeldCosts
 from tests.speculation.loop_helpers import GREEDY, PROMPTS, new_target, plain
-from tests.speculation.scripted_costs import GPU_COSTS
 from tests.speculation.test_loop_exactness import (
     expected_first_two,
     sampled_first_two,
@@ -106,7 +105,7 @@ def test_auto_keeps_its_own_acceptance_for_index_drafts() -> None:
     prompt = chat_prompt(new_target(), PROMPTS[1])
     baseline = run_generation(new_target(), prompt, plain(), GREEDY, max_tokens=120)
     drafter = drafter_with([*prompt, *baseline.tokens])
-    policy = AdaptiveDraftPolicy([drafter], CostModel(dict(GPU_COSTS), None))
+    policy = AdaptiveDraftPolicy([drafter], HeldCosts(dict(GPU_COSTS), None))
     record = run_generation(new_target(), prompt, policy, GREEDY, max_tokens=120)
     assert record.tokens == baseline.tokens
     learned = {key: value for key, value in policy.acceptance.items() if "index" in key}
