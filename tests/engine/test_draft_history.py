@@ -69,7 +69,10 @@ def test_a_later_engine_drafts_from_what_an_earlier_one_wrote(tmp_path: Path) ->
     first, _ = reply(engine, prompt)
     engine.close()  # saves
     later = ScriptedTextModel(SCRIPT, n_ctx=1024)
-    again, drafted = reply(Engine(later, history=DraftHistory(history(directory), later)), prompt)
+    loaded = DraftHistory(history(directory), later)
+    assert loaded.flush(10)  # loaded in the background: a reply that starts first drafts less
+    assert loaded.stats().loaded_tokens > len(first)
+    again, drafted = reply(Engine(later, history=loaded), prompt)
     assert again == first and drafted >= 0.7 * len(again)
 
 
