@@ -15,9 +15,9 @@ from app.models.fit import parallel_that_fits
 from app.models.pair_files import ResolvedPair, pair_files, pair_models
 from backends.caches.conversation_cache import ConversationCache
 from backends.caches.disk_prefixes import DiskPrefixes
-from backends.caches.draft_history import DraftHistory, HistorySettings
+from backends.caches.draft_history import HistorySettings
 from backends.caches.prefix_store import PrefixStore
-from backends.engine import DRAFTER_CHOICES, Engine
+from backends.engine import DRAFTER_CHOICES, Engine, draft_history
 from backends.select import RankSplit, choose_runtime, load_model
 from backends.workers.cluster import Workers
 
@@ -96,7 +96,7 @@ def load_engine(
             ConversationCache(conversation_cache_bytes) if conversation_cache_bytes > 0 else None
         )
         prefixes = DiskPrefixes(prefix_store) if prefix_store is not None else None
-        remembered = DraftHistory(history, target) if history is not None else None
+        remembered = draft_history(history, target) if history is not None else None
         engine = Engine(
             target, draft, conversations=conversations, prefixes=prefixes, history=remembered
         )

@@ -17,7 +17,7 @@ from backends.base import ChatMessage, Model, SavePoint, ToolSpec, rollback_limi
 from backends.caches.cache_preparation import cache_preparer, then_save_draft
 from backends.caches.conversation_cache import ConversationCache
 from backends.caches.disk_prefixes import DiskPrefixes
-from backends.caches.draft_history import DraftHistory
+from backends.caches.draft_history import DraftHistory, HistorySettings
 from backends.errors import BackendError
 from backends.generation_events import MAX_TOP_LOGPROBS, GenerationEvent
 from backends.output.chat_template import model_chat_template
@@ -32,6 +32,7 @@ from backends.speculation.calibration import measure_costs
 from backends.speculation.controller import AdaptiveDraftPolicy
 from backends.speculation.cost_model import CostModel, SharedForwardCosts
 from backends.speculation.draft_policy import DraftPolicy, FixedDraftPolicy
+from backends.speculation.history_index import HistoryIndex, capacity_for
 from backends.speculation.loop import speculative_generate
 from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.mtp_drafter import MtpDrafter
@@ -413,6 +414,12 @@ class Engine:
         self.target.close()
         if self.draft is not None:
             self.draft.close()
+
+
+def draft_history(settings: HistorySettings, target: Model) -> DraftHistory:
+    """The history index for an engine over ``target`` (its tokenizer's earlier
+    replies loaded in the background), sized for ``settings.budget_bytes`` of RAM."""
+    return DraftHistory(settings, target, HistoryIndex(capacity_for(settings.budget_bytes)))
 
 
 def _tokens_of(model: Model) -> Callable[[str], list[int]]:

@@ -31,6 +31,9 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
+
+import numpy as np
 
 from backends.base import Model
 from backends.caches.history_file import (
@@ -40,7 +43,6 @@ from backends.caches.history_file import (
     write_history,
 )
 from backends.generation_events import GenerationEvent
-from backends.speculation.history_index import HistoryIndex, capacity_for
 from backends.token_prefix import common_prefix_length
 
 log = logging.getLogger(__name__)
@@ -56,11 +58,34 @@ PROMPT_END_TOKENS = 32
 # The tokenizer's fingerprint reads this many token ids spread over the vocabulary
 # (every token would cost a second of a runtime's vocabulary calls).
 FINGERPRINT_SAMPLES = 4096
-# The smallest index kept, whatever the budget (a few replies).
-MIN_CAPACITY = 4096
 # A temporary file older than this was left by a process that died while writing.
 STALE_TEMP_SECONDS = 3600
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+class StreamIndex(Protocol):
+    """What is kept in RAM: the index the n-gram drafter looks up
+    (backends/speculation/history_index.py's ``HistoryIndex``)."""
+
+    def add(self, stream: Sequence[int]) -> None:
+        """Store one token stream."""
+        ...
+
+    def load(self, tokens: np.ndarray) -> None:
+        """Store streams as :meth:`stored` returned them."""
+        ...
+
+    def stored(self) -> np.ndarray:
+        """Every token held, oldest first, streams separated: what is saved."""
+        ...
+
+    def clear(self) -> None:
+        """Forget every stream."""
+        ...
+
+    def __len__(self) -> int:
+        """The tokens held."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -116,12 +141,14 @@ class DraftHistory:
         self,
         settings: HistorySettings,
         model: Model,
+        index: StreamIndex,
         *,
         save_interval: float = SAVE_INTERVAL_SECONDS,
     ) -> None:
-        """Start loading ``model``'s tokenizer's file (on the background thread)."""
+        """Start loading ``model``'s tokenizer's file into ``index`` (an empty index
+        sized for ``settings.budget_bytes``) on the background thread."""
         self.settings = settings
-        self.index = HistoryIndex(max(MIN_CAPACITY, capacity_for(settings.budget_bytes)))
+        self.index = index
         self.save_interval = save_interval
         self.key = ""
         self.label = f"{getattr(model, 'name', '?')} tokenizer"

@@ -70,9 +70,14 @@ class HistoryMatch:
 NO_MATCH = HistoryMatch([], 0, 0)
 
 
+# The smallest index kept, whatever the budget (a few replies).
+MIN_CAPACITY = 4096
+
+
 def capacity_for(budget_bytes: int) -> int:
-    """How many tokens an index kept in ``budget_bytes`` of RAM holds."""
-    return max(0, budget_bytes // RAM_BYTES_PER_TOKEN)
+    """How many tokens an index kept in ``budget_bytes`` of RAM holds (at least
+    :data:`MIN_CAPACITY`)."""
+    return max(MIN_CAPACITY, budget_bytes // RAM_BYTES_PER_TOKEN)
 
 
 class HistoryIndex:

@@ -19,14 +19,13 @@ from app.errors import DraftpenError, SettingsError
 from app.settings import Settings, history_index_bytes
 from backends.caches.draft_history import (
     SUFFIX,
-    DraftHistory,
     HistorySettings,
     clear_histories,
     stored_histories,
     tokenizer_key,
 )
 from backends.caches.history_file import write_history
-from backends.engine import Engine, GenerationRequest
+from backends.engine import Engine, GenerationRequest, draft_history
 from tests.support.fake_runs import chat_prompt
 from tests.support.fakes import HashModel, ScriptedTextModel
 
@@ -50,7 +49,7 @@ def reply(engine: Engine, prompt: list[int]) -> tuple[list[int], int]:
 
 def test_the_same_request_again_is_drafted_from_the_index(tmp_path: Path) -> None:
     target = ScriptedTextModel(SCRIPT, n_ctx=1024)
-    remembered = DraftHistory(history(tmp_path / "history"), target)
+    remembered = draft_history(history(tmp_path / "history"), target)
     engine = Engine(target, history=remembered)
     prompt = chat_prompt(target, "why")
     first, drafted_first = reply(engine, prompt)
@@ -64,12 +63,12 @@ def test_the_same_request_again_is_drafted_from_the_index(tmp_path: Path) -> Non
 def test_a_later_engine_drafts_from_what_an_earlier_one_wrote(tmp_path: Path) -> None:
     directory = tmp_path / "history"
     target = ScriptedTextModel(SCRIPT, n_ctx=1024)
-    engine = Engine(target, history=DraftHistory(history(directory), target))
+    engine = Engine(target, history=draft_history(history(directory), target))
     prompt = chat_prompt(target, "why")
     first, _ = reply(engine, prompt)
     engine.close()  # saves
     later = ScriptedTextModel(SCRIPT, n_ctx=1024)
-    loaded = DraftHistory(history(directory), later)
+    loaded = draft_history(history(directory), later)
     assert loaded.flush(10)  # loaded in the background: a reply that starts first drafts less
     assert loaded.stats().loaded_tokens > len(first)
     again, drafted = reply(Engine(later, history=loaded), prompt)
@@ -79,7 +78,7 @@ def test_a_later_engine_drafts_from_what_an_earlier_one_wrote(tmp_path: Path) ->
 def test_the_directory_and_files_are_private(tmp_path: Path) -> None:
     directory = tmp_path / "history"
     target = ScriptedTextModel(SCRIPT)
-    remembered = DraftHistory(history(directory), target)
+    remembered = draft_history(history(directory), target)
     remembered.add([1, 2, 3], [10, 11, 12, 13])
     remembered.close()
     files = list(directory.glob(f"*{SUFFIX}"))
@@ -90,7 +89,7 @@ def test_the_directory_and_files_are_private(tmp_path: Path) -> None:
 
 
 def test_adding_a_reply_returns_at_once_and_the_thread_indexes_it(tmp_path: Path) -> None:
-    remembered = DraftHistory(history(tmp_path), HashModel())
+    remembered = draft_history(history(tmp_path), HashModel())
     assert remembered.flush(10)
     with remembered.index._lock:  # the index busy: indexing cannot finish meanwhile
         remembered.add([1, 2, 3], list(range(10, 40)))
@@ -109,7 +108,7 @@ def test_a_damaged_or_foreign_file_is_deleted_and_read_around(
 ) -> None:
     directory = tmp_path / "history"
     target = ScriptedTextModel(SCRIPT)
-    remembered = DraftHistory(history(directory), target)
+    remembered = draft_history(history(directory), target)
     remembered.add([1, 2, 3], list(range(10, 60)))
     remembered.close()
     (path,) = directory.glob(f"*{SUFFIX}")
@@ -126,7 +125,7 @@ def test_a_damaged_or_foreign_file_is_deleted_and_read_around(
         data = bytearray(path.read_bytes())
     path.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING):
-        again = DraftHistory(history(directory), target)
+        again = draft_history(history(directory), target)
         assert again.flush(10)
     assert not path.exists() and "deleted" in caplog.text
     assert len(again.index) == 0
@@ -142,7 +141,7 @@ def test_another_tokenizers_file_is_kept_but_never_loaded(tmp_path: Path) -> Non
     directory.mkdir(mode=0o700)
     with (directory / f"{other_key}{SUFFIX}").open("wb") as raw:
         write_history(raw, other_key, "other tokenizer", np.arange(100))
-    remembered = DraftHistory(history(directory), target)
+    remembered = draft_history(history(directory), target)
     assert remembered.flush(10)
     assert remembered.key == tokenizer_key(target) != other_key
     assert len(remembered.index) == 0
@@ -160,7 +159,7 @@ def test_the_disk_budget_deletes_the_least_recently_written_other_tokenizers(
         with path.open("wb") as raw:
             write_history(raw, key, key, np.arange(20_000))
         os.utime(path, (1000 + number, 1000 + number))
-    remembered = DraftHistory(history(directory, budget=100_000), HashModel())
+    remembered = draft_history(history(directory, budget=100_000), HashModel())
     remembered.add([1, 2, 3], list(range(10, 40)))
     remembered.close()
     names = {path.stem for path in directory.glob(f"*{SUFFIX}")}
@@ -169,7 +168,7 @@ def test_the_disk_budget_deletes_the_least_recently_written_other_tokenizers(
 
 
 def test_the_index_is_bounded_in_ram(tmp_path: Path) -> None:
-    remembered = DraftHistory(history(tmp_path, budget=400_000), HashModel())
+    remembered = draft_history(history(tmp_path, budget=400_000), HashModel())
     for _ in range(100):
         remembered.add([], list(range(10, 60)) * 4)
     remembered.close()
@@ -183,7 +182,7 @@ def test_draftpen_cache_lists_and_clears_the_history(tmp_path: Path, monkeypatch
     monkeypatch.setenv("DRAFTPEN_HOME", str(tmp_path / "home"))
     from app.settings import history_index_dir
 
-    remembered = DraftHistory(history(history_index_dir()), HashModel(name="tiny"))
+    remembered = draft_history(history(history_index_dir()), HashModel(name="tiny"))
     remembered.add([1, 2, 3], list(range(10, 60)))
     remembered.close()
     out = io.StringIO()
@@ -201,24 +200,24 @@ def test_draftpen_cache_lists_and_clears_the_history(tmp_path: Path, monkeypatch
 
 
 def test_the_setting_and_the_flag_bound_it_or_turn_it_off(tmp_path: Path, monkeypatch) -> None:
-    from app.engine.command import _history_settings
+    from app.engine.cache_options import history_settings_from
 
     monkeypatch.setenv("DRAFTPEN_HOME", str(tmp_path / "home"))
     assert history_index_bytes("auto") == 48 << 20
     assert history_index_bytes("64MiB") == 64 << 20
     with pytest.raises(SettingsError):
         Settings(history_index="lots")
-    assert _history_settings("0", Settings()) is None
-    assert _history_settings(None, Settings(history_index="0")) is None
-    chosen = _history_settings("8MiB", Settings(history_index="0"))
+    assert history_settings_from("0", Settings()) is None
+    assert history_settings_from(None, Settings(history_index="0")) is None
+    chosen = history_settings_from("8MiB", Settings(history_index="0"))
     assert chosen is not None and chosen.budget_bytes == 8 << 20
     with pytest.raises(DraftpenError, match="--history-index"):
-        _history_settings("lots", Settings())
+        history_settings_from("lots", Settings())
 
 
 def test_clearing_the_files_makes_a_running_engine_forget_too(tmp_path: Path) -> None:
     directory = tmp_path / "history"
-    remembered = DraftHistory(history(directory), HashModel())
+    remembered = draft_history(history(directory), HashModel())
     first = list(range(10, 60))
     remembered.add([1, 2, 3], first)
     remembered.save()
@@ -228,7 +227,7 @@ def test_clearing_the_files_makes_a_running_engine_forget_too(tmp_path: Path) ->
     remembered.close()
     assert remembered.index.lookup(first[:20], 4).tokens == []
     assert len(list(directory.glob(f"*{SUFFIX}"))) == 1
-    again = DraftHistory(history(directory), HashModel())
+    again = draft_history(history(directory), HashModel())
     assert again.flush(10)
     assert again.index.lookup(first[:20], 4).tokens == []
     assert again.index.lookup(list(range(7, 20)), 4).tokens == [20, 21, 22, 23]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from backends.base import ChatMessage
-from backends.caches.draft_history import DraftHistory, HistorySettings
-from backends.engine import Engine, GenerationRequest
+from backends.caches.draft_history import HistorySettings
+from backends.engine import Engine, GenerationRequest, draft_history
 from backends.llamacpp.model import LlamaCppModel
 from tests.support.model_files import SMOLLM2_KEY, require_model
 
@@ -36,7 +36,7 @@ def reply(engine: Engine, prompt: list[int], drafter: str) -> tuple[list[int], i
 
 def test_the_same_request_again_is_mostly_drafted_from_the_index(tmp_path: Path) -> None:
     target = LlamaCppModel(require_model(SMOLLM2_KEY), n_ctx=1024, exact_kernels=True)
-    history = DraftHistory(HistorySettings(tmp_path / "history", 8 << 20), target)
+    history = draft_history(HistorySettings(tmp_path / "history", 8 << 20), target)
     engine = Engine(target, history=history)
     try:
         prompt = engine.chat_prompt([ChatMessage("user", QUESTION)])
