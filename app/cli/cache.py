@@ -121,8 +121,10 @@ def clear_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     count = store.clear()
     out.write(f"Deleted {count} kept prompt prefixes ({format_bytes(freed)}).\n")
     histories, history_bytes = clear_histories(history_index_dir())
+    plural = "" if histories == 1 else "s"
     out.write(
-        f"Deleted the earlier replies of {histories} tokenizers ({format_bytes(history_bytes)}).\n"
+        f"Deleted the earlier replies of {histories} tokenizer{plural} "
+        f"({format_bytes(history_bytes)}).\n"
     )
     return 0
 

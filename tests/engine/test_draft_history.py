@@ -195,7 +195,7 @@ def test_draftpen_cache_lists_and_clears_the_history(tmp_path: Path, monkeypatch
     assert [entry["tokens"] for entry in listed["entries"]] == [len(remembered.index)]
     out = io.StringIO()
     assert cache_command.clear_command(argparse.Namespace(), out) == 0
-    assert "earlier replies of 1 tokenizers" in out.getvalue()
+    assert "earlier replies of 1 tokenizer (" in out.getvalue()
     assert stored_histories(history_index_dir()) == []
 
 
