@@ -5,8 +5,10 @@ million tokens (replies of ~500 tokens over a Zipf-like 32k vocabulary, a third 
 them near-copies of earlier ones, as an agent's repeated work is), then times:
 
 - ``lookup``: the index alone, for contexts that end inside a stored reply (a hit) and
-  for random ones (a miss), and the n-gram drafter's whole lookup (prompt, index) over
-  a 4,000-token context, as the controller calls it once per round;
+  for random ones (a miss); inside one reply stored 200 times (every candidate agrees:
+  the most frequent continuation's worst case), asking for 16 and for 64 tokens; and
+  the n-gram drafter's whole lookup (prompt, index) over a 4,000-token context, as the
+  controller calls it once per round;
 - ``add``: one 500-token reply (on the engine's background thread, never the request's);
 - ``save`` and ``load``: the index's file written and read back, checked, and indexed.
 
@@ -93,6 +95,18 @@ def main() -> None:
         index.lookup(noise, 16)
         misses.append(time.perf_counter() - begin)
 
+    # One reply stored 200 times among other replies: every candidate agrees.
+    repeated_index = HistoryIndex(index.capacity)
+    repeated = replies[0].tolist()
+    for number, reply in enumerate(replies):
+        repeated_index.add(repeated if number % 10 == 0 else reply.tolist())
+    agreeing: dict[int, list[float]] = {16: [], 64: []}
+    for wanted, samples in agreeing.items():
+        for cut in range(40, min(440, len(repeated) - 20)):
+            begin = time.perf_counter()
+            repeated_index.lookup(repeated[:cut], wanted)
+            samples.append(time.perf_counter() - begin)
+
     # The drafter's lookup as a round makes it: a 4,000-token context that grows by one
     # token a round (prompt lookup and the index both asked).
     drafter = NgramDrafter(history=index)
@@ -125,6 +139,8 @@ def main() -> None:
         "lookup_hit": micro_seconds(hits),
         "lookup_hit_mean_drafted": round(statistics.fmean(drafted), 2),
         "lookup_miss": micro_seconds(misses),
+        "lookup_reply_stored_200_times_16": micro_seconds(agreeing[16]),
+        "lookup_reply_stored_200_times_64": micro_seconds(agreeing[64]),
         "drafter_round_4k_context": micro_seconds(rounds),
         "add_500_token_reply": micro_seconds(add_times),
         "build_seconds": round(build_seconds, 3),

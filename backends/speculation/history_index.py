@@ -231,24 +231,36 @@ class HistoryIndex:
             return NO_MATCH  # every candidate was a hash collision
         chosen = ends[lengths == deepest]
         ahead = chosen[:, None] + 1 + np.arange(max_tokens)
-        after = np.where(
-            ahead < self._total, self._tokens[ahead % self.capacity], SEPARATOR
-        ).tolist()
+        after = np.where(ahead < self._total, self._tokens[ahead % self.capacity], SEPARATOR)
         return _most_frequent(after, deepest, max_tokens)
 
 
-def _most_frequent(rows: list[list[int]], length: int, max_tokens: int) -> HistoryMatch:
-    """The continuation most of ``rows`` share, token by token (ties: the most recent
-    row, which comes first), cut where its share falls below :data:`MIN_SHARE`.
+def _most_frequent(block: np.ndarray, length: int, max_tokens: int) -> HistoryMatch:
+    """The continuation most rows of ``block`` (what followed each deepest match,
+    most recent first) share, token by token (ties: the most recent row), cut where its
+    share falls below :data:`MIN_SHARE`, at a stream's end, and at ``length`` tokens
+    per row that agrees on its first token (up to :data:`MAX_SUPPORT` rows): a long,
+    frequent match goes on longer.
 
-    The draft may be ``length`` tokens long per row that agrees on its first token
-    (up to :data:`MAX_SUPPORT` rows): a long, frequent match goes on longer."""
-    alive = rows
+    The stretch where every row agrees (a reply stored many times) is read at once;
+    rows are counted one column at a time only where they part.
+    """
+    rows, columns = block.shape
+    unanimous_columns = (block == block[0]).all(axis=0)
+    unanimous = columns if unanimous_columns.all() else int(unanimous_columns.argmin())
     drafted: list[int] = []
+    support, limit = 0, max_tokens
+    if unanimous:
+        first = block[0, :unanimous].tolist()
+        end = first.index(SEPARATOR) if SEPARATOR in first else unanimous
+        support = rows
+        limit = min(max_tokens, length * DRAFT_PER_MATCHED_TOKEN * min(support, MAX_SUPPORT))
+        drafted = first[: min(end, limit)]
+        if end < unanimous or len(drafted) >= limit or unanimous == columns:
+            return HistoryMatch(drafted, length, support) if drafted else NO_MATCH
+    alive = block.tolist()  # every row agrees with what is drafted so far
     share = 1.0
-    support = 0
-    limit = max_tokens
-    for column in range(max_tokens):
+    for column in range(len(drafted), max_tokens):
         counts: dict[int, int] = {}
         for row in alive:
             counts[row[column]] = counts.get(row[column], 0) + 1
