@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import stat
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -91,10 +92,12 @@ def test_the_directory_and_files_are_private(tmp_path: Path) -> None:
 def test_adding_a_reply_returns_at_once_and_the_thread_indexes_it(tmp_path: Path) -> None:
     remembered = draft_history(history(tmp_path), HashModel())
     assert remembered.flush(10)
-    with remembered.index._lock:  # the index busy: indexing cannot finish meanwhile
-        remembered.add([1, 2, 3], list(range(10, 40)))
-        assert remembered.stats().added_streams == 0
-        assert not remembered.flush(0.05)
+    busy = remembered.index._lock
+    busy.acquire()  # the index busy for two seconds: indexing must wait for it
+    threading.Timer(2.0, busy.release).start()
+    remembered.add([1, 2, 3], list(range(10, 40)))
+    assert busy.locked(), "add() returned while the index was still busy"
+    assert remembered.stats().added_streams == 0
     assert remembered.flush(10)
     assert remembered.stats().added_streams == 1 and len(remembered.index) > 30
     remembered.close()
