@@ -15,8 +15,9 @@ from app.models.fit import parallel_that_fits
 from app.models.pair_files import ResolvedPair, pair_files, pair_models
 from backends.caches.conversation_cache import ConversationCache
 from backends.caches.disk_prefixes import DiskPrefixes
+from backends.caches.draft_history import HistorySettings
 from backends.caches.prefix_store import PrefixStore
-from backends.engine import DRAFTER_CHOICES, Engine
+from backends.engine import DRAFTER_CHOICES, Engine, draft_history
 from backends.select import RankSplit, choose_runtime, load_model
 from backends.workers.cluster import Workers
 
@@ -33,6 +34,7 @@ def load_engine(
     exact_output: bool = False,
     conversation_cache_bytes: int = 0,
     prefix_store: PrefixStore | None = None,
+    history: HistorySettings | None = None,
     on_progress: Callable[[str], None] | None = None,
     parallel: int | None = 1,
     workers: Workers | None = None,
@@ -45,7 +47,8 @@ def load_engine(
     target with kernels whose verify batches round like plain decoding.
     ``conversation_cache_bytes`` > 0 lets the engine keep that much of conversations'
     KV state in RAM (the engine process does; one-shot commands need none). With a
-    ``prefix_store`` prompts' prefixes are saved to disk and loaded from it.
+    ``prefix_store`` prompts' prefixes are saved to disk and loaded from it. With
+    ``history`` every reply is remembered per tokenizer and drafted from later.
     ``parallel`` N > 1 loads both models for N sequences generating at once (None: as
     many as fit in memory, up to four). ``workers`` hold part of the target's
     layers (llama.cpp RPC); each is asked first, so one that has gone is an error that
@@ -93,7 +96,10 @@ def load_engine(
             ConversationCache(conversation_cache_bytes) if conversation_cache_bytes > 0 else None
         )
         prefixes = DiskPrefixes(prefix_store) if prefix_store is not None else None
-        engine = Engine(target, draft, conversations=conversations, prefixes=prefixes)
+        remembered = draft_history(history, target) if history is not None else None
+        engine = Engine(
+            target, draft, conversations=conversations, prefixes=prefixes, history=remembered
+        )
         if with_draft and resolved.variant.uses_mtp:
             _use_mtp_head(engine, resolved, report)
         if calibrate:

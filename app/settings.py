@@ -146,6 +146,10 @@ class Settings:
     # tools) across engines, so a new session loads them instead of reading them:
     # "auto" (a fifth of the free disk, at most 20 GiB), "0" (off), or a size.
     prefix_cache: str = "auto"
+    # RAM (and disk) for the index of earlier replies the n-gram drafter drafts from, so
+    # an agent's repeated work in a new session is drafted for free: "auto" (48 MiB,
+    # about a million tokens), "0" (off: nothing is remembered), or a size.
+    history_index: str = "auto"
     # Other machines running `draftpen worker` that hold part of the target's layers
     # (serve --workers): "HOST:PORT,HOST:PORT", "" for none; and their shares,
     # this machine's first ("2,1,1"; "" splits by free memory).
@@ -194,6 +198,10 @@ def _range_problem(settings: Settings) -> str | None:
             parse_byte_size(settings.prefix_cache) is not None,
             f"prefix_cache must be {BYTE_SIZE_HINT}, not {settings.prefix_cache!r}",
         ),
+        (
+            parse_byte_size(settings.history_index) is not None,
+            f"history_index must be {BYTE_SIZE_HINT}, not {settings.history_index!r}",
+        ),
         (settings.worker_timeout >= 0, "worker_timeout must be 0 or more (0 = wait forever)"),
     ]
     problem = next((message for ok, message in checks if not ok), None)
@@ -224,6 +232,8 @@ AUTO_CONVERSATION_CACHE_SHARE = 1 / 8
 # "auto" keeps prompt prefixes in this share of the free disk, up to the cap.
 AUTO_PREFIX_CACHE_SHARE = 1 / 5
 AUTO_PREFIX_CACHE_CAP = 20 << 30
+# "auto" lets the history index hold about a million tokens in RAM (4 MB on disk).
+AUTO_HISTORY_INDEX_BYTES = 48 << 20
 BYTE_SIZE_HINT = '"auto", "0" (off) or a size such as "2GiB", "512MB" or "1500000000"'
 _SIZE_UNITS = {
     "": 1,
@@ -299,6 +309,21 @@ def prefix_cache_bytes(value: str, free_disk: int | None = None) -> int:
             free_disk = shutil.disk_usage(place).free
         return min(int(free_disk * AUTO_PREFIX_CACHE_SHARE), AUTO_PREFIX_CACHE_CAP)
     return size
+
+
+def history_index_bytes(value: str) -> int:
+    """The byte budget a ``history_index`` value names ("auto": 48 MiB). Raises
+    :class:`SettingsError` for text that is not a size."""
+    size = parse_byte_size(value)
+    if size is None:
+        raise SettingsError(f"history index size must be {BYTE_SIZE_HINT}, not {value!r}")
+    return AUTO_HISTORY_INDEX_BYTES if size == "auto" else size
+
+
+def history_index_dir() -> Path:
+    """Where earlier replies are kept for drafting (they hold replies' and prompts'
+    content: kept private)."""
+    return cache_dir() / "history"
 
 
 def prefix_cache_dir() -> Path:

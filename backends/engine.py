@@ -17,6 +17,7 @@ from backends.base import ChatMessage, Model, SavePoint, ToolSpec, rollback_limi
 from backends.caches.cache_preparation import cache_preparer, then_save_draft
 from backends.caches.conversation_cache import ConversationCache
 from backends.caches.disk_prefixes import DiskPrefixes
+from backends.caches.draft_history import DraftHistory, HistorySettings
 from backends.errors import BackendError
 from backends.generation_events import MAX_TOP_LOGPROBS, GenerationEvent
 from backends.output.chat_template import model_chat_template
@@ -31,6 +32,7 @@ from backends.speculation.calibration import measure_costs
 from backends.speculation.controller import AdaptiveDraftPolicy
 from backends.speculation.cost_model import CostModel, SharedForwardCosts
 from backends.speculation.draft_policy import DraftPolicy, FixedDraftPolicy
+from backends.speculation.history_index import HistoryIndex, capacity_for
 from backends.speculation.loop import speculative_generate
 from backends.speculation.model_drafter import ModelDrafter
 from backends.speculation.mtp_drafter import MtpDrafter
@@ -103,7 +105,9 @@ class Engine:
     With ``conversations`` (a :class:`ConversationCache`) the engine keeps several
     conversations' KV state: a request that continues a kept conversation reads only
     its new tokens, whatever ran in between. With ``prefixes`` (:class:`DiskPrefixes`)
-    prompts' prefixes are saved to disk and loaded by later engines.
+    prompts' prefixes are saved to disk and loaded by later engines. With ``history``
+    (:class:`DraftHistory`, over the target's tokenizer) every reply is remembered and
+    the n-gram drafter drafts from earlier sessions' replies too.
     """
 
     def __init__(
@@ -114,6 +118,7 @@ class Engine:
         costs: CostModel | None = None,
         conversations: ConversationCache | None = None,
         prefixes: DiskPrefixes | None = None,
+        history: DraftHistory | None = None,
         checked: bool = False,
     ) -> None:
         if draft is not None and not checked:
@@ -123,12 +128,16 @@ class Engine:
         self.costs = costs
         self.conversations = conversations
         self.prefixes = prefixes
+        self.history = history
         self._model_drafter = ModelDrafter(draft) if draft is not None else None
         # The target's own multi-token-prediction head, where its file and runtime have one.
         own_head = getattr(target, "mtp_head", None)
         head = own_head() if own_head is not None else None
         self._mtp_drafter = MtpDrafter(target, head) if head is not None else None
-        self._ngram_drafter = NgramDrafter(text=TextLookup(target.token_bytes, _tokens_of(target)))
+        self._ngram_drafter = NgramDrafter(
+            text=TextLookup(target.token_bytes, _tokens_of(target)),
+            history=history.index if history is not None else None,
+        )
         self._acceptance: dict[str, AcceptanceEstimate] = {}
         self._confidence_floor = ConfidenceFloor()
         self._mtp_confidence_floor = ConfidenceFloor()
@@ -180,6 +189,7 @@ class Engine:
             costs=self.costs,
             conversations=self.conversations,
             prefixes=self.prefixes,
+            history=self.history,
             checked=True,
         )
         other._parent = self
@@ -347,6 +357,9 @@ class Engine:
         events = speculative_generate(
             self.target, request.prompt_tokens, self.policy_for(request), reply, hooks
         )
+        if self.history is not None:
+            # The reply is queued for the index when it ends; indexed off this thread.
+            events = self.history.remembering(events, request.prompt_tokens)
         draft = self._draft_in_use(request)
         if self.prefixes is None or draft is None:
             return events
@@ -387,8 +400,9 @@ class Engine:
         return cache_preparer(self.conversations, self.prefixes, roles)
 
     def close(self) -> None:
-        """Finish writing prefixes to disk, then free both models and the conversations
-        kept for them (a sibling frees nothing: its parent owns it all)."""
+        """Finish writing prefixes and the history index to disk, then free both models
+        and the conversations kept for them (a sibling frees nothing: its parent owns it
+        all)."""
         if self._parent is not None:
             return
         for close in self._close_first:
@@ -396,11 +410,19 @@ class Engine:
         self._close_first.clear()
         if self.prefixes is not None:
             self.prefixes.close()
+        if self.history is not None:
+            self.history.close()
         if self.conversations is not None:
             self.conversations.clear()
         self.target.close()
         if self.draft is not None:
             self.draft.close()
+
+
+def draft_history(settings: HistorySettings, target: Model) -> DraftHistory:
+    """The history index for an engine over ``target`` (its tokenizer's earlier
+    replies loaded in the background), sized for ``settings.budget_bytes`` of RAM."""
+    return DraftHistory(settings, target, HistoryIndex(capacity_for(settings.budget_bytes)))
 
 
 def _tokens_of(model: Model) -> Callable[[str], list[int]]:

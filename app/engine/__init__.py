@@ -14,7 +14,8 @@ chat request's ``n`` > 1 choices, one after another);
 ``tally`` sums a generation's events; ``pairs`` says which pairs can be served;
 ``scheduler`` holds the pair in memory (loads on demand, keep-alive); ``queue`` runs one
 job at a time on one worker thread; ``unix_socket`` owns the socket file; ``runner``
-starts and stops the server (and stops it when idle); ``command`` is ``serve``'s options;
+starts and stops the server (and stops it when idle); ``command`` is ``serve``'s options
+(``cache_options``: the budgets of what it keeps between requests);
 ``crash_record`` keeps, beside the socket, what the engine is doing and the fatal signal
 it died by, for clients to explain a runtime crash.
 

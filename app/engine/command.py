@@ -25,13 +25,18 @@ import logging
 import os
 import re
 import signal
-import sqlite3
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.engine.cache_options import (
+    add_cache_options,
+    conversation_cache_bytes_from,
+    history_settings_from,
+    prefix_store_from,
+)
 from app.engine.mlx_split import add_split_option, rank_split, run_follower, split_scheduler
 from app.engine.queue import DEFAULT_QUEUE_LIMIT
 from app.engine.worker_options import (
@@ -51,8 +56,6 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from app.client.api_key import ApiKey
     from app.engine.scheduler import LoadOptions, PairLoader, PairScheduler
-    from app.settings import Settings
-    from backends.caches.prefix_store import PrefixStore
 
 # Ollama's default keep-alive, and how long an engine started by a front end waits for
 # work once the last front end has gone.
@@ -173,23 +176,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         f"end starts the engine; default when given alone: {DEFAULT_IDLE_EXIT}). Without "
         "it the engine runs until stopped, as a service does.",
     )
-    serve.add_argument(
-        "--conversation-cache",
-        default=None,
-        metavar="SIZE",
-        help="RAM for keeping conversations' KV state, so interleaved conversations do "
-        "not re-read their prompts: auto (an eighth of RAM), 0 (off) or a size such as "
-        "2GiB (default: the conversation_cache setting, auto)",
-    )
-    serve.add_argument(
-        "--prefix-cache",
-        default=None,
-        metavar="SIZE",
-        help="disk for keeping prompts' prefixes (an agent's system prompt and tools) "
-        "across engines, so a new session loads them instead of reading them: auto (a "
-        "fifth of the free disk, at most 20 GiB), 0 (off) or a size such as 8GiB "
-        "(default: the prefix_cache setting, auto); `draftpen cache` lists and clears it",
-    )
+    add_cache_options(serve)  # --conversation-cache, --prefix-cache, --history-index
     serve.add_argument(
         "--log-file",
         default=None,
@@ -246,7 +233,7 @@ def run_serve(args: argparse.Namespace) -> int:
     idle_exit = parse_duration(args.idle_exit, "--idle-exit") if args.idle_exit else None
     tcp = parse_tcp_address(args.tcp) if args.tcp else None
     api_key = _tcp_api_key(args, tcp)
-    cache_bytes = _conversation_cache_bytes(args.conversation_cache, settings)
+    cache_bytes = conversation_cache_bytes_from(args.conversation_cache, settings)
     if args.socket or os.environ.get(SOCKET_ENV, "").strip():
         socket_path = Path(args.socket).expanduser().absolute() if args.socket else None
         socket_path = socket_path or default_socket_path()
@@ -279,7 +266,8 @@ def run_serve(args: argparse.Namespace) -> int:
         loader = catalog_loader(
             runtime,
             conversation_cache_bytes=cache_bytes,
-            prefix_store=_prefix_store(args.prefix_cache, settings),
+            prefix_store=prefix_store_from(args.prefix_cache, settings),
+            history=history_settings_from(args.history_index, settings),
         )
         scheduler = PairScheduler(loader, defaults, keep_alive=keep_alive)
 
@@ -356,41 +344,6 @@ def _refuse_if_taken(socket_path: Path) -> None:
         raise ServeError(str(error)) from error
     if running is not None:
         raise ServerAlreadyRunningError(str(socket_path))
-
-
-def _prefix_store(option: str | None, settings: Settings) -> PrefixStore | None:
-    """The disk cache of prompt prefixes ``--prefix-cache`` (else the setting) asks
-    for; None when it is off or its directory cannot be made (logged: the engine runs
-    without it)."""
-    from app.settings import BYTE_SIZE_HINT, prefix_cache_bytes, prefix_cache_dir
-    from backends.caches.prefix_store import PrefixStore
-
-    try:
-        budget = prefix_cache_bytes(option if option is not None else settings.prefix_cache)
-    except DraftpenError:
-        raise DraftpenError(f"--prefix-cache wants {BYTE_SIZE_HINT}, not {option!r}.") from None
-    if budget == 0:
-        return None
-    directory = prefix_cache_dir()
-    try:
-        return PrefixStore(directory, budget)
-    except (OSError, sqlite3.Error) as error:
-        log.warning("prefix cache off: %s cannot be used (%s)", directory, error)
-        return None
-
-
-def _conversation_cache_bytes(option: str | None, settings: Settings) -> int:
-    """The budget ``--conversation-cache`` asks for, else the setting's."""
-    from app.settings import BYTE_SIZE_HINT, conversation_cache_bytes
-
-    if option is None:
-        return conversation_cache_bytes(settings.conversation_cache)
-    try:
-        return conversation_cache_bytes(option)
-    except DraftpenError:
-        raise DraftpenError(
-            f"--conversation-cache wants {BYTE_SIZE_HINT}, not {option!r}."
-        ) from None
 
 
 def _progress(message: str) -> None:

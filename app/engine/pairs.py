@@ -17,6 +17,7 @@ from app.engine.crash_record import load_watched
 from app.engine.scheduler import LoadOptions, PairLoader
 from app.engine.schema import ApiError
 from app.errors import DraftpenError
+from backends.caches.draft_history import HistorySettings
 from backends.caches.prefix_store import PrefixStore
 from backends.engine import Engine
 from backends.select import RankSplit
@@ -96,15 +97,18 @@ def catalog_loader(
     *,
     conversation_cache_bytes: int = 0,
     prefix_store: PrefixStore | None = None,
+    history: HistorySettings | None = None,
     split: RankSplit | None = None,
 ) -> PairLoader:
     """Loads a catalog pair with its draft model and this machine's measured costs.
 
     ``conversation_cache_bytes`` > 0: the engine keeps that much of conversations' KV
     state, so interleaved conversations do not re-read their prompts. ``prefix_store``:
-    prompts' prefixes are kept on disk for later engines too. The options' ``workers``
-    hold part of the target's layers (``serve --workers``); ``split``: the target is
-    split across mlx.launch's ranks, this being rank 0 (app/engine/mlx_split.py).
+    prompts' prefixes are kept on disk for later engines too. ``history``: every reply
+    is remembered (per tokenizer, on disk too) and the n-gram drafter drafts from it.
+    The options' ``workers`` hold part of the target's layers (``serve --workers``);
+    ``split``: the target is split across mlx.launch's ranks, this being rank 0
+    (app/engine/mlx_split.py).
     """
 
     def load(name: str, options: LoadOptions, report: Callable[[str], None]) -> Engine:
@@ -121,6 +125,7 @@ def catalog_loader(
                 parallel=options.parallel,
                 conversation_cache_bytes=conversation_cache_bytes,
                 prefix_store=prefix_store,
+                history=history,
                 on_progress=report,
                 workers=options.workers,
                 split=split,

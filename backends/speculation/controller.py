@@ -62,6 +62,13 @@ PRIOR_ACCEPTANCE = {
     # A match through a tool call's JSON escaping (the text lookup): a file written
     # back, though the target may split the text into other tokens than the lookup.
     "ngram:text": 0.6,
+    # A match in the index of earlier sessions' streams, by its length: a long one is
+    # most often the same reply being written again (the same file after a failed
+    # test, the same scaffold), a short one a phrase the two share.
+    "ngram:index:4": 0.4,
+    "ngram:index:8": 0.55,
+    "ngram:index:16": 0.7,
+    "ngram:index:32": 0.8,
 }
 MIN_PAYING_SPEEDUP = 1.02  # choose speculation only when it is expected to pay this much
 MODEL_PROBE_INTERVAL = 64  # rounds without the draft model before trying it again

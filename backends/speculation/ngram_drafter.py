@@ -1,7 +1,9 @@
 """The n-gram drafter (prompt lookup): finds the latest earlier occurrence of the
 context's last n tokens and proposes what followed it; inside a tool call's JSON
 string, where the prompt's text comes back escaped as other tokens, it looks the
-reply's bytes up in that text instead (:mod:`backends.speculation.text_lookup`)."""
+reply's bytes up in that text instead (:mod:`backends.speculation.text_lookup`); and
+it looks the context up in the index of earlier sessions' token streams
+(:mod:`backends.speculation.history_index`), whose deeper match wins."""
 
 from __future__ import annotations
 
@@ -10,11 +12,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from backends.sampling.filters import SamplingParams
+from backends.speculation.history_index import MAX_MATCH, HistoryIndex
 from backends.speculation.proposal import EMPTY_PROPOSAL, DraftProposal
 from backends.speculation.text_lookup import TextLookup
 
 # Every lookup finds at least this many tokens, so the round's later, longer asks reuse it.
 LOOKUP_TOKENS = 16
+# The history index's matches are keyed for acceptance by these lengths (the longest
+# one reached): ``ngram:index:16`` for a match of 16 to 31 tokens.
+INDEX_MATCH_KEYS = (32, 16, 8, 4)
 
 
 class NgramIndex:
@@ -69,6 +75,18 @@ class NgramIndex:
                 return tokens[end + 1 : end + 1 + max_tokens], size
         return [], 0
 
+    def match_length(self, size: int, limit: int = MAX_MATCH) -> int:
+        """How far back (up to ``limit`` tokens) the match :meth:`continuation` found
+        for ``size`` tokens goes on agreeing with the context's suffix."""
+        tokens = self._tokens
+        end = self._latest_end.get(tuple(tokens[-size:])) if size else None
+        if end is None:
+            return 0
+        length = size
+        while length < limit and end - length >= 0 and tokens[end - length] == tokens[-1 - length]:
+            length += 1
+        return length
+
 
 class NgramDrafter:
     """Prompt-lookup drafting over prompt + output; nearly free, point-mass ``q``."""
@@ -80,12 +98,15 @@ class NgramDrafter:
         sizes: Sequence[int] = (8, 6, 4, 3, 2),
         min_match: int = 2,
         text: TextLookup | None = None,
+        history: HistoryIndex | None = None,
     ) -> None:
         """``text`` (built on the target's tokenizer) adds lookups through JSON
-        escaping; without it only tokens are looked up."""
+        escaping; ``history`` (streams of the same tokenizer) adds lookups in earlier
+        sessions; without them only the context's own tokens are looked up."""
         self.index = NgramIndex(sizes)
         self.min_match = min_match
         self.text = text
+        self.history = history
         self.last_match_size = 0
         self.last_match_key = ""
         # The last lookup, for the others of the same round (the policy asks up to
@@ -117,7 +138,8 @@ class NgramDrafter:
     def lookup(self, context: Sequence[int], max_tokens: int) -> tuple[list[int], int]:
         """The continuation of the longest earlier match and that match's size (0:
         none); :attr:`last_match_key` names the kind of match for acceptance figures
-        (``ngram:N`` for N tokens, ``ngram:text`` for a match through JSON escaping)."""
+        (``ngram:N`` for N tokens, ``ngram:text`` for a match through JSON escaping,
+        ``ngram:index:N`` for a match of N or more tokens in the history index)."""
         memo = self._memo
         last = context[-1] if context else -1
         if memo is not None and memo[:2] == (len(context), last) and memo[2] >= max_tokens:
@@ -126,6 +148,13 @@ class NgramDrafter:
         self.index.sync(context)
         tokens, size = self.index.continuation(wanted)
         key = f"ngram:{min(size, max(self.index.sizes))}"
+        if self.history is not None:
+            found = self.history.lookup(context, wanted)
+            # The deeper match goes on longer; on equal depth the context's own text,
+            # this conversation's, goes first.
+            if found.tokens and found.length > self.index.match_length(size):
+                tokens, size = found.tokens, found.length
+                key = "ngram:index:" + str(next(k for k in INDEX_MATCH_KEYS if size >= k))
         if self.text is not None:
             # Inside a JSON string the escaped text goes first: a token match there
             # is most often the prompt's raw text (real newlines, line numbers).
