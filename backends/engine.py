@@ -275,6 +275,10 @@ class Engine:
         prediction, n-gram lookup, the draft model) with K up to 16; any other choice
         is that drafter with a fixed K = ``draft_tokens``.
         """
+        # A seeded sampled reply is the same reply each time (draws and all) only if
+        # its drafts are: rejection sampling draws by them. So it drafts from its own
+        # context, not from the history index, whose contents grow with every reply.
+        self._ngram_drafter.uses_history = request.params.greedy or request.params.seed is None
         prediction = None
         if request.prediction and request.drafter != "none":
             prediction_tokens = self.target.tokenize(request.prediction, add_special=False)

@@ -107,6 +107,10 @@ class NgramDrafter:
         self.min_match = min_match
         self.text = text
         self.history = history
+        # Off for one reply at a time (see Engine.policy_for): a seeded sampled reply
+        # drafts from its own context only, so its draws do not depend on what the
+        # engine wrote before.
+        self.uses_history = True
         self.last_match_size = 0
         self.last_match_key = ""
         # The last lookup, for the others of the same round (the policy asks up to
@@ -148,7 +152,7 @@ class NgramDrafter:
         self.index.sync(context)
         tokens, size = self.index.continuation(wanted)
         key = f"ngram:{min(size, max(self.index.sizes))}"
-        if self.history is not None:
+        if self.history is not None and self.uses_history:
             found = self.history.lookup(context, wanted)
             # The deeper match goes on longer; on equal depth the context's own text,
             # this conversation's, goes first.

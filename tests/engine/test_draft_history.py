@@ -27,6 +27,7 @@ from backends.caches.draft_history import (
 )
 from backends.caches.history_file import write_history
 from backends.engine import Engine, GenerationRequest, draft_history
+from backends.sampling.filters import SamplingParams
 from tests.support.fake_runs import chat_prompt
 from tests.support.fakes import HashModel, ScriptedTextModel
 
@@ -235,3 +236,32 @@ def test_clearing_the_files_makes_a_running_engine_forget_too(tmp_path: Path) ->
     assert again.index.lookup(first[:20], 4).tokens == []
     assert again.index.lookup(list(range(7, 20)), 4).tokens == [20, 21, 22, 23]
     again.close()
+
+
+def test_a_seeded_sampled_reply_is_the_same_reply_after_the_index_learned_it(
+    tmp_path: Path,
+) -> None:
+    # Rejection sampling draws by the drafts: drafts from the index, which grows with
+    # every reply, would make the seed give another reply the second time.
+    target = HashModel(n_ctx=1024)
+    remembered = draft_history(history(tmp_path / "history"), target)
+    engine = Engine(target, history=remembered)
+    prompt = tuple(chat_prompt(target, "tell me a story"))
+    params = SamplingParams(temperature=0.9, seed=7)
+
+    def seeded() -> list[int]:
+        request = GenerationRequest(
+            prompt, params=params, drafter="ngram", draft_tokens=4, max_tokens=64
+        )
+        return [token for event in engine.generate(request) for token in event.tokens]
+
+    first = seeded()
+    assert remembered.flush(10) and remembered.stats().added_tokens >= len(first)
+    assert seeded() == first
+    # Greedy replies still draft from it.
+    greedy = GenerationRequest(prompt, drafter="ngram", draft_tokens=8, max_tokens=64)
+    list(engine.generate(greedy))
+    assert remembered.flush(10)
+    events = list(engine.generate(greedy))
+    assert any(event.drafter == "ngram" and any(event.from_draft) for event in events)
+    engine.close()
