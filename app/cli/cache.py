@@ -80,13 +80,8 @@ def list_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     if not entries:
         out.write("none yet: the engine saves a prompt's prefix once it has read 1,024 tokens\n")
     else:
-        out.write(f"{'model':<48} {'tokens':>8} {'size':>10}  last used\n")
-        now = time.time()
-        for entry in entries:
-            out.write(
-                f"{entry.label:<48} {entry.tokens:>8,} {format_bytes(entry.nbytes):>10}  "
-                f"{_ago(now - entry.last_used)}\n"
-            )
+        rows = [(entry.label, entry.tokens, entry.nbytes, entry.last_used) for entry in entries]
+        _write_table(("model", "last used"), rows, out)
     off = " (off: prefix_cache is 0)" if budget == 0 else ""
     out.write(
         f"{format_bytes(store.used_bytes())} used of {format_bytes(budget)}{off}; "
@@ -102,16 +97,22 @@ def _list_histories(histories: list[StoredHistory], budget: int, out: TextIO) ->
     if not histories:
         out.write("none yet: the engine keeps every reply it writes (serve's history index)\n")
     else:
-        out.write(f"{'tokenizer':<48} {'tokens':>8} {'size':>10}  last written\n")
-        now = time.time()
-        for item in histories:
-            out.write(
-                f"{item.label:<48} {item.tokens:>8,} {format_bytes(item.nbytes):>10}  "
-                f"{_ago(now - item.modified)}\n"
-            )
+        rows = [(item.label, item.tokens, item.nbytes, item.modified) for item in histories]
+        _write_table(("tokenizer", "last written"), rows, out)
     used = sum(item.nbytes for item in histories)
     off = " (off: history_index is 0)" if budget == 0 else ""
     out.write(f"{format_bytes(used)} on disk, {format_bytes(budget)} of RAM while serving{off}\n")
+
+
+def _write_table(
+    names: tuple[str, str], rows: list[tuple[str, int, int, float]], out: TextIO
+) -> None:
+    """A table of (label, tokens, bytes, when) rows under a header naming the first and
+    last columns."""
+    out.write(f"{names[0]:<48} {'tokens':>8} {'size':>10}  {names[1]}\n")
+    now = time.time()
+    for label, tokens, nbytes, when in rows:
+        out.write(f"{label:<48} {tokens:>8,} {format_bytes(nbytes):>10}  {_ago(now - when)}\n")
 
 
 def clear_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:

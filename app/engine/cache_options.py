@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sqlite3
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from app.errors import DraftpenError
@@ -58,13 +59,10 @@ def prefix_store_from(option: str | None, settings: Settings) -> PrefixStore | N
     """The disk cache of prompt prefixes ``--prefix-cache`` (else the setting) asks
     for; None when it is off or its directory cannot be made (logged: the engine runs
     without it)."""
-    from app.settings import BYTE_SIZE_HINT, prefix_cache_bytes, prefix_cache_dir
+    from app.settings import prefix_cache_bytes, prefix_cache_dir
     from backends.caches.prefix_store import PrefixStore
 
-    try:
-        budget = prefix_cache_bytes(option if option is not None else settings.prefix_cache)
-    except DraftpenError:
-        raise DraftpenError(f"--prefix-cache wants {BYTE_SIZE_HINT}, not {option!r}.") from None
+    budget = _budget(option, settings.prefix_cache, prefix_cache_bytes, "--prefix-cache")
     if budget == 0:
         return None
     directory = prefix_cache_dir()
@@ -77,13 +75,10 @@ def prefix_store_from(option: str | None, settings: Settings) -> PrefixStore | N
 
 def history_settings_from(option: str | None, settings: Settings) -> HistorySettings | None:
     """The history index ``--history-index`` (else the setting) asks for; None: off."""
-    from app.settings import BYTE_SIZE_HINT, history_index_bytes, history_index_dir
+    from app.settings import history_index_bytes, history_index_dir
     from backends.caches.draft_history import HistorySettings
 
-    try:
-        budget = history_index_bytes(option if option is not None else settings.history_index)
-    except DraftpenError:
-        raise DraftpenError(f"--history-index wants {BYTE_SIZE_HINT}, not {option!r}.") from None
+    budget = _budget(option, settings.history_index, history_index_bytes, "--history-index")
     if budget == 0:
         return None
     return HistorySettings(history_index_dir(), budget)
@@ -91,13 +86,22 @@ def history_settings_from(option: str | None, settings: Settings) -> HistorySett
 
 def conversation_cache_bytes_from(option: str | None, settings: Settings) -> int:
     """The budget ``--conversation-cache`` asks for, else the setting's."""
-    from app.settings import BYTE_SIZE_HINT, conversation_cache_bytes
+    from app.settings import conversation_cache_bytes
+
+    return _budget(
+        option, settings.conversation_cache, conversation_cache_bytes, "--conversation-cache"
+    )
+
+
+def _budget(option: str | None, setting: str, parse: Callable[[str], int], flag: str) -> int:
+    """``parse`` of the flag's value, else of the setting's (already checked when the
+    settings were read); a value the flag was given that ``parse`` refuses is said in
+    the flag's words."""
+    from app.settings import BYTE_SIZE_HINT
 
     if option is None:
-        return conversation_cache_bytes(settings.conversation_cache)
+        return parse(setting)
     try:
-        return conversation_cache_bytes(option)
+        return parse(option)
     except DraftpenError:
-        raise DraftpenError(
-            f"--conversation-cache wants {BYTE_SIZE_HINT}, not {option!r}."
-        ) from None
+        raise DraftpenError(f"{flag} wants {BYTE_SIZE_HINT}, not {option!r}.") from None

@@ -236,12 +236,7 @@ class DiskPrefixes:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every state handed to the writer is written; False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._pending.unfinished_tasks:
-            if deadline is not None and time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
+        return wait_for_jobs(self._pending, timeout, poll=0.01)
 
     def close(self, timeout: float | None = 60.0) -> None:
         """Finish the pending writes (a prefix read for minutes is worth the wait), then
@@ -347,3 +342,14 @@ def _shared_at_most(hit: PrefixHit | None, blocks: int, end: int) -> int:
     if hit.tokens < block_end(blocks - 1):
         return min(hit.entry_tokens, hit.tokens + BLOCK_TOKENS - 1, end)
     return min(hit.entry_tokens, end)
+
+
+def wait_for_jobs(jobs: queue.Queue, timeout: float | None, poll: float) -> bool:
+    """Wait, looking every ``poll`` seconds, until a background worker has marked every
+    job of ``jobs`` done; False once ``timeout`` (None: no limit) has passed first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while jobs.unfinished_tasks:
+        if deadline is not None and time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+    return True

@@ -36,6 +36,7 @@ from typing import Protocol
 import numpy as np
 
 from backends.base import Model
+from backends.caches.disk_prefixes import wait_for_jobs
 from backends.caches.history_file import (
     CorruptHistoryError,
     read_header,
@@ -193,12 +194,7 @@ class DraftHistory:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued job is done; False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._jobs.unfinished_tasks:
-            if deadline is not None and time.monotonic() > deadline:
-                return False
-            time.sleep(0.005)
-        return True
+        return wait_for_jobs(self._jobs, timeout, poll=0.005)
 
     def save(self) -> None:
         """Save now (queued; :meth:`flush` waits for it)."""
