@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from app.client.api_key import ApiKey
+    from app.engine.runtime_wire import RuntimeSpec
     from app.engine.scheduler import LoadOptions, PairLoader, PairScheduler
     from app.settings import Settings
     from backends.caches.prefix_store import PrefixStore
@@ -216,9 +217,9 @@ def run_serve(args: argparse.Namespace) -> int:
     """``draftpen serve``: (load ``--pair``,) listen, serve until stopped."""
     from app.client.wire import SOCKET_ENV
     from app.engine import crash_record
-    from app.engine.pairs import CatalogPairs, catalog_loader
+    from app.engine.pairs import CatalogPairs
     from app.engine.runner import AgentServer
-    from app.engine.scheduler import LoadOptions, PairScheduler
+    from app.engine.scheduler import LoadOptions
     from app.engine.unix_socket import default_socket_path, ensure_not_running, prepare_socket_dir
     from app.settings import load_settings
     from backends.select import choose_runtime
@@ -258,13 +259,11 @@ def run_serve(args: argparse.Namespace) -> int:
     _refuse_if_taken(socket_path)
     ensure_not_running(socket_path)
 
+    from app.engine.runtime_wire import RuntimeSpec
+
     runtime = choose_runtime(args.runtime)
     # The socket is ours now: record what we do, and a fatal signal, for the clients.
     crash_record.start_recording(socket_path, runtime)
-    if runtime == "llamacpp":
-        watch_runtime_aborts()
-        keep_worker_connections_alive()
-        watch_for_hung_workers(worker_timeout)
     pairs = CatalogPairs(runtime)
     defaults = LoadOptions(
         context_length=args.context or settings.context_length,
@@ -272,28 +271,46 @@ def run_serve(args: argparse.Namespace) -> int:
         parallel=parallel,
         workers=workers,
     )
+    scheduler: PairScheduler | None = None
+    spec: RuntimeSpec | None = None
+    preload: Callable[[], None] | None = None
     if split is not None:  # rank 0: no caches, no unload, no other pair (mlx_split.py)
+        # One process: the other ranks follow this one's calls on its target.
+        if runtime == "llamacpp":
+            watch_llamacpp(worker_timeout)
         loader, scheduler = split_scheduler(runtime, defaults, split)
         keep_alive = None
+        preload = _preloader(args.pair, loader, defaults, scheduler) if args.pair else None
     else:
-        loader = catalog_loader(
-            runtime,
-            conversation_cache_bytes=cache_bytes,
-            prefix_store=_prefix_store(args.prefix_cache, settings),
+        # The runtime in a process of its own, which the front starts and watches.
+        spec = RuntimeSpec(
+            build=build_catalog_runtime,
+            defaults=defaults,
+            keep_alive=keep_alive,
+            runtime=runtime,
+            setup=CatalogRuntime(
+                runtime=runtime,
+                conversation_cache_bytes=cache_bytes,
+                prefix_cache=args.prefix_cache,
+                settings=settings,
+                worker_timeout=worker_timeout,
+            ),
+            preload=(args.pair, defaults) if args.pair else None,
+            record_path=runtime_record_path(socket_path),
+            log_path=Path(args.log_file).expanduser().absolute() if args.log_file else None,
         )
-        scheduler = PairScheduler(loader, defaults, keep_alive=keep_alive)
 
     # SIGTERM (systemd, launchd, kill) means "stop cleanly": while serving, uvicorn
     # handles it; before that, this flag stops the server as soon as it starts.
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    preload = _preloader(args.pair, loader, defaults, scheduler) if args.pair else None
     server: AgentServer | None = None
     try:
         server = AgentServer(
             socket_path=socket_path,
             settings=settings,
             scheduler=scheduler,
+            runtime=spec,
             pairs=pairs,
             queue_limit=args.queue,
             tcp=tcp,
@@ -310,10 +327,52 @@ def run_serve(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         # A generation stuck in one long call still uses the models: leave them to the
         # process exit rather than free them under it.
-        if server is None or server.worker_stopped:
+        if scheduler is not None and (server is None or server.worker_stopped):
             scheduler.unload("the engine stopped")
         crash_record.stop_recording()
     return 0
+
+
+def runtime_record_path(socket_path: Path) -> Path:
+    """Where the runtime process keeps its crash record: ``<socket>.runtime.activity``
+    and ``<socket>.runtime.fatal`` (the front keeps ``<socket>.activity``, as before)."""
+    return socket_path.with_name(f"{socket_path.name}.runtime")
+
+
+@dataclasses.dataclass(frozen=True)
+class CatalogRuntime:
+    """What ``serve``'s runtime process needs to load catalog pairs (picklable)."""
+
+    runtime: str | None
+    conversation_cache_bytes: int
+    prefix_cache: str | None
+    settings: Settings
+    worker_timeout: float
+
+
+def build_catalog_runtime(spec: RuntimeSpec) -> PairScheduler:
+    """In the runtime process: watch llama.cpp (its aborts, its workers' connections),
+    and the scheduler that loads catalog pairs with the caches ``serve`` asked for."""
+    from app.engine.pairs import catalog_loader
+    from app.engine.scheduler import PairScheduler
+
+    setup: CatalogRuntime = spec.setup
+    if setup.runtime == "llamacpp":
+        watch_llamacpp(setup.worker_timeout)
+    loader = catalog_loader(
+        setup.runtime,
+        conversation_cache_bytes=setup.conversation_cache_bytes,
+        prefix_store=_prefix_store(setup.prefix_cache, setup.settings),
+    )
+    return PairScheduler(loader, spec.defaults, keep_alive=spec.keep_alive)
+
+
+def watch_llamacpp(worker_timeout: float) -> None:
+    """In the process that runs llama.cpp: name the workers an abort loses, keep their
+    connections alive, and break a hung one's."""
+    watch_runtime_aborts()
+    keep_worker_connections_alive()
+    watch_for_hung_workers(worker_timeout)
 
 
 def _preloader(
