@@ -32,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from app.client.wire import QueueNotice
 from app.engine.generation_run import END, cancelled_event, run_generation
@@ -279,7 +279,8 @@ class GenerationQueue:
                 with self._condition:
                     self._changed()
                 continue
-            assert isinstance(job, EngineJob)
+            # An EngineJob, or the runtime process's stand-in for one (runtime_child.py).
+            job = cast(EngineJob, job)
             outcome = self._run(job)
             with self._condition:
                 self._running = None

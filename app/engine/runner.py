@@ -24,6 +24,7 @@ from app.engine.queue import (
     GenerationQueue,
 )
 from app.engine.request_body import MAX_BODY_BYTES
+from app.engine.runtime_deaths import CrashWindow
 from app.engine.runtime_supervisor import RuntimeSupervisor
 from app.engine.runtime_wire import RuntimeSpec
 from app.engine.scheduler import LoadOptions, PairScheduler
@@ -92,6 +93,9 @@ class AgentServer:
     socket (default: this process's); ``stop``, when already set at startup (a SIGTERM
     during model loading), makes the server stop at once.
 
+    ``runtime_crashes`` counts the runtime process's deaths (default: 3 within 10
+    minutes stop its restarts).
+
     On TCP every request must carry ``api_key`` (``api_key_check``); serving TCP without
     a key needs ``tcp_without_key`` said out loud. Port 0 takes a free port: the one
     taken is announced and reported by ``GET /health`` (``tcp``).
@@ -117,6 +121,7 @@ class AgentServer:
         tcp_without_key: bool = False,
         preload: Callable[[], None] | None = None,
         runtime: RuntimeSpec | None = None,
+        runtime_crashes: CrashWindow | None = None,
     ) -> None:
         if tcp is not None and not api_key and not tcp_without_key:
             raise ValueError("TCP needs an api_key (or tcp_without_key=True, said out loud)")
@@ -136,7 +141,9 @@ class AgentServer:
         self.queue: JobQueue
         held: HeldPairs
         if runtime is not None:
-            supervisor = RuntimeSupervisor(runtime, max_waiting=queue_limit)
+            supervisor = RuntimeSupervisor(
+                runtime, max_waiting=queue_limit, crashes=runtime_crashes
+            )
             self.queue = held = supervisor
             self.runtime: RuntimeSupervisor | None = supervisor
         else:

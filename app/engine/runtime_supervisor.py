@@ -193,6 +193,8 @@ class RuntimeSupervisor:
     def shutdown(self, reason: str = "server shutting down") -> None:
         """Take no new jobs, cancel every job, and stop the runtime."""
         with self._lock:
+            if self._stopping:
+                return  # uvicorn's shutdown, then the server's: once is enough
             self._accepting = False
             self._stopping = True
             jobs = [tracked.job for tracked in self._jobs.values()]
