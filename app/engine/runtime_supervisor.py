@@ -163,7 +163,9 @@ class RuntimeSupervisor:
             self._jobs[job.id] = tracked
             self._idle_since = None
             runtime = self._runtime
-            if runtime is not None and runtime.ready.is_set() and self._state_name == RUNNING:
+            # RUNNING is set under this lock as the jobs held here go out (_ready):
+            # a job either goes now or with them.
+            if runtime is not None and self._state_name == RUNNING:
                 self._send_job(runtime, tracked)
         if restart is not None:
             self._spawn(restart)
@@ -502,11 +504,10 @@ class RuntimeSupervisor:
             else:
                 self._state_name = STOPPED
                 self._stopped_reason = self._stop_text(why)
-            self._latest = (
-                dataclasses.replace(self._latest, queue=_idle(self._latest.queue), held=None)
-                if self._latest is not None
-                else None
-            )
+            if self._latest is not None:  # nothing runs or is held until the next says
+                self._latest = dataclasses.replace(
+                    self._latest, queue=_idle(self._latest.queue), held=None, loads=0
+                )
         error = self._restart_error(why) if again else self._stopped_error()
         for tracked in lost:
             tracked.job.post(error)

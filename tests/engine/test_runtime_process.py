@@ -24,6 +24,7 @@ from tests.support.runtime_process import (
     chat_body,
     runtime_engine,
 )
+from tests.support.scripted_tools import PARIS_CALL, WEATHER_TOOL
 
 
 def sse_payloads(http: httpx.Client, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -72,6 +73,25 @@ def test_logprobs_cross_with_the_bytes_of_their_tokens(tmp_path: Path) -> None:
     content = answer["choices"][0]["logprobs"]["content"]
     assert "".join(entry["token"] for entry in content).startswith("Bytes.")
     assert all(len(entry["top_logprobs"]) == 2 for entry in content)
+
+
+def test_tools_and_their_grammar_cross_and_the_call_comes_back(tmp_path: Path) -> None:
+    setup = ScriptedRuntime(reply=PARIS_CALL, tools=True)
+    with runtime_engine(tmp_path, setup) as engine, engine.http() as http:
+        answer = http.post(
+            "/v1/chat/completions",
+            json={
+                **chat_body(),
+                "stream": False,
+                "tools": [WEATHER_TOOL],
+                "tool_choice": "required",
+            },
+        ).json()
+    message = answer["choices"][0]["message"]
+    assert answer["choices"][0]["finish_reason"] == "tool_calls", answer
+    [call] = message["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
 
 
 def test_a_client_that_goes_away_cancels_its_generation_in_the_runtime(tmp_path: Path) -> None:

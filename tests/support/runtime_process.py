@@ -28,6 +28,7 @@ from app.settings import Settings
 from backends.engine import Engine
 from tests.support.byte_model import ScriptedByteModel
 from tests.support.engine_fixtures import ScriptedPairs
+from tests.support.scripted_tools import HermesScriptedModel
 
 LONG_REPLY = "The runtime writes this reply slowly, one byte a step, for the test. " * 3
 
@@ -39,6 +40,7 @@ class ScriptedRuntime:
     reply: str = LONG_REPLY
     token_seconds: float = 0.0  # a pause in every forward pass, to be killed mid-reply
     die_on_load: bool = False  # the runtime kills itself (SIGKILL) as it loads a pair
+    tools: bool = False  # a model behind a Hermes-style template that takes tools
 
 
 class SlowByteModel(ScriptedByteModel):
@@ -61,6 +63,9 @@ def build_scripted_runtime(spec: RuntimeSpec) -> PairScheduler:
         report(f"reading {name}")
         if setup.die_on_load:
             os.kill(os.getpid(), signal.SIGKILL)
+        if setup.tools:
+            hermes = HermesScriptedModel([setup.reply], name=f"{name}-target")
+            return Engine(hermes)
         model = SlowByteModel(
             [setup.reply],
             pause=setup.token_seconds,
