@@ -22,11 +22,13 @@ import pickle
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from app.client.wire import waiting_label
 from app.engine import crash_record
 from app.engine.generation_run import END
 from app.engine.http_errors import generation_error
@@ -103,6 +105,9 @@ def _serve(
             message = connection.recv()
         except (EOFError, OSError):
             return "the engine's front process went away"
+        except Exception as error:  # a message that does not unpickle here: a bug
+            logger.warning("unreadable message from the engine's front: %r", error)
+            continue
         if isinstance(message, SubmitJob):
             job = RuntimeJob.of(message, outbox, jobs)
             jobs[job.id] = job
@@ -179,8 +184,7 @@ class RuntimeJob:
 
     @classmethod
     def of(cls, message: SubmitJob, outbox: Outbox, jobs: dict[str, RuntimeJob]) -> RuntimeJob:
-        import time
-
+        """The runtime's job for a :class:`SubmitJob` from the front."""
         return cls(
             id=message.id,
             pair=message.pair,
@@ -195,8 +199,7 @@ class RuntimeJob:
 
     @property
     def label(self) -> str:
-        from app.client.wire import waiting_label
-
+        """How this job shows in another's queue notice."""
         return waiting_label(self.kind, self.pair)
 
     @property
