@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -123,6 +124,6 @@ def follow_log(path: Path, check_seconds: float = LOG_CHECK_SECONDS) -> None:
                         os.close(log)
             except OSError:
                 pass  # no file yet (the front is rotating it): look again later
-            threading.Event().wait(check_seconds)
+            time.sleep(check_seconds)
 
     threading.Thread(target=follow, name="draftpen-log-follow", daemon=True).start()

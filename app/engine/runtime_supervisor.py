@@ -132,13 +132,17 @@ class RuntimeSupervisor:
     # -- the queue ---------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the runtime and wait until it is ready (its preload loaded).
+        """Start the runtime; with a preload (``serve --pair``), wait until it is ready.
 
-        Raises :class:`~app.errors.DraftpenError` when the first preload fails (a
-        pair that is not there, a worker down), as an engine in one process does."""
+        Without one the engine listens at once, as before (a front end waits for it):
+        jobs wait here until the runtime is up. Raises
+        :class:`~app.errors.DraftpenError` when the first preload fails (a pair that is
+        not there, a worker down), as an engine in one process does."""
         runtime = self._spawn(self.spec)
+        if self.spec.preload is None:
+            return
         runtime.ready.wait()
-        if runtime.preload_error is not None and self.spec.preload is not None:
+        if runtime.preload_error is not None:
             raise DraftpenError(runtime.preload_error)
 
     def submit(self, job: EngineJob) -> EngineJob:
