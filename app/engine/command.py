@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import signal
-import sqlite3
 import sys
 import threading
 from collections.abc import Callable
@@ -36,9 +35,6 @@ from app.engine.mlx_split import add_split_option, rank_split, run_follower, spl
 from app.engine.queue import DEFAULT_QUEUE_LIMIT
 from app.engine.worker_options import (
     add_worker_options,
-    keep_worker_connections_alive,
-    watch_for_hung_workers,
-    watch_runtime_aborts,
     worker_timeout_from,
     workers_from,
 )
@@ -53,7 +49,6 @@ if TYPE_CHECKING:
     from app.engine.runtime_wire import RuntimeSpec
     from app.engine.scheduler import LoadOptions, PairLoader, PairScheduler
     from app.settings import Settings
-    from backends.caches.prefix_store import PrefixStore
 
 # Ollama's default keep-alive, and how long an engine started by a front end waits for
 # work once the last front end has gone.
@@ -220,6 +215,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from app.engine.pairs import CatalogPairs
     from app.engine.runner import AgentServer
     from app.engine.scheduler import LoadOptions
+    from app.engine.serve_runtime import (
+        CatalogRuntime,
+        build_catalog_runtime,
+        prefix_cache_budget,
+        runtime_record_path,
+        watch_llamacpp,
+    )
     from app.engine.unix_socket import default_socket_path, ensure_not_running, prepare_socket_dir
     from app.settings import load_settings
     from backends.select import choose_runtime
@@ -248,6 +250,7 @@ def run_serve(args: argparse.Namespace) -> int:
     tcp = parse_tcp_address(args.tcp) if args.tcp else None
     api_key = _tcp_api_key(args, tcp)
     cache_bytes = _conversation_cache_bytes(args.conversation_cache, settings)
+    prefix_cache_budget(args.prefix_cache, settings)  # a bad size is said now, not later
     if args.socket or os.environ.get(SOCKET_ENV, "").strip():
         socket_path = Path(args.socket).expanduser().absolute() if args.socket else None
         socket_path = socket_path or default_socket_path()
@@ -333,48 +336,6 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def runtime_record_path(socket_path: Path) -> Path:
-    """Where the runtime process keeps its crash record: ``<socket>.runtime.activity``
-    and ``<socket>.runtime.fatal`` (the front keeps ``<socket>.activity``, as before)."""
-    return socket_path.with_name(f"{socket_path.name}.runtime")
-
-
-@dataclasses.dataclass(frozen=True)
-class CatalogRuntime:
-    """What ``serve``'s runtime process needs to load catalog pairs (picklable)."""
-
-    runtime: str | None
-    conversation_cache_bytes: int
-    prefix_cache: str | None
-    settings: Settings
-    worker_timeout: float
-
-
-def build_catalog_runtime(spec: RuntimeSpec) -> PairScheduler:
-    """In the runtime process: watch llama.cpp (its aborts, its workers' connections),
-    and the scheduler that loads catalog pairs with the caches ``serve`` asked for."""
-    from app.engine.pairs import catalog_loader
-    from app.engine.scheduler import PairScheduler
-
-    setup: CatalogRuntime = spec.setup
-    if setup.runtime == "llamacpp":
-        watch_llamacpp(setup.worker_timeout)
-    loader = catalog_loader(
-        setup.runtime,
-        conversation_cache_bytes=setup.conversation_cache_bytes,
-        prefix_store=_prefix_store(setup.prefix_cache, setup.settings),
-    )
-    return PairScheduler(loader, spec.defaults, keep_alive=spec.keep_alive)
-
-
-def watch_llamacpp(worker_timeout: float) -> None:
-    """In the process that runs llama.cpp: name the workers an abort loses, keep their
-    connections alive, and break a hung one's."""
-    watch_runtime_aborts()
-    keep_worker_connections_alive()
-    watch_for_hung_workers(worker_timeout)
-
-
 def _preloader(
     pair: str, loader: PairLoader, options: LoadOptions, scheduler: PairScheduler
 ) -> Callable[[], None]:
@@ -415,27 +376,6 @@ def _refuse_if_taken(socket_path: Path) -> None:
         raise ServeError(str(error)) from error
     if running is not None:
         raise ServerAlreadyRunningError(str(socket_path))
-
-
-def _prefix_store(option: str | None, settings: Settings) -> PrefixStore | None:
-    """The disk cache of prompt prefixes ``--prefix-cache`` (else the setting) asks
-    for; None when it is off or its directory cannot be made (logged: the engine runs
-    without it)."""
-    from app.settings import BYTE_SIZE_HINT, prefix_cache_bytes, prefix_cache_dir
-    from backends.caches.prefix_store import PrefixStore
-
-    try:
-        budget = prefix_cache_bytes(option if option is not None else settings.prefix_cache)
-    except DraftpenError:
-        raise DraftpenError(f"--prefix-cache wants {BYTE_SIZE_HINT}, not {option!r}.") from None
-    if budget == 0:
-        return None
-    directory = prefix_cache_dir()
-    try:
-        return PrefixStore(directory, budget)
-    except (OSError, sqlite3.Error) as error:
-        log.warning("prefix cache off: %s cannot be used (%s)", directory, error)
-        return None
 
 
 def _conversation_cache_bytes(option: str | None, settings: Settings) -> int:

@@ -18,11 +18,14 @@ from collections import deque
 from pathlib import Path
 
 from app.client.crash_report import GENERATING, LOADING, read_activity, read_crash
+from app.engine.schema import ApiError
 
 # Deaths within the window that stop the restarts (the N and M of "N aborts within M
 # minutes"), unless serve is told otherwise.
 CRASH_LIMIT = 3
 CRASH_WINDOW_SECONDS = 600.0
+# A client may send a reply the runtime did not finish again this soon.
+RETRY_AFTER_SECONDS = "2"
 _ABORT_LINE = re.compile(r"^runtime abort: (?P<message>.*)$", re.MULTILINE)
 
 
@@ -109,3 +112,31 @@ class CrashWindow:
         minutes = self.window_seconds / 60
         span = f"{minutes:g} minutes" if minutes >= 1 else f"{self.window_seconds:g} seconds"
         return f"{self.limit} times within {span}"
+
+
+def restarted_error(why: str) -> ApiError:
+    """The answer to a reply in flight when the runtime died (and is started again)."""
+    return ApiError(
+        503,
+        f"The engine's runtime restarted: {why} This reply ended there (what was "
+        "streamed is kept); send the request again.",
+        error_type="server_error",
+        code="runtime_restarted",
+        headers={"Retry-After": RETRY_AFTER_SECONDS},
+    )
+
+
+def stopped_reason(crashes: CrashWindow, why: str) -> str:
+    """Why the runtime is no longer started, and what to do."""
+    return (
+        f"The engine's runtime process died {crashes.describe()}, so the engine "
+        f"stopped starting it again. The last time: {why} Fix the cause (`draftpen "
+        "doctor` checks the runtime build; a worker named here must be running), then "
+        'start it again with POST /draftpen/load {"pair": NAME} (or restart draftpen '
+        "serve)."
+    )
+
+
+def runtime_stopped_error(reason: str) -> ApiError:
+    """The answer to a request while the runtime is not started again."""
+    return ApiError(503, reason, error_type="server_error", code="runtime_stopped")

@@ -22,27 +22,26 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import multiprocessing
-import pickle
 import threading
 import time
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 
 from app.client.wire import RuntimeReport
-from app.engine.generation_run import END, cancelled_event
-from app.engine.job_requests import JobPreparer, PreparedGeneration
 from app.engine.jobs import (
     EngineJob,
-    Prepared,
     QueueFullError,
     QueueState,
     RuntimeStoppedError,
     ShuttingDownError,
 )
-from app.engine.runtime_child import run_runtime
-from app.engine.runtime_deaths import CrashWindow, death_reason
+from app.engine.runtime_deaths import (
+    CrashWindow,
+    death_reason,
+    restarted_error,
+    runtime_stopped_error,
+    stopped_reason,
+)
+from app.engine.runtime_jobs import CANCELLED, FAILED, TrackedJob
+from app.engine.runtime_link import RuntimeLink
 from app.engine.runtime_wire import (
     AskSnapshot,
     CancelJob,
@@ -54,46 +53,15 @@ from app.engine.runtime_wire import (
     RuntimeState,
     SnapshotAnswer,
     StopRuntime,
-    SubmitJob,
-    TokenBytes,
 )
 from app.engine.scheduler import LoadOptions, SchedulerSnapshot
-from app.engine.schema import ApiError
 from app.errors import DraftpenError
-from backends.generation_events import FINISH_CANCELLED, GenerationEvent
 
 logger = logging.getLogger("draftpen.server")
 
 STARTING, RUNNING, RESTARTING, STOPPED = "starting", "running", "restarting", "stopped"
 # How long /health waits for the runtime's snapshot before it reports the last known.
 _SNAPSHOT_SECONDS = 2.0
-# How long a stop waits for the runtime to exit before it is killed.
-_KILL_AFTER_SECONDS = 5.0
-RETRY_AFTER_SECONDS = "2"
-
-
-@dataclass(eq=False)
-class _Tracked:
-    """A job the front holds until its end: sent to the runtime yet, taken by it yet."""
-
-    job: EngineJob
-    sent: bool = False
-    taken: bool = False
-    # The bytes of the tokens its logprobs name, sent by the runtime (logprobs only).
-    token_bytes: dict[int, bytes] | None = None
-    finish_reason: str | None = None
-    failed: bool = False
-
-
-@dataclass(eq=False)
-class _Runtime:
-    """One runtime process and the front's end of its pipe."""
-
-    process: BaseProcess
-    connection: Connection
-    ready: threading.Event = field(default_factory=threading.Event)
-    pid: int | None = None
-    preload_error: str | None = None
 
 
 class RuntimeSupervisor:
@@ -112,10 +80,9 @@ class RuntimeSupervisor:
         self.keep_alive = spec.keep_alive
         self.defaults = spec.defaults
         self._crashes = crashes or CrashWindow()
-        self._context = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
-        self._jobs: dict[str, _Tracked] = {}  # in submission order
-        self._runtime: _Runtime | None = None
+        self._jobs: dict[str, TrackedJob] = {}  # in submission order
+        self._runtime: RuntimeLink | None = None
         self._state_name = STARTING
         self._latest: RuntimeState | None = None
         self._loads_before = 0  # pairs loaded by runtimes that died
@@ -163,7 +130,7 @@ class RuntimeSupervisor:
             slots = self._latest.queue.parallel if self._latest else (self.defaults.parallel or 1)
             if len(self._jobs) > self.max_waiting + max(0, slots - 1):
                 raise QueueFullError
-            tracked = _Tracked(job)
+            tracked = TrackedJob(job)
             self._jobs[job.id] = tracked
             self._idle_since = None
             runtime = self._runtime
@@ -192,9 +159,7 @@ class RuntimeSupervisor:
             self._cancelled += 1
             self._note_idle()
         logger.info("%s: cancelled while queued (%s)", job.id, reason)
-        if job.prepare is not None:
-            job.post(cancelled_event(job.prompt_tokens))
-        job.post(END)
+        tracked.end_cancelled()
 
     def shutdown(self, reason: str = "server shutting down") -> None:
         """Take no new jobs, cancel every job, and stop the runtime."""
@@ -216,14 +181,7 @@ class RuntimeSupervisor:
         within ``timeout`` is killed (it is ours). False if it had to be."""
         with self._lock:
             runtime = self._runtime
-        if runtime is None:
-            return True
-        runtime.process.join(timeout)
-        if runtime.process.is_alive():
-            runtime.process.kill()
-            runtime.process.join(_KILL_AFTER_SECONDS)
-            return False
-        return True
+        return runtime is None or runtime.join(timeout)
 
     def state(self) -> QueueState:
         """The queue as the front sees it: the runtime's running jobs, and every job
@@ -305,24 +263,13 @@ class RuntimeSupervisor:
 
     # -- the runtime process -----------------------------------------------------
 
-    def _spawn(self, spec: RuntimeSpec) -> _Runtime:
-        """Start a runtime process and its reader thread."""
-        front_end, runtime_end = self._context.Pipe()
-        process = self._context.Process(
-            target=run_runtime, args=(runtime_end, spec), name="draftpen-runtime", daemon=True
-        )
-        process.start()
-        runtime_end.close()
-        runtime = _Runtime(process, front_end, pid=process.pid)
+    def _spawn(self, spec: RuntimeSpec) -> RuntimeLink:
+        """Start a runtime process; its messages come to :meth:`_receive`."""
+        runtime = RuntimeLink(spec, self._receive, self._runtime_ended)
         with self._lock:
             self._runtime = runtime
             if self._state_name != RESTARTING:
                 self._state_name = STARTING
-        logger.info("started the engine's runtime process (pid %s)", process.pid)
-        reader = threading.Thread(
-            target=self._read, args=(runtime,), name="draftpen-runtime-in", daemon=True
-        )
-        reader.start()
         return runtime
 
     def _next_spec(self) -> RuntimeSpec:
@@ -334,46 +281,15 @@ class RuntimeSupervisor:
         remembered = {**self.spec.remembered, **latest.remembered}
         return dataclasses.replace(self.spec, preload=preload, remembered=remembered)
 
-    def _send(self, runtime: _Runtime, message: object) -> None:
-        """Send ``message`` to ``runtime`` (lock held); a dead pipe is its reader's news."""
-        try:
-            runtime.connection.send(message)
-        except (OSError, ValueError, pickle.PicklingError) as error:
-            logger.warning("could not send %s to the runtime: %s", type(message).__name__, error)
+    def _send(self, runtime: RuntimeLink, message: object) -> None:
+        """Send ``message`` to ``runtime`` (lock held: one writer at a time)."""
+        runtime.send(message)
 
-    def _send_job(self, runtime: _Runtime, tracked: _Tracked) -> None:
+    def _send_job(self, runtime: RuntimeLink, tracked: TrackedJob) -> None:
         """Send a job's runtime half (lock held)."""
-        job = tracked.job
-        generation = job.prepare.generation if isinstance(job.prepare, JobPreparer) else None
-        if job.prepare is not None and generation is None:
-            raise TypeError("a job for a runtime process needs a JobPreparer")
-        message = SubmitJob(
-            id=job.id,
-            pair=job.pair,
-            kind=job.kind,
-            generation=generation,
-            load_options=job.load_options,
-            inspect=job.inspect,
-        )
-        tracked.sent = True
-        self._send(runtime, message)
+        self._send(runtime, tracked.submit_message())
 
-    def _read(self, runtime: _Runtime) -> None:
-        """The reader thread: hand each message on, until the runtime's pipe closes."""
-        while True:
-            try:
-                batch = pickle.loads(runtime.connection.recv_bytes())
-            except (EOFError, OSError):
-                break
-            except Exception as error:  # a message that does not unpickle: a bug
-                logger.warning("unreadable message from the runtime: %r", error)
-                continue
-            for message in batch:
-                self._receive(runtime, message)
-        runtime.process.join()
-        self._runtime_ended(runtime)
-
-    def _receive(self, runtime: _Runtime, message: object) -> None:
+    def _receive(self, runtime: RuntimeLink, message: object) -> None:
         if isinstance(message, JobItem):
             self._deliver(message)
         elif isinstance(message, RuntimeState):
@@ -393,7 +309,7 @@ class RuntimeSupervisor:
         elif isinstance(message, RuntimeReady):
             self._ready(runtime, message)
 
-    def _ready(self, runtime: _Runtime, message: RuntimeReady) -> None:
+    def _ready(self, runtime: RuntimeLink, message: RuntimeReady) -> None:
         """The runtime takes jobs: send it every job that waits here, in order."""
         if message.preload_error is not None:
             logger.warning("the runtime started without its pair: %s", message.preload_error)
@@ -409,48 +325,21 @@ class RuntimeSupervisor:
 
     def _deliver(self, message: JobItem) -> None:
         """A job's item, as its handler reads it."""
-        item = message.item
         with self._lock:
             tracked = self._jobs.get(message.id)
             if tracked is None:
                 return  # ended here already (the runtime died, or a cancel)
-            if isinstance(item, JobEnd):
+            if isinstance(message.item, JobEnd):
                 del self._jobs[message.id]
-                self._count(tracked)
+                self._count(tracked.outcome())
                 self._note_idle()
-        job = tracked.job
-        if isinstance(item, JobEnd):
-            job.post(END)
-        elif isinstance(item, TokenBytes):
-            if tracked.token_bytes is None:
-                tracked.token_bytes = {}
-            tracked.token_bytes.update(item.table)
-        elif isinstance(item, PreparedGeneration):
-            job.prompt_tokens = len(item.request.prompt_tokens)
-            job.post(self._prepared(tracked, item))
-        else:
-            if isinstance(item, GenerationEvent) and item.finish_reason is not None:
-                tracked.finish_reason = item.finish_reason
-            elif isinstance(item, BaseException):
-                tracked.failed = True
-            job.post(item)
+        tracked.deliver(message.item)
 
-    def _prepared(self, tracked: _Tracked, prepared: PreparedGeneration) -> Prepared:
-        """The job's request with its answer's format, made here from the runtime's
-        inputs (a token's bytes from what the runtime sends along, for logprobs)."""
-        preparer = tracked.job.prepare
-        assert isinstance(preparer, JobPreparer)
-        token_bytes = None
-        if prepared.inputs.logprobs:
-            table = tracked.token_bytes = tracked.token_bytes or {}
-            token_bytes = table.__getitem__
-        return Prepared(prepared.request, preparer.answer(prepared.inputs, token_bytes))
-
-    def _count(self, tracked: _Tracked) -> None:
+    def _count(self, outcome: str) -> None:
         """Count a job that ended (lock held)."""
-        if tracked.failed:
+        if outcome == FAILED:
             self._failed += 1
-        elif tracked.finish_reason == FINISH_CANCELLED:
+        elif outcome == CANCELLED:
             self._cancelled += 1
         else:
             self._completed += 1
@@ -460,10 +349,10 @@ class RuntimeSupervisor:
         if not self._jobs:
             self._idle_since = time.monotonic()
 
-    def _runtime_ended(self, runtime: _Runtime) -> None:
+    def _runtime_ended(self, runtime: RuntimeLink) -> None:
         """The runtime's pipe closed: a stop we asked for, or a death to answer."""
-        exitcode = runtime.process.exitcode
-        pid = runtime.pid or runtime.process.pid or 0
+        exitcode = runtime.exitcode
+        pid = runtime.pid
         with self._lock:
             if self._runtime is not runtime:
                 return
@@ -476,14 +365,12 @@ class RuntimeSupervisor:
                 self._jobs.clear()
                 self._cancelled += len(left)
             for tracked in left:  # the runtime ended before their end came back
-                if tracked.job.prepare is not None:
-                    tracked.job.post(cancelled_event(tracked.job.prompt_tokens))
-                tracked.job.post(END)
+                tracked.end_cancelled()
             return
         why = death_reason(self.spec.record_path, pid, exitcode)
         logger.warning("the engine's runtime process died: %s", why)
-        lost: list[_Tracked] = []
-        ended: list[_Tracked] = []
+        lost: list[TrackedJob] = []
+        ended: list[TrackedJob] = []
         with self._lock:
             self._last_death = why
             if self._latest is not None:
@@ -507,52 +394,22 @@ class RuntimeSupervisor:
                 spec = self._next_spec()
             else:
                 self._state_name = STOPPED
-                self._stopped_reason = self._stop_text(why)
+                self._stopped_reason = stopped_reason(self._crashes, why)
             if self._latest is not None:  # nothing runs or is held until the next says
                 self._latest = dataclasses.replace(
                     self._latest, queue=_idle(self._latest.queue), held=None, loads=0
                 )
-        error = self._restart_error(why) if again else self._stopped_error()
+        reason = self._stopped_reason or ""
+        error = restarted_error(why) if again else runtime_stopped_error(reason)
         for tracked in lost:
-            tracked.job.post(error)
-            tracked.job.post(END)
+            tracked.end_with(error)
         for tracked in ended:
-            if tracked.job.prepare is not None:
-                tracked.job.post(cancelled_event(tracked.job.prompt_tokens))
-            tracked.job.post(END)
+            tracked.end_cancelled()
         if again:
             logger.info("starting the engine's runtime again (%d restarts)", self._restarts)
             self._spawn(spec)
         else:
             logger.warning("%s", self._stopped_reason)
-
-    def _stop_text(self, why: str) -> str:
-        return (
-            f"The engine's runtime process died {self._crashes.describe()}, so the engine "
-            f"stopped starting it again. The last time: {why} Fix the cause (`draftpen "
-            "doctor` checks the runtime build; a worker named here must be running), then "
-            'start it again with POST /draftpen/load {"pair": NAME} (or restart draftpen '
-            "serve)."
-        )
-
-    @staticmethod
-    def _restart_error(why: str) -> ApiError:
-        return ApiError(
-            503,
-            f"The engine's runtime restarted: {why} This reply ended there (what was "
-            "streamed is kept); send the request again.",
-            error_type="server_error",
-            code="runtime_restarted",
-            headers={"Retry-After": RETRY_AFTER_SECONDS},
-        )
-
-    def _stopped_error(self) -> ApiError:
-        return runtime_stopped_error(self._stopped_reason or "The engine's runtime stopped.")
-
-
-def runtime_stopped_error(reason: str) -> ApiError:
-    """The answer to a request while the runtime is not started again."""
-    return ApiError(503, reason, error_type="server_error", code="runtime_stopped")
 
 
 def _idle(queue: QueueState) -> QueueState:
