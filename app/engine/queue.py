@@ -89,8 +89,8 @@ class GenerationQueue:
         self._idle_since: float | None = time.monotonic()
         self._thread = threading.Thread(target=self._work, name="draftpen-engine", daemon=True)
         # Hooks for an engine whose front runs in another process (runtime_child.py):
-        # a job the worker took (it no longer waits), and "the state may have changed".
-        # Called with the queue's lock held: they must only take note.
+        # a job the worker took, before it starts on it (called on the worker, no lock
+        # held); and "the state may have changed" (lock held: it must only take note).
         self.on_taken: Callable[[EngineJob], None] | None = None
         self.on_change: Callable[[], None] | None = None
 
@@ -230,8 +230,6 @@ class GenerationQueue:
                     job = self._waiting.popleft()
                     self._running = job
                     self._tell_positions()
-                    if self.on_taken is not None:
-                        self.on_taken(job)
                     self._changed()
                     return job
                 now = time.monotonic()
@@ -281,6 +279,10 @@ class GenerationQueue:
                 continue
             # An EngineJob, or the runtime process's stand-in for one (runtime_child.py).
             job = cast(EngineJob, job)
+            if self.on_taken is not None:
+                # Outside the lock: the hook may wait until the front knows (a runtime
+                # that dies from here on costs this job's reply).
+                self.on_taken(job)
             outcome = self._run(job)
             with self._condition:
                 self._running = None

@@ -60,6 +60,8 @@ logger = logging.getLogger("draftpen.server")
 _UNBOUNDED = 1 << 30
 # How long a stop waits for the generation in progress to reach its next round.
 _STOP_SECONDS = 30.0
+# How often a wait for a message to be written looks whether the sender still runs.
+_FLUSH_SECONDS = 1.0
 
 
 def run_runtime(connection: Connection, spec: RuntimeSpec) -> None:
@@ -77,7 +79,9 @@ def run_runtime(connection: Connection, spec: RuntimeSpec) -> None:
     scheduler.remember(spec.remembered)
     queue = GenerationQueue(scheduler, max_waiting=_UNBOUNDED)
     outbox = Outbox(connection, lambda: _state(queue, scheduler))
-    queue.on_taken = lambda job: outbox.put(JobTaken(job.id))
+    # The front learns that a job was taken before the runtime starts on it: a load or a
+    # prompt that kills the runtime then costs that job's reply, and is not sent again.
+    queue.on_taken = lambda job: outbox.put(JobTaken(job.id), wait=True)
     queue.on_change = outbox.changed
     outbox.start()
     queue.start()
@@ -283,23 +287,32 @@ class Outbox:
         self._messages: list[object] = []
         self._dirty = False
         self._closed = False
+        self._queued = 0  # messages put, and of those written (in order)
+        self._written = 0
         self._thread = threading.Thread(target=self._send, name="draftpen-runtime-out", daemon=True)
 
     def start(self) -> None:
         """Start the sender thread."""
         self._thread.start()
 
-    def put(self, message: object) -> None:
-        """Queue a message for the front (any thread, any lock held)."""
+    def put(self, message: object, *, wait: bool = False) -> None:
+        """Queue a message for the front (any thread, any lock held); with ``wait``
+        (no lock held), return once it is written."""
         with self._condition:
             self._messages.append(message)
-            self._condition.notify()
+            self._queued += 1
+            number = self._queued
+            self._condition.notify_all()
+            while wait and self._written < number and not self._closed:
+                self._condition.wait(_FLUSH_SECONDS)
+                if not self._thread.is_alive():
+                    return  # the front is gone: nobody to tell
 
     def changed(self) -> None:
         """The queue's or the scheduler's state may have changed (any lock held)."""
         with self._condition:
             self._dirty = True
-            self._condition.notify()
+            self._condition.notify_all()
 
     def close(self) -> None:
         """Send what is left, then stop the sender."""
@@ -316,6 +329,7 @@ class Outbox:
                 batch, self._messages = self._messages, []
                 dirty, self._dirty = self._dirty, False
                 closed = self._closed
+                taken = self._queued
             if dirty:
                 # Outside the outbox's lock: the state takes the queue's.
                 batch.append(self._state())
@@ -324,6 +338,9 @@ class Outbox:
                     self._connection.send_bytes(pickled(batch))
                 except (OSError, ValueError):
                     return  # the front is gone: the main thread sees its pipe close
+            with self._condition:
+                self._written = taken
+                self._condition.notify_all()
             if closed:
                 with self._condition:
                     if not self._messages:

@@ -173,7 +173,7 @@ class RuntimeSupervisor:
             self.cancel(job, reason)
         with self._lock:
             runtime = self._runtime
-            if runtime is not None:
+            if runtime is not None and self._state_name != STOPPED:
                 self._send(runtime, StopRuntime(reason))
 
     def join(self, timeout: float) -> bool:

@@ -161,11 +161,15 @@ def test_a_runtime_that_keeps_dying_is_stopped_and_health_says_why(tmp_path: Pat
     with runtime_engine(tmp_path, ScriptedRuntime(die_on_load=True), crashes=crashes) as engine:
         client = engine.client()
         with engine.http() as http:
-            first = sse_payloads(http, chat_body())
-            assert first[-1]["error"]["code"] == "runtime_restarted"
+            # Each dies loading the pair, before a reply began: a plain client's stream
+            # has not started, so the error comes with its status.
+            first = http.post("/v1/chat/completions", json=chat_body())
+            assert first.status_code == 503
+            assert first.json()["error"]["code"] == "runtime_restarted"
             wait_until(lambda: client.health().runtime.state == "running", "the restart", 60)  # type: ignore[union-attr]
-            second = sse_payloads(http, chat_body())
-            assert second[-1]["error"]["code"] == "runtime_stopped"
+            second = http.post("/v1/chat/completions", json=chat_body())
+            assert second.status_code == 503
+            assert second.json()["error"]["code"] == "runtime_stopped"
             runtime = client.health().runtime
             assert runtime is not None and runtime.state == "stopped"
             assert "2 times within 10 minutes" in (runtime.stopped_reason or "")
