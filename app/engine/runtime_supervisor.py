@@ -396,8 +396,13 @@ class RuntimeSupervisor:
                 self._state_name = STOPPED
                 self._stopped_reason = stopped_reason(self._crashes, why)
             if self._latest is not None:  # nothing runs or is held until the next says
+                preload = spec.preload if again else None
                 self._latest = dataclasses.replace(
-                    self._latest, queue=_idle(self._latest.queue), held=None, loads=0
+                    self._latest,
+                    queue=_idle(self._latest.queue),
+                    held=None,
+                    loading=preload[0] if preload is not None else None,
+                    loads=0,
                 )
         reason = self._stopped_reason or ""
         error = restarted_error(why) if again else runtime_stopped_error(reason)
