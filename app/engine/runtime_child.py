@@ -66,8 +66,11 @@ _FLUSH_SECONDS = 1.0
 
 def run_runtime(connection: Connection, spec: RuntimeSpec) -> None:
     """The runtime process's main: serve the front's jobs until it stops or goes."""
-    # Ctrl+C at a terminal reaches the whole process group: the front decides.
+    # Ctrl+C at a terminal, `timeout`, and systemd's stop (KillMode=control-group) signal
+    # the whole group: the front decides, and stops this process itself (StopRuntime),
+    # or it ends when the front's pipe closes. SIGKILL still ends it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _log_to_stderr()
     if spec.log_path is not None:
         from app.engine.log_file import follow_log
