@@ -128,7 +128,15 @@ def _events_from_engine(
 ) -> tuple[Iterator[GenerationEvent], Callable[[], ReasoningFormat | None]]:
     """The answer's events from the engine (its notices go to stderr), and how its
     reasoning is marked (known once the first event has arrived)."""
-    from app.client import CancelFlag, ChatTurn, EngineLost, Loading, Waiting, ensure_engine
+    from app.client import (
+        CancelFlag,
+        ChatTurn,
+        EngineLost,
+        EngineRuntimeRestartedError,
+        Loading,
+        Waiting,
+        ensure_engine,
+    )
 
     if args.raw:
         raise DraftpenError("--engine answers chat prompts only; leave out --raw.")
@@ -166,9 +174,9 @@ def _events_from_engine(
                 else:
                     answered = True
                     yield item
-        except EngineLost:
-            # The engine died mid-answer (its runtime crashed, say): end the answer's
-            # line, so the error that follows on stderr starts on its own.
+        except (EngineLost, EngineRuntimeRestartedError):
+            # The engine, or its runtime, died mid-answer: end the answer's line, so
+            # the error that follows on stderr starts on its own.
             if answered and not args.json:
                 print(flush=True)
             raise

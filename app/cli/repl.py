@@ -27,6 +27,7 @@ from app.client import (
     EngineCrashedError,
     EngineError,
     EngineLost,
+    EngineRuntimeRestartedError,
     Loading,
     Waiting,
     ensure_engine,
@@ -39,6 +40,16 @@ from backends.generation_events import SpeculativeStats
 HELP = "Type a message and press Enter. /new starts over, /exit (or Ctrl+D) leaves."
 INTERRUPTED_NOTE = "[interrupted: the engine stopped]"
 CRASHED_NOTE = "[interrupted: the runtime crashed]"
+RESTARTED_NOTE = "[interrupted: the engine's runtime restarted]"
+
+
+def runtime_restarted_line(error: EngineRuntimeRestartedError) -> str:
+    """``the engine's runtime restarted: <why>``, as a front end says it."""
+    text = str(error)
+    prefix = "The engine's runtime restarted: "
+    if text.startswith(prefix):
+        return "the engine's runtime restarted: " + text.removeprefix(prefix)
+    return text
 
 
 def _say(text: str) -> None:
@@ -159,6 +170,17 @@ class PlainChat:
         pieces: list[str] = []
         try:
             stats = _stream_reply(client, turn, pieces)
+        except EngineRuntimeRestartedError as error:
+            # The engine is still there and its runtime starts again by itself: keep
+            # what was written, say why, and go on with the same engine.
+            if pieces:
+                messages.append(ChatMessage("assistant", "".join(pieces)))
+                kept = "What it wrote is kept in the chat."
+            else:
+                messages.pop()
+                kept = "It wrote nothing; send your message again."
+            _say(f"\n{RESTARTED_NOTE} {runtime_restarted_line(error)}\n{kept}")
+            return client
         except EngineLost as error:
             # Keep what was written, say so, and carry on with a new engine.
             if pieces:

@@ -120,8 +120,9 @@ class EngineCrash:
     # for 31 s ..."); may be empty.
     lost_reasons: tuple[str, ...] = ()
 
-    def message(self, *, gives_up: bool = False) -> str:
-        """What a person is told: the signal, the pair, the fix."""
+    def message(self, *, gives_up: bool = False, ended: str = "the engine") -> str:
+        """What a person is told: the signal, the pair, the fix. ``ended``: what the
+        runtime's abort took down with it (the engine, or only its runtime process)."""
         runtime = _RUNTIME_NAMES.get(self.runtime or "", "model")
         meaning = _MEANING.get(self.signal_name, "a fatal signal")
         text = f"The {runtime} runtime crashed ({self.signal_name}, {meaning}) {self.when()}."
@@ -129,7 +130,7 @@ class EngineCrash:
             text = (
                 f"Worker {', '.join(self.lost_workers)} stopped answering {self.when()}"
                 f"{self._reasons()}, and "
-                "llama.cpp ended the engine with it (the target's layers there are gone). "
+                f"llama.cpp ended {ended} with it (the target's layers there are gone). "
                 "Start `draftpen worker` there again and ask again, or load the pair without "
                 "it (serve without it in --workers or the workers setting)."
             )

@@ -25,7 +25,13 @@ import httpx
 from app.client.cancel_flag import CancelFlag
 from app.client.chat_stream import ChatStream, ChatTurn, chat_request_body
 from app.client.crash_report import crash_error
-from app.client.errors import EngineLost, EngineRequestError
+from app.client.errors import (
+    RUNTIME_RESTARTED,
+    RUNTIME_STOPPED,
+    EngineLost,
+    EngineRequestError,
+    EngineRuntimeRestartedError,
+)
 from app.client.wire import HealthReport, LoadedPairReport, LoadRequest, PairCard
 
 # No line for this long on a stream the engine keeps alive (it sends a comment every
@@ -197,11 +203,7 @@ class EngineClient:
                         return
                     payload = json.loads(data)
                     if "error" in payload:
-                        error = payload["error"] or {}
-                        raise EngineRequestError(
-                            str(error.get("message", "The engine failed the request.")),
-                            code=error.get("code"),
-                        )
+                        raise _stream_error(payload["error"] or {})
                     yield payload
         except httpx.TransportError as error:
             if cancel is not None and cancel.is_set():
@@ -241,6 +243,15 @@ def _hang_up(response: httpx.Response) -> Callable[[], None]:
     return hang_up
 
 
+def _stream_error(error: dict[str, Any]) -> EngineRequestError:
+    """The error a stream's error event reports; one for a runtime that died mid-reply."""
+    message = str(error.get("message", "The engine failed the request."))
+    code = error.get("code")
+    if code in (RUNTIME_RESTARTED, RUNTIME_STOPPED):
+        return EngineRuntimeRestartedError(message, code=code)
+    return EngineRequestError(message, code=code)
+
+
 def _json_or_raise(response: httpx.Response) -> Any:
     """The body of a 200 answer; an error answer raises with the engine's message."""
     try:
@@ -250,6 +261,10 @@ def _json_or_raise(response: httpx.Response) -> Any:
     if response.status_code == 200 and body is not None:
         return body
     error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and error.get("code") in (RUNTIME_RESTARTED, RUNTIME_STOPPED):
+        raise EngineRuntimeRestartedError(
+            str(error.get("message")), status=response.status_code, code=error.get("code")
+        )
     if isinstance(error, dict) and error.get("message"):
         raise EngineRequestError(
             str(error["message"]), status=response.status_code, code=error.get("code")

@@ -71,3 +71,23 @@ class EngineRequestError(EngineError):
         super().__init__(message)
         self.status = status
         self.code = code
+
+
+# The engine's error codes for a reply its runtime process did not finish.
+RUNTIME_RESTARTED, RUNTIME_STOPPED = "runtime_restarted", "runtime_stopped"
+
+
+class EngineRuntimeRestartedError(EngineRequestError):
+    """The engine's runtime process died mid-reply (an abort in llama.cpp or MLX, a
+    worker gone); the engine itself is still there and starts its runtime again.
+
+    The message starts "The engine's runtime restarted:" and says why; what was
+    received before is valid, and the next request is answered by the new runtime.
+    ``stopped``: it died too often, and the engine does not start it again (the message
+    says what to do).
+    """
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the engine stopped starting its runtime."""
+        return self.code == RUNTIME_STOPPED

@@ -161,6 +161,20 @@ class PreviousCrashReport(_Lenient):
     message: str  # what a person is told: the signal, the pair, `draftpen doctor`
 
 
+class RuntimeReport(_Lenient):
+    """The engine's runtime process (the loaded pair and the loop), as its front sees it.
+
+    ``state``: ``starting``, ``running``, ``restarting`` (it died: the replies in flight
+    ended with an error, queued requests wait for it) or ``stopped`` (it died too often
+    in a short time: ``stopped_reason`` says why and what to do)."""
+
+    state: str
+    pid: int | None = None
+    restarts: int = 0  # times it was started again after it died
+    last_death: str | None = None  # why it last died, as replies in flight were told
+    stopped_reason: str | None = None
+
+
 class HealthReport(_Lenient):
     """``GET /health``: who answers, what it holds, what it is doing."""
 
@@ -182,6 +196,9 @@ class HealthReport(_Lenient):
     # Where the engine before this one on the socket crashed (an API client saw only its
     # connection cut, and asks here why); None when it stopped cleanly or there was none.
     previous_crash: PreviousCrashReport | None = None
+    # The runtime process, where the engine runs its runtime in one (draftpen serve);
+    # None where the runtime runs inside the engine's own process (tests, embedding).
+    runtime: RuntimeReport | None = None
 
 
 class PairCard(_Lenient):

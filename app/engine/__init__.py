@@ -1,6 +1,12 @@
-"""The engine: one process that holds the loaded pair and serves every client (the chat
+"""The engine: the process that holds the loaded pair and serves every client (the chat
 app, the plain REPL, agents) over the Unix socket with an OpenAI-compatible API
-(``draftpen serve``).
+(``draftpen serve``), and the runtime process it starts for the pair and the loop:
+``runtime_supervisor`` (the front's side: starts it, sends it jobs, answers for it when
+it dies, starts it again), ``runtime_child`` (the runtime process's main),
+``runtime_wire`` (what crosses between them), ``runtime_link`` (the process and its
+pipe), ``runtime_jobs`` (a job as the front tracks it), ``runtime_deaths`` (why it died;
+when to stop starting it), ``serve_runtime`` (what serve's runtime is built from) and
+``engine_parts`` (what the routes ask of either shape).
 
 ``api`` holds the routes and the one chat path every dialect takes (``request_body``
 reads a body); ``dialects/`` holds one module per dialect, each its request models and

@@ -51,6 +51,7 @@ from app.client.wire import (
     LoadRequest,
     PairCard,
     QueueReport,
+    RuntimeReport,
 )
 from app.engine import crash_record
 from app.engine.choices import answer_choices
@@ -60,6 +61,7 @@ from app.engine.dialects.openai_chat_format import ChatFormat
 from app.engine.dialects.openai_chat_schema import ChatCompletionRequest
 from app.engine.dialects.openai_completions import CompletionFormat, CompletionRequest
 from app.engine.dialects.openai_responses import responses_routes
+from app.engine.engine_parts import HeldPairs, JobQueue
 from app.engine.generation_run import END
 from app.engine.http_errors import (
     api_error_response,
@@ -69,22 +71,26 @@ from app.engine.http_errors import (
 )
 from app.engine.job_requests import (
     ChatFormatFactory,
+    ChatTokenCount,
     chat_preparer,
-    chat_prompt,
     completion_preparer,
     given,
-    reply_plan,
 )
 from app.engine.job_responses import JobResponses
-from app.engine.jobs import EngineJob, Inspected, Preparer, QueueFullError, ShuttingDownError
+from app.engine.jobs import (
+    EngineJob,
+    Inspected,
+    Preparer,
+    QueueFullError,
+    RuntimeStoppedError,
+    ShuttingDownError,
+)
 from app.engine.pairs import PairDirectory, model_not_found
-from app.engine.queue import GenerationQueue
 from app.engine.request_body import MAX_BODY_BYTES, read_json_body
-from app.engine.scheduler import LoadOptions, PairScheduler
+from app.engine.scheduler import LoadOptions
 from app.engine.schema import ApiError, GenerationFields, parse_request
 from app.engine.worker_options import workers_named
 from app.settings import Settings
-from backends.engine import Engine
 
 logger = logging.getLogger("draftpen.server")
 
@@ -104,13 +110,14 @@ class AgentApi:
 
     def __init__(
         self,
-        scheduler: PairScheduler,
-        queue: GenerationQueue,
+        scheduler: HeldPairs,
+        queue: JobQueue,
         *,
         pairs: PairDirectory,
         settings: Settings,
         max_body_bytes: int = MAX_BODY_BYTES,
         idle_exit: bool = False,
+        runtime: Callable[[], RuntimeReport] | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.queue = queue
@@ -120,7 +127,9 @@ class AgentApi:
         self.idle_exit = idle_exit
         self.created = int(time.time())
         self.version = engine_version()
-        self.responses = JobResponses(queue, scheduler)
+        self.responses = JobResponses(queue)
+        # The runtime process's state, where the runtime runs in one (GET /health).
+        self.runtime = runtime
         # http://HOST:PORT once the server listens on TCP too (for GET /health).
         self.tcp_url: str | None = None
         # Front ends holding GET /draftpen/attach open, and when the last one left.
@@ -174,7 +183,8 @@ class AgentApi:
     async def health(self, request: Request) -> Response:
         """``GET /health``: who answers, what is loaded, and what the queue is doing."""
         state = self.queue.state()
-        held = self.scheduler.snapshot()
+        # Off the event loop: with the runtime in its own process, this asks it.
+        held = await asyncio.to_thread(self.scheduler.snapshot)
         report = HealthReport(
             service=SERVICE,
             status="ok" if state.accepting else "shutting_down",
@@ -201,6 +211,7 @@ class AgentApi:
             idle_exit=self.idle_exit,
             tcp=self.tcp_url,
             previous_crash=crash_record.previous_crash(),
+            runtime=self.runtime() if self.runtime is not None else None,
         )
         return JSONResponse(report.model_dump())
 
@@ -248,18 +259,12 @@ class AgentApi:
         template, the tools as the prompt shows them, the thinking switch.
         """
         await asyncio.to_thread(self.pairs.check, parsed.model)
-        options = DraftpenRequestOptions()
-
-        def count(engine: Engine) -> int:
-            plan = reply_plan(parsed, engine)
-            return len(chat_prompt(parsed, engine, plan, options, self.settings)[0])
-
         job = EngineJob(
             id=new_response_id("count"),
             pair=parsed.model,
             kind="token count",
             loop=asyncio.get_running_loop(),
-            inspect=count,
+            inspect=ChatTokenCount(parsed, self.settings),
         )
         self._submit(job)
         try:
@@ -383,6 +388,10 @@ class AgentApi:
                 error_type="server_error",
                 code="queue_full",
                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            ) from None
+        except RuntimeStoppedError as stopped:
+            raise ApiError(
+                503, str(stopped), error_type="server_error", code="runtime_stopped"
             ) from None
         except ShuttingDownError:
             raise ApiError(

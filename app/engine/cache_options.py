@@ -55,14 +55,27 @@ def add_cache_options(serve: argparse.ArgumentParser) -> None:
     )
 
 
+def prefix_cache_bytes_from(option: str | None, settings: Settings) -> int:
+    """The disk budget ``--prefix-cache`` (else the setting) allows for prompt
+    prefixes; 0: off. ``serve`` reads it in its front, so a bad size is said before the
+    runtime process starts."""
+    from app.settings import prefix_cache_bytes
+
+    return _budget(option, settings.prefix_cache, prefix_cache_bytes, "--prefix-cache")
+
+
 def prefix_store_from(option: str | None, settings: Settings) -> PrefixStore | None:
     """The disk cache of prompt prefixes ``--prefix-cache`` (else the setting) asks
-    for; None when it is off or its directory cannot be made (logged: the engine runs
-    without it)."""
-    from app.settings import prefix_cache_bytes, prefix_cache_dir
+    for; None when it is off or its directory cannot be made."""
+    return open_prefix_store(prefix_cache_bytes_from(option, settings))
+
+
+def open_prefix_store(budget: int) -> PrefixStore | None:
+    """The disk cache of prompt prefixes with ``budget`` bytes; None when the budget is
+    0 or its directory cannot be made (logged: the engine runs without it)."""
+    from app.settings import prefix_cache_dir
     from backends.caches.prefix_store import PrefixStore
 
-    budget = _budget(option, settings.prefix_cache, prefix_cache_bytes, "--prefix-cache")
     if budget == 0:
         return None
     directory = prefix_cache_dir()

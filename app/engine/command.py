@@ -35,15 +35,12 @@ from app.engine.cache_options import (
     add_cache_options,
     conversation_cache_bytes_from,
     history_settings_from,
-    prefix_store_from,
+    prefix_cache_bytes_from,
 )
 from app.engine.mlx_split import add_split_option, rank_split, run_follower, split_scheduler
 from app.engine.queue import DEFAULT_QUEUE_LIMIT
 from app.engine.worker_options import (
     add_worker_options,
-    keep_worker_connections_alive,
-    watch_for_hung_workers,
-    watch_runtime_aborts,
     worker_timeout_from,
     workers_from,
 )
@@ -55,6 +52,7 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from app.client.api_key import ApiKey
+    from app.engine.runtime_wire import RuntimeSpec
     from app.engine.scheduler import LoadOptions, PairLoader, PairScheduler
 
 # Ollama's default keep-alive, and how long an engine started by a front end waits for
@@ -203,9 +201,15 @@ def run_serve(args: argparse.Namespace) -> int:
     """``draftpen serve``: (load ``--pair``,) listen, serve until stopped."""
     from app.client.wire import SOCKET_ENV
     from app.engine import crash_record
-    from app.engine.pairs import CatalogPairs, catalog_loader
+    from app.engine.pairs import CatalogPairs
     from app.engine.runner import AgentServer
-    from app.engine.scheduler import LoadOptions, PairScheduler
+    from app.engine.scheduler import LoadOptions
+    from app.engine.serve_runtime import (
+        CatalogRuntime,
+        build_catalog_runtime,
+        runtime_record_path,
+        watch_llamacpp,
+    )
     from app.engine.unix_socket import default_socket_path, ensure_not_running, prepare_socket_dir
     from app.settings import load_settings
     from backends.select import choose_runtime
@@ -233,7 +237,10 @@ def run_serve(args: argparse.Namespace) -> int:
     idle_exit = parse_duration(args.idle_exit, "--idle-exit") if args.idle_exit else None
     tcp = parse_tcp_address(args.tcp) if args.tcp else None
     api_key = _tcp_api_key(args, tcp)
+    # Each budget is read here, so a bad size is said before the runtime process starts.
     cache_bytes = conversation_cache_bytes_from(args.conversation_cache, settings)
+    prefix_bytes = prefix_cache_bytes_from(args.prefix_cache, settings)
+    history = history_settings_from(args.history_index, settings)
     if args.socket or os.environ.get(SOCKET_ENV, "").strip():
         socket_path = Path(args.socket).expanduser().absolute() if args.socket else None
         socket_path = socket_path or default_socket_path()
@@ -245,13 +252,11 @@ def run_serve(args: argparse.Namespace) -> int:
     _refuse_if_taken(socket_path)
     ensure_not_running(socket_path)
 
+    from app.engine.runtime_wire import RuntimeSpec
+
     runtime = choose_runtime(args.runtime)
     # The socket is ours now: record what we do, and a fatal signal, for the clients.
     crash_record.start_recording(socket_path, runtime)
-    if runtime == "llamacpp":
-        watch_runtime_aborts()
-        keep_worker_connections_alive()
-        watch_for_hung_workers(worker_timeout)
     pairs = CatalogPairs(runtime)
     defaults = LoadOptions(
         context_length=args.context or settings.context_length,
@@ -259,29 +264,46 @@ def run_serve(args: argparse.Namespace) -> int:
         parallel=parallel,
         workers=workers,
     )
+    scheduler: PairScheduler | None = None
+    spec: RuntimeSpec | None = None
+    preload: Callable[[], None] | None = None
     if split is not None:  # rank 0: no caches, no unload, no other pair (mlx_split.py)
+        # One process: the other ranks follow this one's calls on its target.
+        if runtime == "llamacpp":
+            watch_llamacpp(worker_timeout)
         loader, scheduler = split_scheduler(runtime, defaults, split)
         keep_alive = None
+        preload = _preloader(args.pair, loader, defaults, scheduler) if args.pair else None
     else:
-        loader = catalog_loader(
-            runtime,
-            conversation_cache_bytes=cache_bytes,
-            prefix_store=prefix_store_from(args.prefix_cache, settings),
-            history=history_settings_from(args.history_index, settings),
+        # The runtime in a process of its own, which the front starts and watches.
+        spec = RuntimeSpec(
+            build=build_catalog_runtime,
+            defaults=defaults,
+            keep_alive=keep_alive,
+            runtime=runtime,
+            setup=CatalogRuntime(
+                runtime=runtime,
+                conversation_cache_bytes=cache_bytes,
+                prefix_cache_bytes=prefix_bytes,
+                history=history,
+                worker_timeout=worker_timeout,
+            ),
+            preload=(args.pair, defaults) if args.pair else None,
+            record_path=runtime_record_path(socket_path),
+            log_path=Path(args.log_file).expanduser().absolute() if args.log_file else None,
         )
-        scheduler = PairScheduler(loader, defaults, keep_alive=keep_alive)
 
     # SIGTERM (systemd, launchd, kill) means "stop cleanly": while serving, uvicorn
     # handles it; before that, this flag stops the server as soon as it starts.
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    preload = _preloader(args.pair, loader, defaults, scheduler) if args.pair else None
     server: AgentServer | None = None
     try:
         server = AgentServer(
             socket_path=socket_path,
             settings=settings,
             scheduler=scheduler,
+            runtime=spec,
             pairs=pairs,
             queue_limit=args.queue,
             tcp=tcp,
@@ -298,7 +320,7 @@ def run_serve(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         # A generation stuck in one long call still uses the models: leave them to the
         # process exit rather than free them under it.
-        if server is None or server.worker_stopped:
+        if scheduler is not None and (server is None or server.worker_stopped):
             scheduler.unload("the engine stopped")
         crash_record.stop_recording()
     return 0

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from app.chats.conversation import fit_conversation
 from app.client.wire import DraftpenRequestOptions
+from app.engine.chunks import ResponseFormat
 from app.engine.dialects.openai_chat_format import ChatFormat
 from app.engine.dialects.openai_chat_schema import (
     ChatCompletionRequest,
@@ -25,7 +26,7 @@ from app.engine.dialects.openai_chat_schema import (
     ResponseFormatField,
 )
 from app.engine.dialects.openai_completions import CompletionFormat, CompletionRequest
-from app.engine.jobs import Prepared, Preparer
+from app.engine.jobs import Prepared
 from app.engine.schema import ApiError, GenerationFields
 from app.settings import Settings
 from backends.base import ToolSpec
@@ -47,35 +48,113 @@ ChatFormatFactory = type[ChatFormat]
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class FormatInputs:
+    """What a request's answer format needs from the loaded pair: how the reply is
+    read (tool calls, reasoning), how many old messages fitting left out, and whether
+    it writes logprobs (a token's bytes, from the target's vocabulary)."""
+
+    tool_parser: ToolCallParser | None = None
+    reasoning: ReasoningFormat | None = None
+    left_out_messages: int = 0
+    logprobs: bool = False
+
+
+@dataclass(frozen=True)
+class PreparedGeneration:
+    """A job's generation built against the loaded pair, and its answer's inputs.
+
+    Built where the pair is (the engine's runtime process, or the worker thread of an
+    engine in one process) and plain data, so it crosses to the front process."""
+
+    request: GenerationRequest
+    inputs: FormatInputs
+
+
+@dataclass(frozen=True)
+class ChatGeneration:
+    """A chat job's runtime half: its prompt (the model's chat template, the tools,
+    the context fitted) and its :class:`GenerationRequest`. Plain data, so the engine's
+    front process can send it to the runtime process."""
+
+    parsed: ChatCompletionRequest
+    settings: Settings
+    options: DraftpenRequestOptions
+
+    def __call__(self, engine: Engine) -> PreparedGeneration:
+        parsed, settings = self.parsed, self.settings
+        plan = reply_plan(parsed, engine)
+        prompt, prompt_text, left_out = chat_prompt(parsed, engine, plan, self.options, settings)
+        reasoning = engine.reasoning_format(prompt_text)
+        generation = generation_request(
+            parsed, prompt, "messages", plan.constraint, engine, settings, reasoning
+        )
+        inputs = FormatInputs(
+            tool_parser=plan.tool_parser,
+            reasoning=reasoning,
+            left_out_messages=left_out,
+            logprobs=parsed.requested_logprobs is not None,
+        )
+        return PreparedGeneration(generation, inputs)
+
+
+@dataclass(frozen=True)
+class CompletionGeneration:
+    """A text completion job's runtime half: raw text, no chat template."""
+
+    parsed: CompletionRequest
+    settings: Settings
+
+    def __call__(self, engine: Engine) -> PreparedGeneration:
+        prompt = engine.text_prompt(self.parsed.prompt)
+        generation = generation_request(self.parsed, prompt, "prompt", None, engine, self.settings)
+        inputs = FormatInputs(logprobs=self.parsed.requested_logprobs is not None)
+        return PreparedGeneration(generation, inputs)
+
+
+# Writes a job's answer from its prepared inputs and, for logprobs, a token's bytes.
+AnswerFormat = Callable[[FormatInputs, Callable[[int], bytes] | None], ResponseFormat]
+
+
+@dataclass(frozen=True)
+class JobPreparer:
+    """A generation job's ``prepare``, in two halves: ``generation`` runs where the
+    pair is loaded (plain data both ways, so it may run in the runtime process);
+    ``answer`` makes the answer's format where the HTTP answer is written.
+
+    Called with an engine, it runs both, as an engine in one process does."""
+
+    generation: Callable[[Engine], PreparedGeneration]
+    answer: AnswerFormat
+
+    def __call__(self, engine: Engine) -> Prepared:
+        prepared = self.generation(engine)
+        token_bytes = engine.target.token_bytes if prepared.inputs.logprobs else None
+        return Prepared(prepared.request, self.answer(prepared.inputs, token_bytes))
+
+
 def chat_preparer(
     parsed: ChatCompletionRequest,
     make_format: ChatFormatFactory,
     settings: Settings,
     options: DraftpenRequestOptions,
     response_id: str,
-) -> Preparer:
+) -> JobPreparer:
     """The ``prepare`` of a chat job: its prompt, its generation, its answer's format."""
 
-    def prepare(engine: Engine) -> Prepared:
-        plan = reply_plan(parsed, engine)
-        prompt, prompt_text, left_out = chat_prompt(parsed, engine, plan, options, settings)
-        reasoning = engine.reasoning_format(prompt_text)
-        formatter = make_format(
+    def answer(inputs: FormatInputs, token_bytes: Callable[[int], bytes] | None) -> ChatFormat:
+        return make_format(
             parsed.model,
             include_usage=parsed.include_usage,
-            tool_parser=plan.tool_parser,
-            token_bytes=token_bytes(parsed, engine),
-            reasoning=reasoning,
+            tool_parser=inputs.tool_parser,
+            token_bytes=token_bytes,
+            reasoning=inputs.reasoning,
             provenance=options.provenance,
             response_id=response_id,
-            left_out_messages=left_out,
+            left_out_messages=inputs.left_out_messages,
         )
-        generation = generation_request(
-            parsed, prompt, "messages", plan.constraint, engine, settings, reasoning
-        )
-        return Prepared(generation, formatter)
 
-    return prepare
+    return JobPreparer(ChatGeneration(parsed, settings, options), answer)
 
 
 def completion_preparer(
@@ -83,22 +162,35 @@ def completion_preparer(
     settings: Settings,
     options: DraftpenRequestOptions,
     response_id: str,
-) -> Preparer:
+) -> JobPreparer:
     """The ``prepare`` of a text completion job: raw text, no chat template."""
 
-    def prepare(engine: Engine) -> Prepared:
-        prompt = engine.text_prompt(parsed.prompt)
-        formatter = CompletionFormat(
+    def answer(
+        inputs: FormatInputs, token_bytes: Callable[[int], bytes] | None
+    ) -> CompletionFormat:
+        return CompletionFormat(
             parsed.model,
             include_usage=parsed.include_usage,
-            token_bytes=token_bytes(parsed, engine),
+            token_bytes=token_bytes,
             provenance=options.provenance,
             response_id=response_id,
         )
-        generation = generation_request(parsed, prompt, "prompt", None, engine, settings)
-        return Prepared(generation, formatter)
 
-    return prepare
+    return JobPreparer(CompletionGeneration(parsed, settings), answer)
+
+
+@dataclass(frozen=True)
+class ChatTokenCount:
+    """An inspect job's work: how many tokens a chat request's prompt is, rendered as
+    its reply would render it. Plain data, so it may run in the runtime process."""
+
+    parsed: ChatCompletionRequest
+    settings: Settings
+
+    def __call__(self, engine: Engine) -> int:
+        plan = reply_plan(self.parsed, engine)
+        options = DraftpenRequestOptions()
+        return len(chat_prompt(self.parsed, engine, plan, options, self.settings)[0])
 
 
 @dataclass(frozen=True)
@@ -249,11 +341,6 @@ def generation_request(
         )
     except ValueError as error:
         raise ApiError(400, str(error), code="invalid_value") from None
-
-
-def token_bytes(parsed: GenerationFields, engine: Engine) -> Callable[[int], bytes] | None:
-    """How the response writes a token's text, when the request asked for logprobs."""
-    return engine.target.token_bytes if parsed.requested_logprobs is not None else None
 
 
 def _json_output(response_format: ResponseFormatField | None) -> JsonOutput | None:

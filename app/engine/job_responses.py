@@ -20,11 +20,10 @@ from starlette.types import Receive, Scope, Send
 
 from app.client.wire import QueueNotice
 from app.engine.chunks import ResponseFormat, sse_event
+from app.engine.engine_parts import JobQueue
 from app.engine.generation_run import END
 from app.engine.http_errors import generation_error
 from app.engine.jobs import EngineJob, LoadedNotice, LoadingNotice, Prepared
-from app.engine.queue import GenerationQueue
-from app.engine.scheduler import PairScheduler
 from backends.generation_events import GenerationEvent
 
 # A stream that asked for progress gets a comment after this long without news.
@@ -34,9 +33,8 @@ HEARTBEAT_SECONDS = 1.0
 class JobResponses:
     """The answers of one engine's jobs."""
 
-    def __init__(self, queue: GenerationQueue, scheduler: PairScheduler) -> None:
+    def __init__(self, queue: JobQueue) -> None:
         self.queue = queue
-        self.scheduler = scheduler
 
     async def answer(
         self,
@@ -139,8 +137,7 @@ class JobResponses:
                 elif isinstance(item, QueueNotice | LoadingNotice):
                     yield sse_event({"draftpen": _notice_fields(item)})
                 elif isinstance(item, LoadedNotice):
-                    report = self.scheduler.report(item.loaded)
-                    loaded = {"loaded": report.model_dump(), "fresh": item.fresh}
+                    loaded = {"loaded": item.report.model_dump(), "fresh": item.fresh}
                     yield sse_event({"draftpen": loaded})
         except Exception as error:
             yield sse_event(generation_error(error).body())
@@ -208,7 +205,7 @@ class JobStreamResponse(StreamingResponse):
     catches that, and a disconnect before the first event, in one place.
     """
 
-    def __init__(self, content: AsyncIterator[str], job: EngineJob, queue: GenerationQueue) -> None:
+    def __init__(self, content: AsyncIterator[str], job: EngineJob, queue: JobQueue) -> None:
         super().__init__(
             content,
             media_type="text/event-stream",

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.client.wire import QueueNotice, waiting_label
+from app.client.wire import LoadedPairReport, QueueNotice, waiting_label
 from app.engine.generation_run import END
-from app.engine.scheduler import LoadedPair, LoadOptions
+from app.engine.scheduler import LoadOptions
 from backends.engine import Engine, GenerationRequest
 
 
@@ -23,6 +23,11 @@ class QueueFullError(Exception):
 
 class ShuttingDownError(Exception):
     """The server is stopping and takes no new work."""
+
+
+class RuntimeStoppedError(Exception):
+    """The engine's runtime process died too often and is not started again; the
+    message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -50,9 +55,10 @@ class Inspected:
 
 @dataclass(frozen=True)
 class LoadedNotice:
-    """A load job's end: the pair is in memory (``fresh``: loaded by this job)."""
+    """A load job's end: the pair is in memory (``fresh``: loaded by this job), as
+    ``/health`` reports it."""
 
-    loaded: LoadedPair
+    report: LoadedPairReport
     fresh: bool
 
 

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -102,3 +103,27 @@ def _python_stream(fd: int) -> TextIO | None:
         except (OSError, ValueError):
             continue
     return None
+
+
+def follow_log(path: Path, check_seconds: float = LOG_CHECK_SECONDS) -> None:
+    """Keep this process's stdout and stderr on ``path`` when another process (the
+    engine's front, which rotates it) moves it away: the runtime process inherits the
+    front's descriptors, and without this would write on in the rotated file."""
+
+    def follow() -> None:
+        while True:
+            try:
+                current = os.stat(path)
+                written = os.fstat(STDOUT_STDERR[1])
+                if (current.st_dev, current.st_ino) != (written.st_dev, written.st_ino):
+                    log = os.open(path, os.O_WRONLY | os.O_APPEND)
+                    try:
+                        for fd in STDOUT_STDERR:
+                            os.dup2(log, fd)
+                    finally:
+                        os.close(log)
+            except OSError:
+                pass  # no file yet (the front is rotating it): look again later
+            time.sleep(check_seconds)
+
+    threading.Thread(target=follow, name="draftpen-log-follow", daemon=True).start()

@@ -32,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from app.client.wire import QueueNotice
 from app.engine.generation_run import END, cancelled_event, run_generation
@@ -88,6 +88,11 @@ class GenerationQueue:
         self._completed = self._cancelled = self._failed = 0
         self._idle_since: float | None = time.monotonic()
         self._thread = threading.Thread(target=self._work, name="draftpen-engine", daemon=True)
+        # Hooks for an engine whose front runs in another process (runtime_child.py):
+        # a job the worker took, before it starts on it (called on the worker, no lock
+        # held); and "the state may have changed" (lock held: it must only take note).
+        self.on_taken: Callable[[EngineJob], None] | None = None
+        self.on_change: Callable[[], None] | None = None
 
     def start(self) -> None:
         """Start the worker thread."""
@@ -124,6 +129,7 @@ class GenerationQueue:
             self._waiting.append(job)
             self._idle_since = None
             self._tell_positions()
+            self._changed()
             self._condition.notify()
         return job
 
@@ -143,6 +149,7 @@ class GenerationQueue:
                 return  # running (the loop will see the event) or already done
             self._cancelled += 1
             self._tell_positions()
+            self._changed()
             if self._running is None and not self._waiting and not self._on_slots:
                 self._idle_since = time.monotonic()
         logger.info("%s: cancelled while queued (%s)", job.id, reason)
@@ -191,6 +198,11 @@ class GenerationQueue:
 
     # -- the worker thread -----------------------------------------------------
 
+    def _changed(self) -> None:
+        """Tell the hook that the queue's state may have changed (lock held)."""
+        if self.on_change is not None:
+            self.on_change()
+
     def _tell_positions(self) -> None:
         """Tell each waiting job where it stands, if that changed (lock held)."""
         ahead = [self._running.label] if self._running is not None else []
@@ -218,6 +230,7 @@ class GenerationQueue:
                     job = self._waiting.popleft()
                     self._running = job
                     self._tell_positions()
+                    self._changed()
                     return job
                 now = time.monotonic()
                 work, wake_at = self.exchange.next_work(now)
@@ -261,8 +274,15 @@ class GenerationQueue:
             if job is _KEEP_ALIVE_EXPIRED:
                 keep_alive = self.scheduler.keep_alive
                 self.scheduler.unload(f"idle for {keep_alive:g}s (keep-alive)")
+                with self._condition:
+                    self._changed()
                 continue
-            assert isinstance(job, EngineJob)
+            # An EngineJob, or the runtime process's stand-in for one (runtime_child.py).
+            job = cast(EngineJob, job)
+            if self.on_taken is not None:
+                # Outside the lock: the hook may wait until the front knows (a runtime
+                # that dies from here on costs this job's reply).
+                self.on_taken(job)
             outcome = self._run(job)
             with self._condition:
                 self._running = None
@@ -278,6 +298,7 @@ class GenerationQueue:
         else:
             self._failed += 1
         self._tell_positions()
+        self._changed()
         if not self._waiting and not self._on_slots and self._running is None:
             self._idle_since = time.monotonic()
         self._condition.notify_all()
@@ -297,7 +318,7 @@ class GenerationQueue:
             if job.inspect is not None:
                 return self._inspect(job, loaded.engine)
             if job.prepare is None:
-                job.post(LoadedNotice(loaded, fresh))
+                job.post(LoadedNotice(self.scheduler.report(loaded), fresh))
                 job.post(END)
                 return "completed"
             self._parallel = parallel_of(loaded.engine, loaded.options.parallel)

@@ -17,12 +17,16 @@ import uvicorn.config
 
 from app.engine.api import AgentApi
 from app.engine.api_key_check import ApiKeyCheck
+from app.engine.engine_parts import HeldPairs, JobQueue
 from app.engine.pairs import FixedPairs, PairDirectory
 from app.engine.queue import (
     DEFAULT_QUEUE_LIMIT,
     GenerationQueue,
 )
 from app.engine.request_body import MAX_BODY_BYTES
+from app.engine.runtime_deaths import CrashWindow
+from app.engine.runtime_supervisor import RuntimeSupervisor
+from app.engine.runtime_wire import RuntimeSpec
 from app.engine.scheduler import LoadOptions, PairScheduler
 from app.engine.unix_socket import (
     bind_tcp_socket,
@@ -53,7 +57,7 @@ class _UvicornServer(uvicorn.Server):
     """uvicorn's server, stopping the generations before it waits for open responses."""
 
     def __init__(
-        self, config: uvicorn.Config, api: AgentApi, queue: GenerationQueue, stop: threading.Event
+        self, config: uvicorn.Config, api: AgentApi, queue: JobQueue, stop: threading.Event
     ) -> None:
         super().__init__(config)
         self._api = api
@@ -78,14 +82,19 @@ class _UvicornServer(uvicorn.Server):
 class AgentServer:
     """The engine served on a Unix socket (and on TCP only when ``tcp`` is given).
 
-    Pairs come from ``pairs`` and are loaded by ``scheduler`` when a request names one;
-    or, for tests and embedding programs, ``engine`` is the one pair served, as
-    ``model_id``, and the caller keeps ownership of it. :meth:`run` blocks until the
+    Pairs come from ``pairs`` and are loaded when a request names one: by a runtime
+    process that ``runtime`` says how to start (``draftpen serve``: the front supervises
+    it, ``runtime_supervisor``), or by ``scheduler`` in this process; or, for tests and
+    embedding programs, ``engine`` is the one pair served, as ``model_id``, and the
+    caller keeps ownership of it. :meth:`run` blocks until the
     server is stopped (SIGTERM/SIGINT, :meth:`stop` from another thread, or
     ``idle_exit`` seconds with no work and no attached client), then cancels what is in
     flight and removes its socket. ``allowed_uid`` is the one user served over the Unix
     socket (default: this process's); ``stop``, when already set at startup (a SIGTERM
     during model loading), makes the server stop at once.
+
+    ``runtime_crashes`` counts the runtime process's deaths (default: 3 within 10
+    minutes stop its restarts).
 
     On TCP every request must carry ``api_key`` (``api_key_check``); serving TCP without
     a key needs ``tcp_without_key`` said out loud. Port 0 takes a free port: the one
@@ -111,6 +120,8 @@ class AgentServer:
         api_key: str | None = None,
         tcp_without_key: bool = False,
         preload: Callable[[], None] | None = None,
+        runtime: RuntimeSpec | None = None,
+        runtime_crashes: CrashWindow | None = None,
     ) -> None:
         if tcp is not None and not api_key and not tcp_without_key:
             raise ValueError("TCP needs an api_key (or tcp_without_key=True, said out loud)")
@@ -120,22 +131,35 @@ class AgentServer:
             scheduler = PairScheduler(fixed.loader, options)
             scheduler.adopt(fixed.name, engine, options)
             pairs = fixed
-        if scheduler is None or pairs is None:
-            raise ValueError("AgentServer needs an engine, or a scheduler and its pairs")
-        self.scheduler = scheduler
+        if (scheduler is None and runtime is None) or pairs is None:
+            raise ValueError("AgentServer needs an engine, or a scheduler or runtime and pairs")
         # Loads a pair before the socket opens (``serve --pair``), on the worker thread.
         self.preload = preload
         self.socket_path = socket_path
         self.tcp = tcp
         self.idle_exit = idle_exit
-        self.queue = GenerationQueue(scheduler, max_waiting=queue_limit)
+        self.queue: JobQueue
+        held: HeldPairs
+        if runtime is not None:
+            supervisor = RuntimeSupervisor(
+                runtime, max_waiting=queue_limit, crashes=runtime_crashes
+            )
+            self.queue = held = supervisor
+            self.runtime: RuntimeSupervisor | None = supervisor
+        else:
+            assert scheduler is not None
+            self.queue = GenerationQueue(scheduler, max_waiting=queue_limit)
+            held = scheduler
+            self.runtime = None
+        self.scheduler = held
         self.api = AgentApi(
-            scheduler,
+            held,
             self.queue,
             pairs=pairs,
             settings=settings,
             max_body_bytes=max_body_bytes,
             idle_exit=idle_exit is not None,
+            runtime=self.runtime.report if self.runtime is not None else None,
         )
         self._stop = stop or threading.Event()
         uid = os.getuid() if allowed_uid is None else allowed_uid
@@ -172,11 +196,13 @@ class AgentServer:
     def run(self, announce: Callable[[str], None] | None = None) -> None:
         """Load the preload on the worker thread, then listen, serve until stopped, and
         clean up; ``announce`` gets each address."""
-        self.queue.start()
         self.worker_stopped = False
         try:
+            # A runtime process starts here, its preload loaded before it says ready.
+            self.queue.start()
             if self.preload is not None:
                 # On the worker thread, as every later generation: one thread computes.
+                assert isinstance(self.queue, GenerationQueue)
                 self.queue.run_on_worker(self.preload)
             listener = bind_unix_socket(self.socket_path)
         except BaseException:

@@ -138,6 +138,27 @@ class PairScheduler:
         logger.info("loaded %s in %.1fs", name, now - started)
         return loaded, True
 
+    def held(self) -> tuple[str, LoadOptions] | None:
+        """The pair in memory and how it was loaded, if any."""
+        with self._lock:
+            current = self._loaded
+        return (current.name, current.options) if current is not None else None
+
+    def loading_name(self) -> str | None:
+        """The pair being loaded now, if any."""
+        with self._lock:
+            return self._loading
+
+    def remembered(self) -> dict[str, LoadOptions]:
+        """The options of each pair's last explicit load."""
+        with self._lock:
+            return dict(self._remembered)
+
+    def remember(self, options: dict[str, LoadOptions]) -> None:
+        """Take over explicit loads' options (a runtime started again keeps them)."""
+        with self._lock:
+            self._remembered.update(options)
+
     def options_for(self, name: str) -> LoadOptions:
         """How ``name`` is held now, or would be loaded on demand."""
         with self._lock:

@@ -57,6 +57,11 @@ class ApiError(Exception):
         self.code = code
         self.headers = headers or {}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled whole: an error found in the runtime process crosses to the front.
+        fields = (self.error_type, self.param, self.code, self.headers)
+        return (_api_error, (self.status, self.message, *fields))
+
     def body(self) -> dict[str, Any]:
         """The JSON body, in OpenAI's shape."""
         return {
@@ -67,6 +72,18 @@ class ApiError(Exception):
                 "code": self.code,
             }
         }
+
+
+def _api_error(
+    status: int,
+    message: str,
+    error_type: str,
+    param: str | None,
+    code: str | None,
+    headers: dict[str, str],
+) -> ApiError:
+    """An :class:`ApiError` rebuilt from its pickle."""
+    return ApiError(status, message, error_type=error_type, param=param, code=code, headers=headers)
 
 
 class Strict(BaseModel):

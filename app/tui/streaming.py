@@ -22,6 +22,7 @@ from app.client import (
     EngineClient,
     EngineCrashedError,
     EngineLost,
+    EngineRuntimeRestartedError,
     Loading,
     Waiting,
 )
@@ -112,13 +113,15 @@ class ReplyLost(Message):
     """The engine went away while writing ``message_id``; ``error`` says so.
 
     ``crashed``: its runtime crashed (a fatal signal); ``gives_up``: it has crashed
-    twice, and is not started again.
+    twice, and is not started again. ``runtime_restarted``: only the engine's runtime
+    process died, and the engine starts it again itself (the engine is still there).
     """
 
     message_id: int
     error: str
     crashed: bool = False
     gives_up: bool = False
+    runtime_restarted: bool = False
 
 
 @dataclass
@@ -173,6 +176,9 @@ def stream_reply(
                 if first:
                     post(ReplyStarted(reply.message_id))
         post(ReplyFinished(reply.message_id))
+    except EngineRuntimeRestartedError as error:
+        # The engine stays; its runtime starts again by itself: nothing to restart here.
+        post(ReplyLost(reply.message_id, str(error), runtime_restarted=True))
     except EngineCrashedError as error:
         post(ReplyLost(reply.message_id, str(error), crashed=True, gives_up=error.gives_up))
     except EngineLost as error:

@@ -60,12 +60,18 @@ def rss(pid: int) -> int:
     return psutil.Process(pid).memory_info().rss
 
 
+def engine_rss(client: EngineClient) -> int:
+    """The engine's resident memory: its front process and its runtime process."""
+    health = client.health()
+    runtime = health.runtime.pid if health.runtime is not None else None
+    return rss(health.pid) + (rss(runtime) if runtime is not None else 0)
+
+
 @pytest.mark.real_model
 def test_chat_and_an_openai_client_at_once_share_one_load(engine: EngineClient):
     model_bytes = require_model(SMOLLM2_KEY).stat().st_size
     assert {card.id: card.loaded for card in engine.pairs()}.get(PAIR) is False
-    pid = engine.health().pid
-    empty = rss(pid)
+    empty = engine_rss(engine)
 
     def chat(client: EngineClient) -> list[Any]:
         return list(client.chat(chat_turn("Name a colour.")))
@@ -74,7 +80,7 @@ def test_chat_and_an_openai_client_at_once_share_one_load(engine: EngineClient):
         chatted = pool.submit(chat, engine)
         answered = pool.submit(sdk_chat, sdk(engine), "Name a fruit.")
         items, answer = chatted.result(timeout=300), answered.result(timeout=300)
-    grown_together = rss(pid) - empty
+    grown_together = engine_rss(engine) - empty
 
     assert chat_text(items) and answer
     # One of them loaded the pair while the other waited; the chat saw either.
@@ -91,10 +97,12 @@ def test_chat_and_an_openai_client_at_once_share_one_load(engine: EngineClient):
         Settings(), socket_path=short_socket("rss-alone"), serve_options=["--keep-alive", "-1"]
     )
     try:
-        alone_pid = alone.health().pid
-        alone_empty = rss(alone_pid)
+        front = alone.health().pid
+        alone_empty, front_empty = engine_rss(alone), rss(front)
         assert chat_text(chat(alone)) and sdk_chat(sdk(alone), "Name a fruit.")
-        grown_alone = rss(alone_pid) - alone_empty
+        grown_alone = engine_rss(alone) - alone_empty
+        # The weights are in the runtime process alone: the front loads no model.
+        assert rss(front) - front_empty < 0.5 * model_bytes
     finally:
         stop_engine(alone)
     assert grown_alone > 0.8 * model_bytes  # the weights, read by every forward, are resident

@@ -178,15 +178,22 @@ class ReplyWritingScreen(Screen[None]):
         reply = self.reply
         if reply is None or reply.message_id != message.message_id:
             return
-        what = "the runtime crashed" if message.crashed else "the engine stopped"
+        if message.runtime_restarted:
+            what = "the engine's runtime restarted"
+        elif message.crashed:
+            what = "the runtime crashed"
+        else:
+            what = "the engine stopped"
         await self._keep_unfinished(reply, INTERRUPTED, note=f"interrupted: {what}")
         self.notify(
             f"{message.error} What it wrote is kept; the chat is intact.",
-            title=f"{what.capitalize()} mid-reply",
+            title=f"{what[0].upper()}{what[1:]} mid-reply",
             severity="error",
-            timeout=30 if message.crashed else 15,
+            timeout=30 if message.crashed or message.runtime_restarted else 15,
         )
         self._reply_ended()
+        if message.runtime_restarted:
+            return  # the engine is there, and starts its runtime again by itself
         if message.gives_up:  # one restart was tried already: no crash loop
             self.draftpen.give_up_on_engine(message.error)
         else:
