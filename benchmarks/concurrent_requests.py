@@ -103,9 +103,12 @@ class Timed:
 class Chats:
     """An OpenAI-compatible endpoint, timed per request, on one clock."""
 
-    def __init__(self, url: str, key: str, model: str) -> None:
+    def __init__(
+        self, url: str, key: str, model: str, extra_body: dict[str, Any] | None = None
+    ) -> None:
         self.sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=key, timeout=3600, max_retries=0)
         self.model = model
+        self.extra_body = extra_body  # fields beyond OpenAI's, for every request
         self.clock = time.perf_counter()
         self.questions = itertools.cycle(SHORT_QUESTIONS)
         self.numbers = itertools.count(1)  # each short chat and story is numbered anew
@@ -127,6 +130,7 @@ class Chats:
             temperature=0,
             stream=True,
             stream_options={"include_usage": True},
+            extra_body=self.extra_body,
         )
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:

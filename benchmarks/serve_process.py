@@ -27,19 +27,22 @@ def start_serve(
     name: str,
     arguments: Sequence[str] = (),
     environment: Mapping[str, str] | None = None,
+    repo: Path = REPO,
 ) -> tuple[subprocess.Popen[str], str, str]:
     """``draftpen serve --pair PAIR --context N --tcp 127.0.0.1:0 ARGUMENTS`` in
-    DRAFTPEN_HOME ``home``; its process, TCP URL and API key (``name`` names the
-    socket's folder and the key). Exits the benchmark if the engine does not start."""
+    DRAFTPEN_HOME ``home``, from the source tree ``repo`` (default: this one); its
+    process, TCP URL and API key (``name`` names the socket's folder and the key).
+    Exits the benchmark if the engine does not start."""
     socket_path = Path(tempfile.mkdtemp(prefix=f"{name}-")) / "e.sock"
     key = f"{name}-benchmark"
     command = [sys.executable, "-m", "app.main", "serve", "--pair", pair]
     command += ["--context", str(context), "--socket", str(socket_path)]
     command += ["--tcp", "127.0.0.1:0", *arguments]
     env = {**os.environ, "DRAFTPEN_HOME": str(home), "DRAFTPEN_API_KEY": key}
+    env["PYTHONPATH"] = str(repo)  # the tree's own code, not the installed one's
     env.update(environment or {})
     process = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=sys.stderr, text=True
+        command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=sys.stderr, text=True
     )
     assert process.stdout is not None
     ready, _, _ = select.select([process.stdout], [], [], 1800)
@@ -62,13 +65,13 @@ def stop_serve(process: subprocess.Popen[Any]) -> None:
         process.wait()
 
 
-def tree_commit() -> str:
-    """This tree's commit, short, with ``+changes`` when it has uncommitted ones (for a
-    benchmark's report)."""
+def tree_commit(repo: Path = REPO) -> str:
+    """The commit of the tree ``repo`` (default: this one), short, with ``+changes``
+    when it has uncommitted ones (for a benchmark's report)."""
 
     def git(*arguments: str) -> str:
         command = ["git", *arguments]
-        return subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(command, cwd=repo, capture_output=True, text=True).stdout.strip()
 
     dirty = git("status", "--porcelain", "-uno")
     return f"{git('rev-parse', '--short', 'HEAD')}{'+changes' if dirty else ''}"
