@@ -22,6 +22,7 @@ import os
 import tomllib
 import typing
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -169,8 +170,14 @@ class Settings:
         if problem:
             raise SettingsError(problem)
 
+    @cached_property
+    def sampling(self) -> SamplingParams:
+        """The sampling these settings ask for, without a seed: built once, when the
+        settings are checked, and the same value for every turn that uses them."""
+        return self.sampling_params()
+
     def sampling_params(self, seed: int | None = None) -> SamplingParams:
-        """The sampling these settings ask for (their ranges are already checked)."""
+        """The sampling these settings ask for, with ``seed`` (a new value each call)."""
         return SamplingParams(
             temperature=self.temperature,
             top_k=self.top_k,
@@ -211,7 +218,7 @@ def _range_problem(settings: Settings) -> str | None:
 def _sampling_problem(settings: Settings) -> str | None:
     """What is wrong with the sampling settings, in SamplingParams' own words."""
     try:
-        settings.sampling_params()
+        settings.sampling  # noqa: B018 (built and kept: the check is building it)
     except ValueError as error:
         return str(error)
     return None

@@ -114,6 +114,8 @@ class PlainChat:
         self.args = args
         self.settings = settings
         self.pair = args.pair or settings.default_pair
+        # Built once for the chat: each turn sends the same sampling.
+        self.params = settings.sampling_params(seed=args.seed)
         self.session = EngineSession(args, settings, self.pair)
         system = settings.system_prompt
         self.system = [ChatMessage("system", system)] if system else []
@@ -158,7 +160,7 @@ class PlainChat:
         turn = ChatTurn(
             pair=self.pair,
             messages=tuple(messages),
-            params=settings.sampling_params(seed=self.args.seed),
+            params=self.params,
             max_tokens=settings.max_tokens,
             drafter=settings.drafter,
             draft_tokens=settings.draft_tokens,

@@ -13,6 +13,7 @@ from textual.widgets import Input
 from app.settings import Settings
 from app.tui.widgets.chat_list import ChatList, ChatListItem
 from app.tui.widgets.message_view import MessageView
+from backends.sampling.filters import SamplingParams
 from tests.support.tui_helpers import (
     make_app,
     reply_views,
@@ -185,5 +186,32 @@ def test_a_history_that_cannot_be_written_keeps_the_typed_message_and_says_so() 
                 "a message worth keeping",
                 "Saved.",
             ]
+
+    run(body)
+
+
+def test_a_chat_turn_builds_its_sampling_once_in_the_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The range check of each sampling field is SamplingParams'. The app's settings
+    # were checked when they were read, so a turn sends their sampling as it is and only
+    # the engine builds (checks) it again from the request: once a turn, not twice.
+    app = make_app({"fake": scripted_engine(["Twice two is four.", "Thrice two is six."])})
+    built: list[SamplingParams] = []
+    check = SamplingParams.__post_init__
+
+    def counted(params: SamplingParams) -> None:
+        check(params)
+        built.append(params)
+
+    async def body() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until_ready(app, pilot)
+            monkeypatch.setattr(SamplingParams, "__post_init__", counted)
+            for turn in (1, 2):
+                await send(pilot, f"Multiply two ({turn})")
+                await settle(app, pilot)
+                assert len(built) == turn
+            assert built[-1].temperature == app.settings.temperature
 
     run(body)

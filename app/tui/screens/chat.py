@@ -197,7 +197,7 @@ class ChatScreen(ReplyWritingScreen):
         return ChatTurn(
             pair=self.draftpen.pair_name,
             messages=tuple(self._conversation()),
-            params=settings.sampling_params(),
+            params=settings.sampling,
             max_tokens=settings.max_tokens,
             drafter=settings.drafter,
             draft_tokens=settings.draft_tokens,
