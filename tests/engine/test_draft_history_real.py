@@ -48,3 +48,24 @@ def test_the_same_request_again_is_mostly_drafted_from_the_index(tmp_path: Path)
         assert drafted >= 0.6 * len(again), f"{drafted} of {len(again)} drafted"
     finally:
         engine.close()
+
+
+def test_serve_keeps_the_index_on_disk_when_it_stops(tmp_path: Path) -> None:
+    # serve's runtime runs in a process of its own (issue 52): the index lives there, so
+    # the front's stop must reach it and the runtime save the index before it ends.
+    from backends.caches.draft_history import stored_histories
+    from tests.support.serve_process import chat, start_server
+
+    home = tmp_path / "home"
+    home.mkdir()
+    running = start_server(home, tmp_path / "e.sock")
+    try:
+        with running.client() as client:
+            answer = client.post("/v1/chat/completions", json=chat(QUESTION, max_tokens=48))
+        assert answer.status_code == 200, answer.text
+        written = answer.json()["usage"]["completion_tokens"]
+    finally:
+        assert running.stop() == 0, running.log()
+    [stored] = stored_histories(home / "cache" / "history")
+    # The reply and the prompt's new part: at least the reply's tokens.
+    assert stored.tokens >= written > 0, (stored, written)
