@@ -151,5 +151,25 @@ def test_rolling_rate_covers_the_last_second_and_decays_when_tokens_stop() -> No
         now[0] = step * 0.1
         rate.add(20 + (step - 20) * 5)
     assert rate.rate() == pytest.approx(50.0, rel=0.1)
-    now[0] += 2.0  # nothing for two seconds
-    assert rate.rate() < 20.0
+    now[0] += 2.0  # nothing for two seconds: the burst's 50 over the 2 s waited
+    assert rate.rate() == pytest.approx(25.0, rel=0.1)
+    now[0] += 8.0  # nothing for ten
+    assert rate.rate() < 6.0
+
+
+def test_rolling_rate_of_rounds_slower_than_its_window_never_reads_zero() -> None:
+    # A big target on a CPU: a round of the loop every 1.5 s writes 4 tokens, and the
+    # chat's timer records the same count 15 times in between. The rate between two
+    # rounds is the rounds' own (it read 0.0 half the time when every tick was a sample).
+    now = [0.0]
+    rate = RollingRate(window_seconds=1.0, clock=lambda: now[0])
+    shown: list[float] = []
+    for tick in range(1, 91):  # 9 seconds of 0.1 s ticks
+        now[0] = tick * 0.1
+        rate.add(4 * (tick // 15))
+        if tick >= 30:
+            shown.append(rate.rate())
+    assert min(shown) == pytest.approx(4 / 1.5, rel=0.05)
+    assert max(shown) == pytest.approx(4 / 1.5, rel=0.05)
+    now[0] += 6.0  # then the engine stops writing: the figure decays
+    assert rate.rate() < 1.0
