@@ -17,6 +17,12 @@ from __future__ import annotations
 from backends.base import Model
 from backends.speculation.mtp_drafter import DraftHead, MtpDrafter
 
+# What a target without a head is told (after its name) when asked to draft with one.
+NO_EAGLE3_HEAD = (
+    "has no EAGLE-3 head loaded. Give the head's GGUF with --target TARGET --draft HEAD, "
+    "or pick a pair whose drafter is eagle3."
+)
+
 
 class Eagle3Drafter(MtpDrafter):
     """Drafts a chain from the target's EAGLE-3 head (see the module's docstring)."""
