@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from backends.errors import BackendError, DecodeError
-from backends.llamacpp.eagle3 import LlamaCppEagle3Head, head_layer_ids, load_eagle3_weights
+from backends.llamacpp.eagle3 import LlamaCppEagle3Head
+from backends.llamacpp.eagle3_files import head_layer_ids, load_eagle3_weights
 from backends.llamacpp.library import llama_cpp
 from backends.llamacpp.mtp import LlamaCppMtpHead, load_mtp_weights
 
