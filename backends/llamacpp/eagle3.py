@@ -161,6 +161,9 @@ class LlamaCppEagle3Head:
             keep = min(self.synced, evaluated - 1)
             llama_cpp.llama_memory_seq_rm(self._memory, 0, keep, -1)
             self.synced = keep
+        # The pending token's entry alone, after the catch-up: its row (and so q) is
+        # then computed alike whatever the catch-up held, proposal after proposal.
+        self._sync(evaluated - 1, context)
         rows = self._sync(evaluated, context, logits=True)
         self._chain_end = self.synced
         for token in context[evaluated + 1 :]:
