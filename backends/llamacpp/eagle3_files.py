@@ -19,7 +19,6 @@ from backends.errors import ModelLoadError
 from backends.llamacpp.library import check_gguf_file, llama_cpp
 from backends.llamacpp.placement import local_placement
 from backends.llamacpp.vocab import vocab_facts, vocab_token_text
-from backends.pair_check import check_pair
 
 # Architectures whose llama.cpp graph hands out its layers' inputs (``t_layer_inp`` in
 # src/models/<arch>.cpp); on any other, switching the extraction on aborts the process
@@ -136,24 +135,30 @@ def _mismatch(weights: Any, target: Any) -> str | None:
             f"llama.cpp cannot hand out a {architecture} target's layer inputs "
             f"(it can for {', '.join(sorted(LAYER_INPUT_ARCHITECTURES))})"
         )
-    head_vocab, target_vocab = _Vocabulary(weights), _Vocabulary(target)
-    if head_vocab.n_vocab != target_vocab.n_vocab:
-        return (
-            f"its vocabulary has {head_vocab.n_vocab} tokens, the target's {target_vocab.n_vocab}"
-        )
-    check = check_pair(target_vocab, head_vocab)
-    return None if check.compatible else f"its vocabulary differs: {check.problem}"
+    return _vocabulary_mismatch(
+        llama_cpp.llama_model_get_vocab(weights), llama_cpp.llama_model_get_vocab(target)
+    )
 
 
-class _Vocabulary:
-    """A loaded model's tokenizer as the pair check reads it."""
+def _vocabulary_mismatch(head: Any, target: Any) -> str | None:
+    """Where the head's vocabulary is not the target's (None: it is the same).
 
-    def __init__(self, model: Any) -> None:
-        self._vocab = llama_cpp.llama_model_get_vocab(model)
-        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-
-    def vocab_info(self) -> Any:
-        return vocab_facts(self._vocab, self.n_vocab)
-
-    def token_text(self, token: int) -> str:
-        return vocab_token_text(self._vocab, token)
+    A head reads the target's token embeddings and its rows index the target's
+    vocabulary, so the rule is stricter than a draft model's (backends/pair_check.py,
+    which allows padding): the same size, special tokens and text for every id.
+    """
+    head_size = int(llama_cpp.llama_vocab_n_tokens(head))
+    target_size = int(llama_cpp.llama_vocab_n_tokens(target))
+    if head_size != target_size:
+        return f"its vocabulary has {head_size} tokens, the target's {target_size}"
+    head_facts, target_facts = vocab_facts(head, head_size), vocab_facts(target, target_size)
+    if head_facts != target_facts:
+        return f"its vocabulary differs ({head_facts} in the head, {target_facts} in the target)"
+    for token in range(head_size):
+        head_text, target_text = vocab_token_text(head, token), vocab_token_text(target, token)
+        if head_text != target_text:
+            return (
+                f"its vocabulary differs at token {token} ({head_text!r} in the head, "
+                f"{target_text!r} in the target)"
+            )
+    return None

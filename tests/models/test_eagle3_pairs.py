@@ -7,13 +7,14 @@ to the engine, which attaches it to the target (``attach_eagle3_head``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from app.errors import CatalogError
 from app.loading import load_engine
-from app.models.catalog_file import parse_catalog
+from app.models.catalog_file import forget_command_line_pairs, parse_catalog
 from app.models.user_pairs import use_command_line_pair
 from backends.engine import GenerationRequest
 from tests.models.catalog_texts import MINIMAL
@@ -31,6 +32,14 @@ size_bytes = 5
 repo = "org/tiny-eagle3-GGUF"
 filename = "tiny-eagle3.gguf"
 """
+
+
+@pytest.fixture(autouse=True)
+def no_command_line_pairs() -> Iterator[None]:
+    """A pair given with --target lives for one process; tests run in one process."""
+    forget_command_line_pairs()
+    yield
+    forget_command_line_pairs()
 
 
 def with_head(variant: str) -> str:
