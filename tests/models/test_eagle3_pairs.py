@@ -7,6 +7,7 @@ to the engine, which attaches it to the target (``attach_eagle3_head``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from app.models.catalog_file import forget_command_line_pairs, parse_catalog
 from app.models.user_pairs import use_command_line_pair
 from backends.engine import GenerationRequest
 from tests.models.catalog_texts import MINIMAL
+from tests.support.draftpen_cli import run_draftpen
 from tests.support.model_files import SMOLLM2_KEY, require_model
 from tests.support.tiny_eagle3 import write_eagle3_head, write_tiny_target
 
@@ -102,3 +104,23 @@ def test_your_own_target_and_eagle3_head_load_as_a_pair_that_drafts_with_it(tmp_
         engine.close()
     assert events[-1].stats.drafted > 0
     assert "eagle3" in {event.drafter for event in events}
+
+
+@pytest.mark.real_model
+def test_generate_with_your_own_eagle3_head_under_exact_writes_plain_decodings_text(
+    tmp_path: Path,
+):
+    """``draftpen generate --target T --draft HEAD --drafter eagle3 --exact``."""
+    tokenizer = require_model(SMOLLM2_KEY)
+    target = write_tiny_target(tmp_path / "tiny-llama.gguf", tokenizer, seed=1)
+    head = write_eagle3_head(tmp_path / "tiny-llama-eagle3.gguf", target, seed=2)
+    replies = {}
+    for drafter in ("eagle3", "none"):
+        result = run_draftpen(
+            "generate", "--target", str(target), "--draft", str(head), "--drafter", drafter,
+            "--exact", "--max-tokens", "20", "--json", "-p", "The sea is",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        replies[drafter] = json.loads(result.stdout)
+    assert replies["eagle3"]["text"] == replies["none"]["text"]
+    assert replies["eagle3"]["stats"]["drafted"] > 0
