@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from backends.caches.draft_history import HistorySettings
 
 
+
 def runtime_record_path(socket_path: Path) -> Path:
     """Where the runtime process keeps its crash record: ``<socket>.runtime.activity``
     and ``<socket>.runtime.fatal`` (the front keeps ``<socket>.activity``, as before)."""
