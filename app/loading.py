@@ -102,6 +102,9 @@ def load_engine(
         )
         if with_draft and resolved.variant.uses_mtp:
             _use_mtp_head(engine, resolved, report)
+        if with_draft and resolved.eagle3_head_path is not None:
+            report(f"loading EAGLE-3 head {resolved.eagle3_head_path.name}")
+            engine.attach_eagle3_head(resolved.eagle3_head_path)
         if calibrate:
             ensure_calibrated(engine, chosen_runtime, report)
         return engine

@@ -192,8 +192,9 @@ class ModelEntry:
         return self.sha256 is not None
 
 
-DRAFTER_KINDS = ("model", "mtp")
-"""What a pair variant may name as its ``drafter``: a draft model, or the MTP head."""
+DRAFTER_KINDS = ("model", "mtp", "eagle3")
+"""What a pair variant may name as its ``drafter``: a draft model, the MTP head, or an
+EAGLE-3 head."""
 
 
 @dataclass(frozen=True)
@@ -203,8 +204,9 @@ class PairVariant:
     ``drafter`` says what drafts. ``"model"`` (the default where ``draft`` is set): the
     draft model. ``"mtp"``: the target's own multi-token-prediction (nextn) head, kept
     inside the target GGUF when ``draft`` is ``None``, or published as a separate MTP
-    GGUF that ``draft`` then names (it is not a model that runs alone). ``None`` with no
-    draft: n-gram drafts only.
+    GGUF that ``draft`` then names (it is not a model that runs alone). ``"eagle3"``: the
+    EAGLE-3 head (llama.cpp's ``eagle3`` GGUF) that ``draft`` names, trained for this
+    target and fed its hidden states. ``None`` with no draft: n-gram drafts only.
     """
 
     runtime: str
@@ -229,9 +231,14 @@ class PairVariant:
         return self.drafter == "mtp"
 
     @property
+    def uses_eagle3(self) -> bool:
+        """Whether the EAGLE-3 head in the ``draft`` file drafts."""
+        return self.drafter == "eagle3"
+
+    @property
     def draft_model(self) -> str | None:
         """The key of a draft model that runs on its own, if the variant has one."""
-        return None if self.uses_mtp else self.draft
+        return self.draft if self.drafter == "model" else None
 
     @property
     def mtp_head(self) -> str | None:
@@ -244,6 +251,8 @@ class PairVariant:
         if self.uses_mtp:
             where = "a separate MTP file" if self.draft else "inside the target GGUF"
             return f"the target's own MTP head ({where}); n-grams where it cannot run"
+        if self.uses_eagle3:
+            return "the target's EAGLE-3 head (a separate file); n-grams where it cannot run"
         if self.draft is not None:
             return "the draft model, and n-grams"
         return "n-grams only (no draft model)"

@@ -1,6 +1,7 @@
 """Reading one ``[pairs.<key>]`` entry of a catalog file: its runtime variants and drafter rules.
 
-A variant names a target, maybe a draft, and maybe a drafter (``"model"``, ``"mtp"``);
+A variant names a target, maybe a draft, and maybe a drafter (``"model"``, ``"mtp"``,
+``"eagle3"``);
 :func:`check_pair_models`, run once every entry is read, holds each variant to the
 models of its catalog: they exist, suit the runtime, and an MTP variant's model keeps the
 MTP layers it drafts with.
@@ -100,12 +101,15 @@ def read_pair_entry(reader: TableReader, key: str, table: dict[str, Any]) -> Pai
             )
         if drafter == "model" and draft is None:
             reader.fail(where_variant, 'drafter = "model" needs a draft model in draft')
-        if drafter == "mtp" and runtime != "llamacpp":
+        if drafter in ("mtp", "eagle3") and runtime != "llamacpp":
+            head = "an MTP head" if drafter == "mtp" else "an EAGLE-3 head"
             reader.fail(
                 where_variant,
-                f'drafter = "mtp" runs only on llama.cpp; {runtime} cannot run an MTP head '
+                f'drafter = "{drafter}" runs only on llama.cpp; {runtime} cannot run {head} '
                 "yet, so give this variant no drafter (it drafts with n-grams)",
             )
+        if drafter == "eagle3" and draft is None:
+            reader.fail(where_variant, 'drafter = "eagle3" needs the head\'s GGUF in draft')
         variants.append(PairVariant(runtime, variant["target"], draft, drafter))
     if not variants:
         reader.fail(

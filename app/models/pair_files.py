@@ -34,8 +34,9 @@ class ResolvedPair:
     """A pair whose models are all present and verified, for one runtime.
 
     Paths are files for llamacpp (gguf) and directories for mlx. A variant whose
-    drafter is a separate MTP file has that file in :attr:`mtp_head_path`, never in
-    :attr:`draft_path`: it is not a model that can be loaded and run alone.
+    drafter is a separate MTP file has that file in :attr:`mtp_head_path`, and one whose
+    drafter is an EAGLE-3 head has it in :attr:`eagle3_head_path`, never in
+    :attr:`draft_path`: neither is a model that can be loaded and run alone.
     """
 
     target_path: Path
@@ -43,6 +44,7 @@ class ResolvedPair:
     entry: PairEntry
     runtime: str
     mtp_head_path: Path | None = None
+    eagle3_head_path: Path | None = None
 
     @property
     def variant(self) -> PairVariant:
@@ -79,10 +81,11 @@ def resolve_pair(
     second = paths[1] if len(paths) > 1 else None
     return ResolvedPair(
         target_path=paths[0],
-        draft_path=None if variant.uses_mtp else second,
+        draft_path=second if variant.draft_model is not None else None,
         entry=pair,
         runtime=variant.runtime,
         mtp_head_path=second if variant.uses_mtp else None,
+        eagle3_head_path=second if variant.uses_eagle3 else None,
     )
 
 

@@ -10,7 +10,8 @@ only where the caller needs them (never for a prefilled prompt).
 This module holds ``LlamaCppModel`` (loading, evaluation, rollback, saved states); the
 modules beside it in ``backends/llamacpp/`` hold its parts, and they alone import
 ``llama_cpp``: the library and its log (``library``), load settings (``params``), the
-tokenizer (``vocab``), recurrent rollback (``rollback``), the MTP head (``mtp``) and
+tokenizer (``vocab``), recurrent rollback (``rollback``), the draft heads a target
+feeds (``draft_heads``: its MTP head, ``mtp``, or an EAGLE-3 head, ``eagle3``) and
 bench's yardstick (``reference``).
 """
 
@@ -26,9 +27,12 @@ import numpy as np
 
 from backends.base import SequenceState
 from backends.errors import ContextOverflowError, DecodeError, ModelLoadError
+from backends.llamacpp.draft_heads import DraftHeads
+from backends.llamacpp.eagle3 import LlamaCppEagle3Head
 from backends.llamacpp.ggml_devices import decode, release_workers, supports_gpu_offload
 
-# First: the runtime's own import, so that a missing runtime says how to install it.
+# The runtime's own import (each module of this package makes it before any other
+# of llama_cpp), so that a missing runtime says how to install it.
 from backends.llamacpp.library import (
     check_gguf_file,
     ensure_backend,
@@ -37,7 +41,7 @@ from backends.llamacpp.library import (
     physical_cores,
     recent_errors,
 )
-from backends.llamacpp.mtp import LlamaCppMtpHead, load_mtp_weights
+from backends.llamacpp.mtp import LlamaCppMtpHead
 from backends.llamacpp.params import context_params, model_params, parallel_refusal
 from backends.llamacpp.placement import load_weights, placement_for
 from backends.llamacpp.rollback import (
@@ -57,7 +61,7 @@ def _uint8_pointer(buffer: np.ndarray) -> Any:
     return buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
-class LlamaCppModel(LlamaCppTokens):
+class LlamaCppModel(DraftHeads, LlamaCppTokens):
     """A GGUF model with one context and one reusable batch.
 
     With ``parallel`` N > 1 the context holds N sequences of ``n_ctx`` cells; this object
@@ -87,7 +91,7 @@ class LlamaCppModel(LlamaCppTokens):
         self._model = None
         self._context = None
         self._batch = None
-        self._mtp: LlamaCppMtpHead | None = None
+        self._head: LlamaCppMtpHead | LlamaCppEagle3Head | None = None
         self._workers: tuple[Endpoint, ...] = ()
         # This model's sequence in its context; the views of a parallel context
         # (backends/llamacpp/sequences.py) each have their own.
@@ -242,8 +246,8 @@ class LlamaCppModel(LlamaCppTokens):
                     "the context length."
                 )
             raise DecodeError(f"llama_decode failed with status {status}: {last_llama_error()}")
-        if self._mtp is not None:
-            self._mtp.target_decoded(start, tokens)
+        if self._head is not None:
+            self._head.target_decoded(start, tokens)
 
     def _logits_view(self, rows: int) -> np.ndarray:
         """The first ``rows`` rows of llama.cpp's logits buffer, as a numpy view.
@@ -292,8 +296,8 @@ class LlamaCppModel(LlamaCppTokens):
         elif not llama_cpp.llama_memory_seq_rm(self._memory, self._seq, n_keep, -1):
             raise DecodeError(f"llama.cpp could not drop cached positions from {n_keep} on")
         del self._tokens[n_keep:]
-        if self._mtp is not None:
-            self._mtp.target_rolled_back(n_keep)
+        if self._head is not None:
+            self._head.target_rolled_back(n_keep)
 
     @property
     def rollback_limit(self) -> int | None:
@@ -351,8 +355,8 @@ class LlamaCppModel(LlamaCppTokens):
         context = self._live_context()
         buffer = state.payload
         recent_errors.clear()
-        if self._mtp is not None:
-            self._mtp.target_rolled_back(0)  # it has no hidden states for a restored cache
+        if self._head is not None:
+            self._head.target_rolled_back(0)  # it has no hidden states for a restored cache
         seq = self._seq
         read = llama_cpp.llama_state_seq_set_data(context, _uint8_pointer(buffer), buffer.size, seq)
         restored_end = int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq)) + 1
@@ -392,43 +396,9 @@ class LlamaCppModel(LlamaCppTokens):
             tuple(tokens), nbytes, read_payload(file, nbytes), owner=self._state_owner
         )
 
-    def _live_context(self) -> Any:
-        if not self._context:
-            raise DecodeError(f"{self.name} was closed; load the model again to use it")
-        return self._context
-
-    def mtp_head(self) -> LlamaCppMtpHead | None:
-        """The model's own multi-token-prediction head (None: the file has none)."""
-        if self._mtp is None and self.mtp_layers > 0:
-            self._mtp = self._new_mtp_head(self._model)
-        return self._mtp
-
-    def attach_mtp_file(self, path: str | Path) -> LlamaCppMtpHead:
-        """Draft with the MTP head in a separate GGUF (as some publishers ship it)."""
-        weights = load_mtp_weights(
-            Path(path), self._model, self.name, gpu_layers=999 if self.gpu_offload else 0
-        )
-        if self._mtp is not None:
-            self._mtp.close()
-        self._mtp = self._new_mtp_head(weights, owns_weights=True)
-        return self._mtp
-
-    def _new_mtp_head(self, weights: Any, *, owns_weights: bool = False) -> LlamaCppMtpHead:
-        return LlamaCppMtpHead(
-            self._live_context(),
-            weights,
-            n_ctx=self.n_ctx,
-            n_batch=self.n_batch,
-            threads=self.n_threads,
-            n_vocab=self.n_vocab,
-            owns_weights=owns_weights,
-        )
-
     def close(self) -> None:
-        """Free the MTP head, the batch, the context and the weights."""
-        if self._mtp is not None:
-            self._mtp.close()
-            self._mtp = None
+        """Free the draft head, the batch, the context and the weights."""
+        self._close_head()
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None

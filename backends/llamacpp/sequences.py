@@ -59,7 +59,7 @@ class LlamaCppSequence(LlamaCppModel):
         view._seq = seq
         view._tokens = []
         view._batch = None
-        view._mtp = None
+        view._head = None
         view._recurrent = None
         view._batcher = batcher
         view._exchange = exchange

@@ -29,6 +29,12 @@ from backends.speculation.draft_chain import draft_chain
 from backends.speculation.proposal import EMPTY_PROPOSAL, DraftProposal
 from backends.token_prefix import common_prefix_length
 
+# What a target without a head is told (after its name) when asked to draft with one.
+NO_MTP_HEAD = (
+    "has no MTP head (no nextn layers in its file). Use a GGUF that keeps them, or "
+    "--drafter ngram, model or none."
+)
+
 
 class DraftHead(Protocol):
     """A target's own draft head, as a runtime runs it."""

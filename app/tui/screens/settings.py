@@ -37,6 +37,7 @@ DRAFTER_LABELS = {
     "auto": "auto (measures and picks per round)",
     "model": "draft model",
     "mtp": "the model's own MTP head",
+    "eagle3": "the model's EAGLE-3 head",
     "ngram": "n-gram (prompt lookup)",
     "none": "off (plain decoding)",
 }
