@@ -27,7 +27,7 @@ except ImportError as error:  # pragma: no cover - exercised where llama_cpp is 
 
 
 GGUF_MAGIC = b"GGUF"
-_GGML_LOG_LEVELS_KEPT = (2, 3)  # warnings and errors
+_GGML_LOG_LEVELS_KEPT = (3, 4)  # ggml.h: GGML_LOG_LEVEL_WARN and GGML_LOG_LEVEL_ERROR
 _GGML_LOG_LEVEL_CONT = 5  # continues the previous message
 
 _backend_lock = threading.Lock()

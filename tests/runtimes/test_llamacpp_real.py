@@ -37,8 +37,11 @@ def test_truncated_gguf_is_refused_with_a_clear_message(tmp_path, smollm2: Llama
     truncated = tmp_path / "truncated.gguf"
     with smollm2.path.open("rb") as source:
         truncated.write_bytes(source.read(5_000_000))
-    with pytest.raises(ModelLoadError, match="truncated or corrupt"):
+    with pytest.raises(ModelLoadError, match="truncated or corrupt") as refused:
         LlamaCppModel(truncated, n_ctx=256)
+    # What llama.cpp said at its error level is in the message (its errors were dropped
+    # once, keeping its info lines: "no details from llama.cpp").
+    assert "failed to load model" in str(refused.value)
 
 
 def test_non_gguf_file_is_refused(tmp_path):
