@@ -124,9 +124,8 @@ class PullTracker:
         self._rate.add(self._overall()[0])
         seconds, gained = self._rate.span()
         # Too short a span gives a spike, not a speed: wait for a quarter of the window.
-        # The rate, not gained / seconds: a stalled transfer's speed decays.
         if seconds >= SPEED_WINDOW_SECONDS / 4 and gained >= 0:
-            self._speed = self._rate.rate()
+            self._speed = gained / seconds
 
     def _event(self, model_key: str, stage: ProgressStage, done: int, total: int) -> PullEvent:
         overall_done, overall_total = self._overall()
