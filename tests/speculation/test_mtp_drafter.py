@@ -23,10 +23,10 @@ from backends.engine import Engine, GenerationRequest
 from backends.errors import BackendError
 from backends.generation_events import GenerationEvent
 from backends.sampling.filters import SamplingParams, distribution
-from backends.sampling.sparse_distribution import SparseDistribution
 from backends.speculation.cost_model import CostModel
 from backends.speculation.mtp_drafter import MtpDrafter
 from backends.speculation.rejection import verify_draft_token
+from tests.support.draft_distribution import FAILURE_PROBABILITY, empirical_tv, tv_bound
 from tests.support.model_files import SMOLLM2_KEY, require_model
 from tests.support.tiny_hybrid import mtp_only, tiny_qwen35_tensors, write_tiny_qwen35
 
@@ -42,20 +42,6 @@ GPU_LIKE_COSTS = {1: 0.010, 2: 0.0102, 3: 0.0104, 4: 0.0106, 5: 0.0108, 8: 0.011
 SAMPLES = 2000
 SUPPORT = 16
 TEMPERATURE = 3.0  # flat enough that the head's q and the target's p overlap
-FAILURE_PROBABILITY = 1e-6
-
-
-def tv_bound(n: int, support: int) -> float:
-    """TV(empirical, true) stays below this except with probability 1e-6."""
-    return 0.5 * math.sqrt(support / n) + math.sqrt(math.log(1 / FAILURE_PROBABILITY) / (2 * n))
-
-
-def empirical_tv(tokens: list[int], expected: SparseDistribution) -> float:
-    counts: dict[int, int] = {}
-    for token in tokens:
-        counts[token] = counts.get(token, 0) + 1
-    ids = set(counts) | {int(token) for token in expected.ids}
-    return 0.5 * sum(abs(counts.get(i, 0) / len(tokens) - expected.prob_of(i)) for i in ids)
 
 
 @pytest.fixture(scope="module")
