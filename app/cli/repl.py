@@ -175,22 +175,12 @@ class PlainChat:
         except EngineRuntimeRestartedError as error:
             # The engine is still there and its runtime starts again by itself: keep
             # what was written, say why, and go on with the same engine.
-            if pieces:
-                messages.append(ChatMessage("assistant", "".join(pieces)))
-                kept = "What it wrote is kept in the chat."
-            else:
-                messages.pop()
-                kept = "It wrote nothing; send your message again."
+            kept = _keep_partial_reply(messages, pieces)
             _say(f"\n{RESTARTED_NOTE} {runtime_restarted_line(error)}\n{kept}")
             return client
         except EngineLost as error:
             # Keep what was written, say so, and carry on with a new engine.
-            if pieces:
-                messages.append(ChatMessage("assistant", "".join(pieces)))
-                kept = "What it wrote is kept in the chat."
-            else:
-                messages.pop()
-                kept = "It wrote nothing; send your message again."
+            kept = _keep_partial_reply(messages, pieces)
             crashed = isinstance(error, EngineCrashedError)
             note = CRASHED_NOTE if crashed else INTERRUPTED_NOTE
             _say(f"\n{note} {error}\n{kept}")
@@ -254,3 +244,13 @@ def _stream_reply(
     finally:
         signal.signal(signal.SIGINT, previous)
     return stats
+
+
+def _keep_partial_reply(messages: list[ChatMessage], pieces: list[str]) -> str:
+    """After a reply the engine could not finish: keep what it wrote as the assistant's
+    turn, or drop the unanswered message when it wrote nothing; the line that says so."""
+    if pieces:
+        messages.append(ChatMessage("assistant", "".join(pieces)))
+        return "What it wrote is kept in the chat."
+    messages.pop()
+    return "It wrote nothing; send your message again."
