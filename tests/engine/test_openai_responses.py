@@ -186,6 +186,25 @@ def test_streamed_calls_build_the_same_output_as_the_whole_response(tmp_path: Pa
     }
 
 
+def test_an_output_the_client_adds_by_name_is_a_user_turn_that_names_it(tmp_path: Path):
+    # Codex 0.169 sends its goal as an output of no call, by name and namespace.
+    goal = {
+        "type": "function_call_output",
+        "id": "fco_1",
+        "name": "goal_objective",
+        "namespace": "agent",
+        "output": "Create inventory/store.py",
+    }
+    with scripted_server(tmp_path, [ANSWER]) as (sdk, _, engine):
+        response = sdk.responses.create(
+            model="scripted", input=[*QUESTION, goal], tools=[WEATHER], store=False
+        )
+    assert response.output_text == ANSWER
+    shown = prompt_text(engine, 0)
+    assert "[agent.goal_objective]\nCreate inventory/store.py" in shown
+    assert "<tool_response>" not in shown
+
+
 @pytest.mark.parametrize(
     "tool_choice", ["required", {"type": "function", "name": "get_time"}], ids=["required", "named"]
 )

@@ -38,6 +38,12 @@ BAD_REQUESTS = [
         id="output-for-no-call",
     ),
     pytest.param(
+        {"input": [{"type": "function_call_output", "output": "1"}]},
+        "input[0].call_id",
+        "missing_required_parameter",
+        id="output-with-no-call-and-no-name",
+    ),
+    pytest.param(
         {"input": [{"role": "user"}]},
         "input[0].content",
         "missing_required_parameter",

@@ -2,12 +2,14 @@
 
 ``input`` is a string (one user message) or a list of items: ``message`` (text parts
 ``input_text`` / ``output_text``; ``developer`` is read as ``system``),
-``function_call`` (a call the model made), ``function_call_output`` (its result) and
-``reasoning`` (accepted so that output can be sent back unchanged, never shown to the
-model, as chat templates leave earlier reasoning out). Known fields are type-checked,
-unknown ones ignored (Codex adds ``id``, ``status``, ``encrypted_content`` ...); other
-item types are refused by name. A response's output items are valid input items, which
-is how ``previous_response_id`` continues a conversation.
+``function_call`` (a call the model made), ``function_call_output`` (its result, or,
+without a ``call_id``, a named output the client adds on its own: Codex sends its goal
+as ``{"name": "goal_objective", "namespace": "agent", "output": ...}``, read as a user
+turn that names it) and ``reasoning`` (accepted so that output can be sent back
+unchanged, never shown to the model, as chat templates leave earlier reasoning out).
+Known fields are type-checked, unknown ones ignored (Codex adds ``id``, ``status``,
+``encrypted_content`` ...); other item types are refused by name. A response's output
+items are valid input items, which is how ``previous_response_id`` continues a conversation.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from app.engine.schema import invalid, validation_error
+from app.engine.schema import ApiError, invalid, validation_error
 
 
 class Lenient(BaseModel):
@@ -68,10 +70,13 @@ class FunctionCallItem(Lenient):
 
 
 class FunctionCallOutputItem(Lenient):
-    """The result of the earlier ``function_call`` with this ``call_id``."""
+    """The result of the earlier ``function_call`` with this ``call_id``; without one,
+    an output the client adds by ``name`` (and ``namespace``), answering no call."""
 
     type: Literal["function_call_output"]
-    call_id: str
+    call_id: str | None = None
+    name: str | None = None
+    namespace: str | None = None
     output: str
 
     @field_validator("output", mode="before")
@@ -158,11 +163,30 @@ def chat_messages(
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
             call_ids.add(item.call_id)
         elif isinstance(item, FunctionCallOutputItem):
+            where = f"input[{index - len(earlier)}]"
+            if item.call_id is None:
+                messages.append(_named_output(item, where))
+                continue
             if item.call_id not in call_ids:
                 raise invalid(
-                    f"input[{index - len(earlier)}].call_id",
+                    f"{where}.call_id",
                     f"{item.call_id!r} answers no function_call earlier in the conversation "
                     "(send the function_call item before it, or previous_response_id)",
                 )
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
     return messages
+
+
+def _named_output(item: FunctionCallOutputItem, where: str) -> dict[str, Any]:
+    """An output that answers no call, as a user turn that names it (a ``tool`` turn
+    must answer a call the model made, and this one's call was the client's own)."""
+    if not item.name:
+        raise ApiError(
+            400,
+            f"Missing required parameter '{where}.call_id': a function_call_output answers "
+            "an earlier function_call by its call_id (or names its tool in name).",
+            param=f"{where}.call_id",
+            code="missing_required_parameter",
+        )
+    name = f"{item.namespace}.{item.name}" if item.namespace else item.name
+    return {"role": "user", "content": f"[{name}]\n{item.output}"}
