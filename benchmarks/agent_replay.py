@@ -17,7 +17,8 @@ it must be).
         --json OUT.json
 
 ``--temperature 0`` replays every request greedy (the agent's own temperature
-otherwise).
+otherwise); ``--max-output-tokens N`` bounds every reply (the agent sent none, so a
+reply may run to the end of the context: a CPU replay's time).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def replay_arm(args: argparse.Namespace, arm: str, requests: list[dict[str, Any]
                 body = dict(request["body"])
                 if args.temperature is not None:
                     body["temperature"] = args.temperature
+                if args.max_output_tokens is not None:
+                    body["max_output_tokens"] = args.max_output_tokens
                 replies.append(send(client, request["path"], body))
                 print(f"  {arm}: {request['session']}: {_line(replies[-1])}", flush=True)
     finally:
@@ -121,6 +124,7 @@ def main() -> None:
     parser.add_argument("--exact", action="store_true", help="bit-exact greedy (--exact)")
     parser.add_argument("--drafter", default="auto")
     parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument("--max-output-tokens", type=int, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     requests = [line for line in recorded(args.recording) if line["path"] in ANSWERED]
