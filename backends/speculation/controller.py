@@ -42,6 +42,7 @@ from backends.speculation.mtp_drafter import MtpDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
 from backends.speculation.ngram_shadow import NgramShadow
 from backends.speculation.proposal import Drafter
+from backends.speculation.tree_round import tree_room
 from backends.token_prefix import common_prefix_length
 
 DEFAULT_MAX_DRAFT = 16
@@ -256,7 +257,14 @@ class AdaptiveDraftPolicy:
             drafter = floored
             if floor > 0:
                 reason += f", stops below p {floor:.1f}"
-        return RoundPlan(drafter, best.draft_tokens, best.estimated_speedup, reason, note)
+        # Other continuations in the same batch, where a larger batch is cheap (n-gram
+        # drafts only: they are one-hot, tree_round.py).
+        tree_nodes = 0
+        if best.drafter == "ngram":
+            tree_nodes = tree_room(self.costs, best.draft_tokens, self.exact_batch_limit)
+        return RoundPlan(
+            drafter, best.draft_tokens, best.estimated_speedup, reason, note, tree_nodes
+        )
 
     def observe(self, outcome: RoundOutcome) -> None:
         """Learn acceptance and costs from a finished round."""
