@@ -51,6 +51,7 @@ from backends.llamacpp.rollback import (
     holds_recurrent_state,
 )
 from backends.llamacpp.state_files import read_payload, state_identity, write_payload
+from backends.llamacpp.tree_batch import TreeDecoding, tree_sequences
 from backends.llamacpp.vocab import LlamaCppTokens
 from backends.workers.endpoints import Endpoint
 from backends.workers.wire import WorkerInfo
@@ -61,7 +62,7 @@ def _uint8_pointer(buffer: np.ndarray) -> Any:
     return buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
-class LlamaCppModel(DraftHeads, LlamaCppTokens):
+class LlamaCppModel(TreeDecoding, DraftHeads, LlamaCppTokens):
     """A GGUF model with one context and one reusable batch.
 
     With ``parallel`` N > 1 the context holds N sequences of ``n_ctx`` cells; this object
@@ -125,10 +126,13 @@ class LlamaCppModel(DraftHeads, LlamaCppTokens):
         self.parallel = 1 if self.parallel_refusal else max(1, parallel)
         threads = n_threads or physical_cores()
         snapshots = DEFAULT_SNAPSHOTS if rollback_snapshots is None else rollback_snapshots
+        # Scratch sequence ids for draft trees (tree_batch.py), in the one KV stream a
+        # lone sequence keeps in position order anyway.
+        self._tree_seqs = tree_sequences(self.recurrent, self.parallel)
         settings = context_params(
             n_ctx=n_ctx * self.parallel,
-            n_seq=self.parallel,
-            one_cache=not exact_kernels,
+            n_seq=self.parallel + self._tree_seqs,
+            one_cache=not exact_kernels or self.parallel == 1,
             n_batch=n_batch,
             threads=threads,
             recurrent_snapshots=snapshots if self.recurrent else None,
