@@ -279,6 +279,9 @@ class PairEntry:
     key: str
     description: str
     variants: tuple[PairVariant, ...]
+    # False: listed and pulled by name, never the pair ``models list`` recommends (a
+    # target whose replies draftpen does not read apart yet, e.g. gpt-oss's channels).
+    recommend: bool = True
 
     @property
     def runtimes(self) -> tuple[str, ...]:

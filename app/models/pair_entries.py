@@ -83,7 +83,7 @@ def read_pair_entry(reader: TableReader, key: str, table: dict[str, Any]) -> Pai
         table,
         where,
         required={"description": str},
-        optional={runtime: dict for runtime in SUPPORTED_RUNTIMES},
+        optional={"recommend": bool, **{runtime: dict for runtime in SUPPORTED_RUNTIMES}},
     )
     variants = []
     for runtime in SUPPORTED_RUNTIMES:
@@ -124,4 +124,9 @@ def read_pair_entry(reader: TableReader, key: str, table: dict[str, Any]) -> Pai
             f"a pair needs at least one runtime variant ({', '.join(SUPPORTED_RUNTIMES)}), "
             f"e.g. {table_name('pairs', key, 'llamacpp')} with target and draft",
         )
-    return PairEntry(key=key, description=fields["description"], variants=tuple(variants))
+    return PairEntry(
+        key=key,
+        description=fields["description"],
+        variants=tuple(variants),
+        recommend=fields.get("recommend", True),
+    )

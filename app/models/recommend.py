@@ -55,7 +55,7 @@ def recommend_pair(
     fitting = [
         (pair, variant)
         for pair in rows
-        if (variant := pair.variant(runtime)) is not None and variant.fit.fits
+        if pair.recommend and (variant := pair.variant(runtime)) is not None and variant.fit.fits
     ]
     if not fitting:
         return None
