@@ -32,18 +32,18 @@ from backends.speculation.calibration import measure_costs
 from backends.speculation.controller import AdaptiveDraftPolicy
 from backends.speculation.cost_model import CostModel, SharedForwardCosts
 from backends.speculation.draft_policy import DraftPolicy, FixedDraftPolicy
-from backends.speculation.eagle3_drafter import NO_EAGLE3_HEAD, Eagle3Drafter
+from backends.speculation.head_drafters import FILE_HEADS, HeadDrafters, no_head_reason
 from backends.speculation.history_index import HistoryIndex, capacity_for
 from backends.speculation.loop import speculative_generate
 from backends.speculation.model_drafter import ModelDrafter
-from backends.speculation.mtp_drafter import NO_MTP_HEAD, MtpDrafter
+from backends.speculation.mtp_drafter import MtpDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
 from backends.speculation.prediction_drafter import PredictionDrafter
 from backends.speculation.proposal import Drafter
 from backends.speculation.reply_spec import LoopHooks, ReplySpec
 from backends.speculation.text_lookup import TextLookup
 
-DRAFTER_CHOICES = ("auto", "model", "mtp", "eagle3", "ngram", "none")
+DRAFTER_CHOICES = ("auto", "model", "mtp", "eagle3", "dflash", "dspark", "ngram", "none")
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ class Engine:
         own_head = getattr(target, "mtp_head", None)
         head = own_head() if own_head is not None else None
         self._mtp_drafter = MtpDrafter(target, head) if head is not None else None
-        self._eagle3_drafter: Eagle3Drafter | None = None  # see attach_eagle3_head
+        self._heads = HeadDrafters(target)  # EAGLE-3, DFlash or DSpark: attach_*_head
         self._ngram_drafter = NgramDrafter(
             text=TextLookup(target.token_bytes, _tokens_of(target)),
             history=history.index if history is not None else None,
@@ -257,11 +257,12 @@ class Engine:
             return None
         if name == "ngram":
             return self._ngram_drafter
-        if name in ("mtp", "eagle3"):
-            head = self._mtp_drafter if name == "mtp" else self._eagle3_drafter
-            if head is None:
-                raise BackendError(self._no_head_reason(name))
-            return head
+        if name in FILE_HEADS:
+            return self._heads.named(name)
+        if name == "mtp":
+            if self._mtp_drafter is None:
+                raise BackendError(no_head_reason(self.target, name))
+            return self._mtp_drafter
         if name == "model":
             if self._model_drafter is None:
                 raise BackendError(
@@ -324,24 +325,17 @@ class Engine:
         """Draft with an MTP head from a separate file (some publishers ship it apart)."""
         attach = getattr(self.target, "attach_mtp_file", None)
         if attach is None:
-            raise BackendError(self._no_head_reason("mtp"))
+            raise BackendError(no_head_reason(self.target, "mtp"))
         self._mtp_drafter = MtpDrafter(self.target, attach(path))
 
     def attach_eagle3_head(self, path: str | Path) -> None:
         """Draft with an EAGLE-3 head trained for the target (one for another is refused)."""
-        attach = getattr(self.target, "attach_eagle3_file", None)
-        if attach is None:
-            raise BackendError(self._no_head_reason("eagle3"))
-        self._eagle3_drafter = Eagle3Drafter(self.target, attach(path))
+        self._heads.attach("eagle3", path)
 
-    def _no_head_reason(self, name: str) -> str:
-        head = "an EAGLE-3 head" if name == "eagle3" else "a model's MTP head"
-        if not hasattr(self.target, "attach_eagle3_file" if name == "eagle3" else "mtp_head"):
-            return (
-                f"{self.target.name}: this runtime cannot draft with {head} "
-                "(llama.cpp can; MLX cannot yet). Use --drafter ngram, model or none."
-            )
-        return f"{self.target.name} {NO_EAGLE3_HEAD if name == 'eagle3' else NO_MTP_HEAD}"
+    def attach_dflash_head(self, path: str | Path) -> str:
+        """Draft with a DFlash or DSpark head trained for the target (one for another is
+        refused); the drafter's name, "dflash" or "dspark", as the file holds one or the other."""
+        return self._heads.attach("dflash", path)
 
     def generate(
         self, request: GenerationRequest, cancel: threading.Event | None = None
@@ -382,12 +376,12 @@ class Engine:
         layers on workers (its verify mostly waits on the network), a draft model is
         loaded, and this engine runs one sequence at a time (a parallel engine's slots
         hand every forward to the one runtime thread, which would run the two in turn).
-        Not with an MTP head: the target's decode feeds the head, whose own graphs would
+        Not with a head: the target's decode feeds the head, whose own graphs would
         then compute on the verify's thread beside the draft model's."""
         return (
             self.draft is not None
             and self._mtp_drafter is None
-            and self._eagle3_drafter is None
+            and not self._heads
             and self.sharing is None
             and self._parent is None
             and bool(getattr(self.target, "splits_over_workers", False))

@@ -192,9 +192,10 @@ class ModelEntry:
         return self.sha256 is not None
 
 
-DRAFTER_KINDS = ("model", "mtp", "eagle3")
-"""What a pair variant may name as its ``drafter``: a draft model, the MTP head, or an
-EAGLE-3 head."""
+DRAFTER_KINDS = ("model", "mtp", "eagle3", "dflash", "dspark")
+"""What a pair variant may name as its ``drafter``: a draft model, the MTP head, an
+EAGLE-3 head, or a DFlash or DSpark head (llama.cpp's ``dflash`` GGUF, one or the other)."""
+BLOCK_HEAD_DRAFTERS = ("dflash", "dspark")
 
 
 @dataclass(frozen=True)
@@ -253,6 +254,9 @@ class PairVariant:
             return f"the target's own MTP head ({where}); n-grams where it cannot run"
         if self.uses_eagle3:
             return "the target's EAGLE-3 head (a separate file); n-grams where it cannot run"
+        if self.drafter in BLOCK_HEAD_DRAFTERS:
+            head = "DSpark" if self.drafter == "dspark" else "DFlash"
+            return f"the target's {head} head (a separate file); n-grams where it cannot run"
         if self.draft is not None:
             return "the draft model, and n-grams"
         return "n-grams only (no draft model)"

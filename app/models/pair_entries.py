@@ -1,7 +1,7 @@
 """Reading one ``[pairs.<key>]`` entry of a catalog file: its runtime variants and drafter rules.
 
 A variant names a target, maybe a draft, and maybe a drafter (``"model"``, ``"mtp"``,
-``"eagle3"``);
+``"eagle3"``, ``"dflash"``, ``"dspark"``);
 :func:`check_pair_models`, run once every entry is read, holds each variant to the
 models of its catalog: they exist, suit the runtime, and an MTP variant's model keeps the
 MTP layers it drafts with.
@@ -13,6 +13,14 @@ from typing import Any
 
 from app.models.catalog import DRAFTER_KINDS, Catalog, PairEntry, PairVariant
 from app.models.toml_tables import TableReader, table_name
+
+# The drafters that are heads the target feeds (llama.cpp runs them), as messages name them.
+_HEAD_NAMES = {
+    "mtp": "an MTP head",
+    "eagle3": "an EAGLE-3 head",
+    "dflash": "a DFlash head",
+    "dspark": "a DSpark head",
+}
 
 SUPPORTED_RUNTIMES = ("llamacpp", "mlx")
 
@@ -101,15 +109,15 @@ def read_pair_entry(reader: TableReader, key: str, table: dict[str, Any]) -> Pai
             )
         if drafter == "model" and draft is None:
             reader.fail(where_variant, 'drafter = "model" needs a draft model in draft')
-        if drafter in ("mtp", "eagle3") and runtime != "llamacpp":
-            head = "an MTP head" if drafter == "mtp" else "an EAGLE-3 head"
+        if drafter in _HEAD_NAMES and runtime != "llamacpp":
+            head = _HEAD_NAMES[drafter]
             reader.fail(
                 where_variant,
                 f'drafter = "{drafter}" runs only on llama.cpp; {runtime} cannot run {head} '
                 "yet, so give this variant no drafter (it drafts with n-grams)",
             )
-        if drafter == "eagle3" and draft is None:
-            reader.fail(where_variant, 'drafter = "eagle3" needs the head\'s GGUF in draft')
+        if drafter in ("eagle3", "dflash", "dspark") and draft is None:
+            reader.fail(where_variant, f'drafter = "{drafter}" needs the head\'s GGUF in draft')
         variants.append(PairVariant(runtime, variant["target"], draft, drafter))
     if not variants:
         reader.fail(

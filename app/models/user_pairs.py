@@ -154,12 +154,12 @@ def build_pair(
     target = own_model(target_text, f"{name}.target")
     draft = own_model(draft_text, f"{name}.draft") if draft_text else None
     _refuse_if_incompatible(target, draft, "the target")
-    # An EAGLE-3 head (llama.cpp's eagle3 GGUF) is not a model that runs alone: the
-    # target feeds it, so the pair drafts with it as its head.
-    head = draft is not None and draft.entry.architecture == "eagle3"
-    variant = PairVariant(
-        RUNTIME, target.entry.key, draft.entry.key if draft else None, "eagle3" if head else None
-    )
+    # An EAGLE-3 or DFlash/DSpark head (llama.cpp's eagle3 or dflash GGUF) is not a
+    # model that runs alone: the target feeds it, so the pair drafts with it as its head
+    # (a DSpark file is a dflash one too; loading tells them apart and says so).
+    architecture = draft.entry.architecture if draft is not None else None
+    head = architecture if architecture in ("eagle3", "dflash") else None
+    variant = PairVariant(RUNTIME, target.entry.key, draft.entry.key if draft else None, head)
     pair = PairEntry(key=name, description=description, variants=(variant,))
     models = (target.entry,) if draft is None else (target.entry, draft.entry)
     return models, pair
@@ -200,8 +200,8 @@ def add_user_pair(
     runtime_table = {"target": variant.target}
     if variant.draft is not None:
         runtime_table["draft"] = variant.draft
-    if variant.uses_eagle3:
-        runtime_table["drafter"] = "eagle3"
+    if variant.drafter in ("eagle3", "dflash"):
+        runtime_table["drafter"] = variant.drafter
     pairs[name] = {"description": pair.description, RUNTIME: runtime_table}
     _write_document(path, document)
     return pair
