@@ -10,7 +10,9 @@ then resolve through :mod:`app.models.pair_files` like any catalog pair.
 Local files are checked before they are accepted: a GGUF header (else a message naming
 the fix), and for a target with a draft, llama.cpp's vocabulary rule on the two headers.
 A target alone is always allowed (n-gram drafts). A draft whose architecture is
-``eagle3`` is an EAGLE-3 head: the pair drafts with it (``drafter = "eagle3"``).
+``eagle3`` is an EAGLE-3 head: the pair drafts with it (``drafter = "eagle3"``); one whose
+architecture is ``dflash`` is a DFlash or DSpark head (``drafter = "dflash"``; loading
+reads which of the two the file holds).
 """
 
 from __future__ import annotations
