@@ -32,7 +32,7 @@ from backends.speculation.chained_drafter import ChainedDrafter
 from backends.speculation.controller import AdaptiveDraftPolicy
 from backends.speculation.cost_model import CostModel, SharedForwardCosts
 from backends.speculation.draft_policy import DraftPolicy, FixedDraftPolicy
-from backends.speculation.eagle3_drafter import Eagle3Drafter
+from backends.speculation.head_drafters import HeadDrafters
 from backends.speculation.history_index import HistoryIndex, capacity_for
 from backends.speculation.loop import speculative_generate
 from backends.speculation.model_drafter import ModelDrafter
@@ -43,7 +43,7 @@ from backends.speculation.proposal import Drafter
 from backends.speculation.reply_spec import LoopHooks, ReplySpec
 from backends.speculation.text_lookup import TextLookup
 
-DRAFTER_CHOICES = ("auto", "model", "mtp", "eagle3", "ngram", "none")
+DRAFTER_CHOICES = ("auto", "model", "mtp", "eagle3", "dflash", "dspark", "ngram", "none")
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ class Engine(EngineDrafters):
         own_head = getattr(target, "mtp_head", None)
         head = own_head() if own_head is not None else None
         self._mtp_drafter = MtpDrafter(target, head) if head is not None else None
-        self._eagle3_drafter: Eagle3Drafter | None = None  # see attach_eagle3_head
+        self._file_heads = HeadDrafters(target)  # EAGLE-3, DFlash or DSpark: attach_*_head
         self._ngram_drafter = NgramDrafter(
             text=TextLookup(target.token_bytes, _tokens_of(target)),
             history=history.index if history is not None else None,
@@ -288,7 +288,7 @@ class Engine(EngineDrafters):
         if self._model_drafter is not None:
             drafters.append(self._model_drafter)
         # The draft heads, each alone and chained behind the n-gram's match.
-        for head in self._heads():
+        for head in self._draft_heads():
             drafters += [head, ChainedDrafter(self._ngram_drafter, head)]
             self._head_floors.setdefault(head.name, ConfidenceFloor())
         return AdaptiveDraftPolicy(
@@ -342,12 +342,12 @@ class Engine(EngineDrafters):
         layers on workers (its verify mostly waits on the network), a draft model is
         loaded, and this engine runs one sequence at a time (a parallel engine's slots
         hand every forward to the one runtime thread, which would run the two in turn).
-        Not with an MTP head: the target's decode feeds the head, whose own graphs would
+        Not with a head: the target's decode feeds the head, whose own graphs would
         then compute on the verify's thread beside the draft model's."""
         return (
             self.draft is not None
             and self._mtp_drafter is None
-            and self._eagle3_drafter is None
+            and not self._file_heads
             and self.sharing is None
             and self._parent is None
             and bool(getattr(self.target, "splits_over_workers", False))

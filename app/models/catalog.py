@@ -199,6 +199,9 @@ EAGLE-3, DFlash or DSpark head."""
 HEAD_DRAFTERS = ("eagle3", "dflash", "dspark")
 """Drafters that are a head trained for the target, in the separate GGUF ``draft`` names."""
 
+BLOCK_HEAD_DRAFTERS = ("dflash", "dspark")
+"""The heads that draft a block in one forward (llama.cpp's ``dflash`` GGUF)."""
+
 HEAD_NAMES = {
     "mtp": "an MTP head",
     "eagle3": "an EAGLE-3 head",

@@ -11,7 +11,8 @@ This module holds ``LlamaCppModel`` (loading, evaluation, rollback, saved states
 modules beside it in ``backends/llamacpp/`` hold its parts, and they alone import
 ``llama_cpp``: the library and its log (``library``), load settings (``params``), the
 tokenizer (``vocab``), recurrent rollback (``rollback``), the draft heads a target
-feeds (``draft_heads``: its MTP head, ``mtp``, or an EAGLE-3 head, ``eagle3``) and
+feeds (``draft_heads``: its MTP head, ``mtp``, an EAGLE-3 head, ``eagle3``, or a
+DFlash/DSpark head, ``dflash``, on their shared ``head_base``) and
 bench's yardstick (``reference``).
 """
 
@@ -28,8 +29,8 @@ import numpy as np
 from backends.base import SequenceState
 from backends.errors import ContextOverflowError, DecodeError, ModelLoadError
 from backends.llamacpp.draft_heads import DraftHeads
-from backends.llamacpp.eagle3 import LlamaCppEagle3Head
 from backends.llamacpp.ggml_devices import decode, release_workers, supports_gpu_offload
+from backends.llamacpp.head_base import LlamaCppHead
 
 # The runtime's own import (each module of this package makes it before any other
 # of llama_cpp), so that a missing runtime says how to install it.
@@ -41,7 +42,6 @@ from backends.llamacpp.library import (
     physical_cores,
     recent_errors,
 )
-from backends.llamacpp.mtp import LlamaCppMtpHead
 from backends.llamacpp.params import context_params, model_params, parallel_refusal
 from backends.llamacpp.placement import load_weights, placement_for
 from backends.llamacpp.rollback import (
@@ -92,7 +92,7 @@ class LlamaCppModel(TreeDecoding, DraftHeads, LlamaCppTokens):
         self._model = None
         self._context = None
         self._batch = None
-        self._head: LlamaCppMtpHead | LlamaCppEagle3Head | None = None
+        self._head: LlamaCppHead | None = None
         self._workers: tuple[Endpoint, ...] = ()
         # This model's sequence in its context; the views of a parallel context
         # (backends/llamacpp/sequences.py) each have their own.

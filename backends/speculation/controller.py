@@ -39,7 +39,13 @@ from backends.speculation.chained_drafter import ChainedDrafter
 from backends.speculation.cost_model import CostModel
 from backends.speculation.draft_lengths import best_chain_length, best_length
 from backends.speculation.draft_policy import RoundOutcome, RoundPlan
-from backends.speculation.model_drafter import ModelDrafter
+from backends.speculation.drafter_costs import (
+    DraftCost,
+    break_even_acceptance,
+    draft_cost,
+    is_head,
+    longest_draft,
+)
 from backends.speculation.ngram_drafter import NgramDrafter
 from backends.speculation.ngram_shadow import NgramShadow
 from backends.speculation.proposal import Drafter
@@ -51,10 +57,6 @@ MIN_PAYING_SPEEDUP = 1.02  # choose speculation only when it is expected to pay 
 MODEL_PROBE_INTERVAL = 64  # rounds without the draft model before trying it again
 MODEL_PROBE_LENGTH = 2
 MODEL_PROBE_MAX_CATCH_UP = 8  # a probe may cost at most this many plain steps of catch-up
-# A draft head's step (MTP, EAGLE-3) before one is measured, as a share of a target
-# step: one decoder block and the LM head (~6% of a 27B model's step, half of a tiny
-# model's).
-HEAD_STEP_PRIOR = 0.2
 PLAIN_CHECK_REASON = "timing a one-token step: auto checks the figures it decides with"
 # A draft model that sat out (or a new prompt) must first read what it has not seen.
 # That is paid once and then serves every later round, so the choice spreads it over
@@ -188,7 +190,7 @@ class AdaptiveDraftPolicy:
             key = self._estimate_key(name, context)
             if key is None:
                 continue
-            longest = self.max_draft_tokens
+            longest = longest_draft(self.drafters[name], self.max_draft_tokens)
             if name == "ngram":
                 # A match drafts no further than its continuation reaches.
                 ngram_key, free = key, self._match_length(context)
@@ -217,8 +219,8 @@ class AdaptiveDraftPolicy:
                 self._estimate(head),
                 free,
                 verify,
-                self._draft_step_cost(head),
-                self.max_draft_tokens,
+                self._draft_cost(head),
+                longest_draft(chain.head, self.max_draft_tokens - free) + free,
             )
             if draft_tokens > 0 and rate > best_rate:
                 best_rate, best_key = rate, ngram_key
@@ -254,7 +256,7 @@ class AdaptiveDraftPolicy:
         floored = self._floored.get(best.drafter)
         if floored is not None:
             floor = self.floors[best.drafter].floor(
-                self._break_even_acceptance(best.draft_tokens, best.drafter)
+                break_even_acceptance(self.costs, best.draft_tokens, self._draft_cost(best.drafter))
             )
             floored.min_confidence = floor  # type: ignore[attr-defined]
             drafter = floored
@@ -302,7 +304,7 @@ class AdaptiveDraftPolicy:
             return
         if name == "model":
             self.costs.observe_draft_step(seconds)
-        elif _is_head(self.drafters.get(name)):
+        elif is_head(self.drafters.get(name)):
             self.costs.observe_head_step(name, seconds)
 
     # -- internals -------------------------------------------------------------
@@ -315,16 +317,6 @@ class AdaptiveDraftPolicy:
             self._note_made = made
             self._note = self.costs.audit.since(self._corrections_before)
         return self._note
-
-    def _draft_step_cost(self, name: str) -> float:
-        """Seconds per drafted token for this drafter."""
-        if isinstance(self.drafters[name], ModelDrafter):
-            step = self.costs.draft_step_seconds
-            return step if step is not None else self.costs.verify(1)
-        if _is_head(self.drafters[name]):
-            step = self.costs.head_step_seconds.get(name)
-            return step if step is not None else HEAD_STEP_PRIOR * self.costs.verify(1)
-        return 0.0  # n-gram lookups and predictions cost microseconds
 
     def _estimate(self, key: str) -> AcceptanceEstimate:
         if key not in self.acceptance:
@@ -365,21 +357,14 @@ class AdaptiveDraftPolicy:
         return best_length(
             self._estimate(key),
             verify,
-            self._draft_step_cost(name),
+            self._draft_cost(name),
             self.max_draft_tokens if longest is None else longest,
             catch_up_seconds / self._catch_up_horizon,
         )
 
-    def _break_even_acceptance(self, draft_tokens: int, name: str = "model") -> float:
-        """Acceptance at which one more token of drafter ``name`` pays for itself.
-
-        It costs a draft step plus its share of the verify batch, and brings a token
-        that would otherwise cost a plain step.
-        """
-        plain = self.costs.verify(1)
-        marginal_verify = (self.costs.verify(draft_tokens + 1) - plain) / max(1, draft_tokens)
-        step = self._draft_step_cost(name) or plain
-        return min(0.95, max(0.05, (step + marginal_verify) / plain))
+    def _draft_cost(self, name: str) -> DraftCost:
+        """What drafting with ``name`` costs on the current figures (drafter_costs.py)."""
+        return draft_cost(name, self.drafters[name], self.costs)
 
     def _catch_up_seconds(self, missing: int) -> float:
         """Estimated time for the idle draft model to evaluate what it has not seen.
@@ -451,8 +436,3 @@ def _decision(name: str, draft_tokens: int, speedup: float) -> Decision:
     return Decision(
         name, draft_tokens, speedup, f"{name}: {speedup:.2f}x expected at K={draft_tokens}"
     )
-
-
-def _is_head(drafter: object) -> bool:
-    """Is ``drafter`` a draft head's (MTP, EAGLE-3: its steps are a runtime's forwards)?"""
-    return getattr(drafter, "head", None) is not None and not isinstance(drafter, ChainedDrafter)
