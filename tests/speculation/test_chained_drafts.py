@@ -16,9 +16,11 @@ from backends.engine import Engine, GenerationRequest
 from backends.sampling.filters import SamplingParams
 from backends.sampling.rows import HostRows
 from backends.speculation.acceptance import AcceptanceEstimate
+from backends.speculation.block_drafter import BlockDrafter
 from backends.speculation.chained_drafter import ChainedDrafter
 from backends.speculation.controller import AdaptiveDraftPolicy, CostModel
 from backends.speculation.draft_policy import FixedDraftPolicy, RoundOutcome
+from backends.speculation.drafter_costs import BLOCK_PRIOR, DraftCost, draft_cost
 from backends.speculation.mtp_drafter import MtpDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
 from backends.speculation.proposal import DraftProposal
@@ -219,3 +221,60 @@ def test_the_engine_offers_auto_each_head_alone_and_chained():
     again = engine.policy_for(GenerationRequest((1, 2, 3)))
     assert isinstance(again, AdaptiveDraftPolicy)
     assert again.floors["mtp"] is policy.floors["mtp"]
+
+
+class FakeBlockHead:
+    """A block head (as DFlash's) over the fake head's guesser: one call drafts a block."""
+
+    kind = "dflash"
+    max_drafts = 7
+
+    def __init__(self, target: HashModel) -> None:
+        self.guesser = FakeHead(target).guesser
+        self.blocks = 0
+
+    def draft_block(self, evaluated: int, context: Sequence[int], drafts: int) -> HostRows:
+        self.blocks += 1
+        rows, chain = [], list(context)
+        for _ in range(drafts):
+            row = self.guesser.logits_for(chain)
+            rows.append(row)
+            chain.append(int(np.argmax(row)))
+        return HostRows(np.stack(rows))
+
+    def finish(self) -> None:
+        pass
+
+
+def test_a_block_head_costs_one_forward_a_round_and_drafts_no_more_than_its_block():
+    target = HashModel()
+    block = BlockDrafter(target, FakeBlockHead(target))
+    costs = CostModel(dict(GPU_LIKE))
+    assert draft_cost("dflash", block, costs) == DraftCost(0.0, BLOCK_PRIOR * costs.verify(1))
+    costs.head_step_seconds["dflash"] = 0.002
+    assert draft_cost("dflash", block, costs) == DraftCost(0.0, 0.002)
+    policy = AdaptiveDraftPolicy(
+        [NgramDrafter(), block], costs, acceptance={"dflash": AcceptanceEstimate(0.97)}
+    )
+    plan = policy.plan(chat_prompt(target, "fresh text"))
+    # A forward per round, whatever it drafts: the whole block, and no more.
+    assert plan.drafter is block and plan.draft_length == FakeBlockHead.max_drafts
+
+
+def test_greedy_auto_with_a_block_head_writes_plain_decodings_tokens():
+    target = HashModel()
+    prompt = chat_prompt(target, "repeat after me " + REPEATED)
+    plain = run_generation(target, prompt, FixedDraftPolicy(None, 0), SamplingParams())
+    target = HashModel()
+    ngram, head = NgramDrafter(), FakeBlockHead(target)
+    block = BlockDrafter(target, head)
+    costs = CostModel(dict(GPU_LIKE))
+    costs.head_step_seconds["dflash"] = 0.0005
+    policy = AdaptiveDraftPolicy(
+        [ngram, block, ChainedDrafter(ngram, block)],
+        costs,
+        acceptance={"dflash": AcceptanceEstimate(0.97)},
+    )
+    record = run_generation(target, prompt, policy, SamplingParams())
+    assert record.tokens == plain.tokens
+    assert head.blocks > 0 and record.stats.drafted > 0
