@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.llamacpp.eagle3_files import (
+    eagle3_unavailable,
     head_layer_ids,
     load_head_weights,
     model_metadata,
@@ -97,3 +98,25 @@ def _mismatch(weights: Any, target: Any) -> str | None:
     if size is not None and int(size) < 2:
         return f"its block size is {size}; a block drafts after its first token"
     return target_mismatch(weights, target)
+
+
+# Exported by a libllama that knows llama.cpp's dflash architecture (src/llama-ext.h).
+_DFLASH_SYMBOLS = (
+    "llama_model_dflash_selector_top_k",
+    "_Z33llama_model_dflash_selector_top_kPK11llama_model",
+)
+
+
+def dflash_unavailable() -> str | None:
+    """Why this libllama cannot run DFlash or DSpark heads (None: it can): they read the
+    target's layer inputs as an EAGLE-3 head does, and load as the dflash architecture."""
+    missing = eagle3_unavailable()
+    if missing is not None:
+        return missing.replace("an EAGLE-3 head", "a DFlash head")
+    library = llama_cpp.llama_cpp._lib
+    if not any(getattr(library, name, None) is not None for name in _DFLASH_SYMBOLS):
+        return (
+            "this llama.cpp build predates llama.cpp's dflash architecture; install "
+            "llama-cpp-python 0.3.36 or later"
+        )
+    return None

@@ -10,8 +10,6 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import json
-import sys
-import types
 
 import pytest
 
@@ -35,7 +33,15 @@ HEAD_FUNCTIONS = {
         ("llama_model_target_layer_ids", "_Z28llama_model_target_layer_idsPK11llama_model"),
     ),
 }
-DFLASH_MODULE = "backends.llamacpp.dflash_files"
+# A DFlash (and DSpark) head reads the layer inputs as EAGLE-3 does, and loads as the
+# dflash architecture, which a libllama that knows it exports a function of.
+HEAD_FUNCTIONS["dflash"] = HEAD_FUNCTIONS["dspark"] = (
+    *HEAD_FUNCTIONS["eagle3"],
+    (
+        "llama_model_dflash_selector_top_k",
+        "_Z33llama_model_dflash_selector_top_kPK11llama_model",
+    ),
+)
 
 
 def library_exports(names: tuple[str, ...]) -> bool:
@@ -55,11 +61,6 @@ def test_doctor_lists_the_drafters_this_build_runs() -> None:
         expected = all(library_exports(names) for names in functions)
         assert llamacpp[head]["runs"] is expected, llamacpp[head]
         assert (llamacpp[head]["why_not"] is None) is expected
-    if importlib.util.find_spec(DFLASH_MODULE) is None:
-        # No DFlash drafter in this draftpen yet: said so, for DSpark too.
-        for head in ("dflash", "dspark"):
-            assert not llamacpp[head]["runs"]
-            assert "no DFlash drafter yet" in llamacpp[head]["why_not"]
 
     mlx = drafters["mlx"]
     if importlib.util.find_spec("mlx") is None:
@@ -86,17 +87,20 @@ def test_a_build_without_a_heads_functions_says_which_drafters_it_lacks_and_why(
     assert data["llamacpp"]["eagle3"] == {"runs": False, "why_not": no_eagle3}
 
 
-def test_the_dflash_hook_asks_the_module_that_binds_dflash_once_it_exists(
+def test_a_libllama_without_the_dflash_architecture_says_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from backends.llamacpp import drafter_support
+    from backends.llamacpp import dflash_files, drafter_support
 
-    bound = types.ModuleType(drafter_support.DFLASH_MODULE)
-    bound.dflash_unavailable = lambda: None  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, drafter_support.DFLASH_MODULE, bound)
-    support = drafter_support.drafter_support()
-    assert support["dflash"] is None and support["dspark"] is None
-    bound.dflash_unavailable = lambda: "this libllama lacks llama_model_dflash_selector_top_k"  # type: ignore[attr-defined]
-    assert drafter_support.drafter_support()["dspark"] == (
-        "this libllama lacks llama_model_dflash_selector_top_k"
+    if dflash_files.eagle3_unavailable() is not None:
+        pytest.skip("this libllama lacks the layer-input functions before dflash's")
+    assert (
+        drafter_support.drafter_support()["dflash"] == drafter_support.drafter_support()["dspark"]
     )
+
+    class Older:
+        """A library that exports none of the dflash architecture's functions."""
+
+    monkeypatch.setattr(dflash_files.llama_cpp.llama_cpp, "_lib", Older())
+    reason = drafter_support.drafter_support()["dspark"]
+    assert reason is not None and "predates llama.cpp's dflash architecture" in reason
