@@ -105,6 +105,8 @@ def load_engine(
         if with_draft and resolved.eagle3_head_path is not None:
             report(f"loading EAGLE-3 head {resolved.eagle3_head_path.name}")
             engine.attach_eagle3_head(resolved.eagle3_head_path)
+        if with_draft and resolved.dflash_head_path is not None:
+            _use_block_head(engine, resolved, report)
         if calibrate:
             ensure_calibrated(engine, chosen_runtime, report)
         return engine
@@ -151,6 +153,22 @@ def _use_mtp_head(engine: Engine, resolved: ResolvedPair, report: Callable[[str]
         return
     report(f"loading MTP head {head.name}")
     attach(head)
+
+
+def _use_block_head(engine: Engine, resolved: ResolvedPair, report: Callable[[str], None]) -> None:
+    """Attach the pair's DFlash or DSpark head; the file says which of the two it is,
+    and a pair that named the other is told (the head drafts under its own name)."""
+    path = resolved.dflash_head_path
+    assert path is not None
+    report(f"loading DFlash/DSpark head {path.name}")
+    kind = engine.attach_dflash_head(path)
+    declared = resolved.variant.drafter
+    if declared != kind:
+        _warn(
+            report,
+            f"{resolved.entry.key}: {path.name} is a {kind} head, not {declared}; "
+            f"it drafts with --drafter {kind}",
+        )
 
 
 def _warn(report: Callable[[str], None], message: str) -> None:

@@ -42,7 +42,7 @@ SETTINGS_FILENAME = "settings.toml"
 API_KEY_FILENAME = "api-key"
 USER_CATALOG_FILENAME = "my-models.toml"
 
-DrafterChoice = Literal["auto", "model", "mtp", "eagle3", "ngram", "none"]
+DrafterChoice = Literal["auto", "model", "mtp", "eagle3", "dflash", "dspark", "ngram", "none"]
 DRAFTER_CHOICES: tuple[str, ...] = typing.get_args(DrafterChoice)
 
 

@@ -176,6 +176,79 @@ def reusable_prefix(model: Model, shared: int) -> int:
     return shared if own is None else int(own(shared))
 
 
+# A draft tree holds at most this many branches (a runtime's scratch sequences).
+MAX_TREE_BRANCHES = 4
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A trie of one-hot draft branches verified in one forward (issue 55 part 4;
+    built by ``backends/speculation/draft_tree.py``), nodes in batch order: depth
+    first, the best branch first.
+
+    ``parents[i]`` is node i's parent (-1: the pending token); ``branches[i]`` the
+    numbers of the branches that pass through it (0: the best).
+    """
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    branches: tuple[frozenset[int], ...]
+    width: int  # how many branches
+
+    @property
+    def size(self) -> int:
+        """How many nodes (the batch holds one more: the pending token)."""
+        return len(self.tokens)
+
+    def children(self, node: int) -> list[int]:
+        """The nodes whose parent is ``node`` (-1: the pending token), in batch order."""
+        return [index for index, parent in enumerate(self.parents) if parent == node]
+
+    def depths(self) -> list[int]:
+        """Each node's depth (1 for a child of the pending token)."""
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return depths
+
+    def path_tokens(self, path: Sequence[int]) -> list[int]:
+        """The tokens of a path of nodes."""
+        return [self.tokens[node] for node in path]
+
+
+@runtime_checkable
+class VerifiesTrees(Protocol):
+    """A model that evaluates a draft tree in one forward (an optional capability).
+
+    ``tree_branches`` is how many branches it takes now (0: none, e.g. a recurrent
+    state, several sequences, an MTP head). ``forward_tree`` appends the pending token
+    and the tree's nodes and returns ``1 + tree.size`` rows of logits (a view valid
+    until the next call); ``keep_tree_path`` then keeps the pending token and the nodes
+    of ``path`` (a chain from a child of the pending token down) and forgets every other
+    node, so ``cached_tokens`` ends with the pending token and ``path``'s tokens.
+    """
+
+    @property
+    def tree_branches(self) -> int:
+        """How many branches a tree may have on this model now (0: no trees)."""
+        ...
+
+    def forward_tree(self, pending: int, tree: DraftTree) -> np.ndarray:
+        """Evaluate ``pending`` and the tree's nodes in one batch; their logits."""
+        ...
+
+    def keep_tree_path(self, path: Sequence[int]) -> None:
+        """Keep the pending token and ``path``'s nodes of the last tree; drop the rest."""
+        ...
+
+
+def tree_branches(model: Model) -> int:
+    """How many branches ``model`` verifies in one forward (0: it verifies chains only:
+    a model without the optional :class:`VerifiesTrees` capability)."""
+    branches = getattr(model, "tree_branches", None)
+    return 0 if branches is None else int(branches)
+
+
 @dataclass(frozen=True, eq=False)
 class SequenceState:
     """A copy of a model's KV cache, taken by :meth:`SavesSequenceState.save_state`.

@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from backends.base import ChatMessage, Model, SavePoint, ToolSpec, rollback_limit
@@ -18,7 +17,7 @@ from backends.caches.cache_preparation import cache_preparer, then_save_draft
 from backends.caches.conversation_cache import ConversationCache
 from backends.caches.disk_prefixes import DiskPrefixes
 from backends.caches.draft_history import DraftHistory, HistorySettings
-from backends.errors import BackendError
+from backends.engine_drafters import EngineDrafters
 from backends.generation_events import MAX_TOP_LOGPROBS, GenerationEvent
 from backends.output.chat_template import model_chat_template
 from backends.output.constraints import GrammarState, GrammarVocabulary, grammar_for
@@ -29,21 +28,22 @@ from backends.pair_check import check_pair
 from backends.sampling.filters import SamplingParams
 from backends.speculation.acceptance import AcceptanceEstimate, ConfidenceFloor
 from backends.speculation.calibration import measure_costs
+from backends.speculation.chained_drafter import ChainedDrafter
 from backends.speculation.controller import AdaptiveDraftPolicy
 from backends.speculation.cost_model import CostModel, SharedForwardCosts
 from backends.speculation.draft_policy import DraftPolicy, FixedDraftPolicy
-from backends.speculation.eagle3_drafter import NO_EAGLE3_HEAD, Eagle3Drafter
+from backends.speculation.head_drafters import HeadDrafters
 from backends.speculation.history_index import HistoryIndex, capacity_for
 from backends.speculation.loop import speculative_generate
 from backends.speculation.model_drafter import ModelDrafter
-from backends.speculation.mtp_drafter import NO_MTP_HEAD, MtpDrafter
+from backends.speculation.mtp_drafter import MtpDrafter
 from backends.speculation.ngram_drafter import NgramDrafter
 from backends.speculation.prediction_drafter import PredictionDrafter
 from backends.speculation.proposal import Drafter
 from backends.speculation.reply_spec import LoopHooks, ReplySpec
 from backends.speculation.text_lookup import TextLookup
 
-DRAFTER_CHOICES = ("auto", "model", "mtp", "eagle3", "ngram", "none")
+DRAFTER_CHOICES = ("auto", "model", "mtp", "eagle3", "dflash", "dspark", "ngram", "none")
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def repeated_call_stop(
     return RepeatedCallStop(calls.syntax, [tool.name for tool in calls.tools], reasoning)
 
 
-class Engine:
+class Engine(EngineDrafters):
     """A target model, an optional draft model that passed the pair check, and the loop.
 
     With ``conversations`` (a :class:`ConversationCache`) the engine keeps several
@@ -135,14 +135,15 @@ class Engine:
         own_head = getattr(target, "mtp_head", None)
         head = own_head() if own_head is not None else None
         self._mtp_drafter = MtpDrafter(target, head) if head is not None else None
-        self._eagle3_drafter: Eagle3Drafter | None = None  # see attach_eagle3_head
+        self._file_heads = HeadDrafters(target)  # EAGLE-3, DFlash or DSpark: attach_*_head
         self._ngram_drafter = NgramDrafter(
             text=TextLookup(target.token_bytes, _tokens_of(target)),
             history=history.index if history is not None else None,
         )
         self._acceptance: dict[str, AcceptanceEstimate] = {}
         self._confidence_floor = ConfidenceFloor()
-        self._mtp_confidence_floor = ConfidenceFloor()
+        # Each draft head's floor, by its drafter's name (kept across generations).
+        self._head_floors: dict[str, ConfidenceFloor] = {}
         self._grammar_vocabulary: GrammarVocabulary | None = None
         # A sequence's engine (see sibling) asks its parent for what they share.
         self._parent: Engine | None = None
@@ -180,7 +181,7 @@ class Engine:
         self._confidence_floor = (
             confidence_floor if confidence_floor is not None else ConfidenceFloor()
         )
-        self._mtp_confidence_floor = ConfidenceFloor()
+        self._head_floors = {}
 
     def sibling(self, target: Model, draft: Model | None) -> Engine:
         """An engine over other sequences of this engine's models (a parallel
@@ -197,7 +198,7 @@ class Engine:
         other._parent = self
         other._acceptance = self._acceptance
         other._confidence_floor = self._confidence_floor
-        other._mtp_confidence_floor = self._mtp_confidence_floor
+        other._head_floors = self._head_floors
         return other
 
     def on_close(self, close: Callable[[], None]) -> None:
@@ -251,26 +252,6 @@ class Engine:
         add_special = not (bos_text and text.startswith(bos_text))
         return self.target.tokenize(text, add_special=add_special)
 
-    def drafter_named(self, name: str) -> Drafter | None:
-        """The drafter for a name (None for "none"); errors say what is missing."""
-        if name == "none":
-            return None
-        if name == "ngram":
-            return self._ngram_drafter
-        if name in ("mtp", "eagle3"):
-            head = self._mtp_drafter if name == "mtp" else self._eagle3_drafter
-            if head is None:
-                raise BackendError(self._no_head_reason(name))
-            return head
-        if name == "model":
-            if self._model_drafter is None:
-                raise BackendError(
-                    "This model has no draft model loaded; use --drafter ngram or none, "
-                    "or pick a pair with a draft model."
-                )
-            return self._model_drafter
-        raise ValueError(f"unknown drafter {name!r}")
-
     def policy_for(self, request: GenerationRequest) -> DraftPolicy:
         """The drafter policy a request asks for.
 
@@ -306,8 +287,10 @@ class Engine:
             drafters.insert(0, prediction)
         if self._model_drafter is not None:
             drafters.append(self._model_drafter)
-        if self._mtp_drafter is not None:
-            drafters.append(self._mtp_drafter)
+        # The draft heads, each alone and chained behind the n-gram's match.
+        for head in self._draft_heads():
+            drafters += [head, ChainedDrafter(self._ngram_drafter, head)]
+            self._head_floors.setdefault(head.name, ConfidenceFloor())
         return AdaptiveDraftPolicy(
             drafters,
             costs,
@@ -316,32 +299,9 @@ class Engine:
             confidence_floor=self._confidence_floor,
             exact=request.exact,
             rollback_limit=limit,
-            mtp_confidence_floor=self._mtp_confidence_floor,
+            head_floors=self._head_floors,
             max_reply_tokens=request.max_tokens,
         )
-
-    def attach_mtp_head(self, path: str | Path) -> None:
-        """Draft with an MTP head from a separate file (some publishers ship it apart)."""
-        attach = getattr(self.target, "attach_mtp_file", None)
-        if attach is None:
-            raise BackendError(self._no_head_reason("mtp"))
-        self._mtp_drafter = MtpDrafter(self.target, attach(path))
-
-    def attach_eagle3_head(self, path: str | Path) -> None:
-        """Draft with an EAGLE-3 head trained for the target (one for another is refused)."""
-        attach = getattr(self.target, "attach_eagle3_file", None)
-        if attach is None:
-            raise BackendError(self._no_head_reason("eagle3"))
-        self._eagle3_drafter = Eagle3Drafter(self.target, attach(path))
-
-    def _no_head_reason(self, name: str) -> str:
-        head = "an EAGLE-3 head" if name == "eagle3" else "a model's MTP head"
-        if not hasattr(self.target, "attach_eagle3_file" if name == "eagle3" else "mtp_head"):
-            return (
-                f"{self.target.name}: this runtime cannot draft with {head} "
-                "(llama.cpp can; MLX cannot yet). Use --drafter ngram, model or none."
-            )
-        return f"{self.target.name} {NO_EAGLE3_HEAD if name == 'eagle3' else NO_MTP_HEAD}"
 
     def generate(
         self, request: GenerationRequest, cancel: threading.Event | None = None
@@ -382,12 +342,12 @@ class Engine:
         layers on workers (its verify mostly waits on the network), a draft model is
         loaded, and this engine runs one sequence at a time (a parallel engine's slots
         hand every forward to the one runtime thread, which would run the two in turn).
-        Not with an MTP head: the target's decode feeds the head, whose own graphs would
+        Not with a head: the target's decode feeds the head, whose own graphs would
         then compute on the verify's thread beside the draft model's."""
         return (
             self.draft is not None
             and self._mtp_drafter is None
-            and self._eagle3_drafter is None
+            and not self._file_heads
             and self.sharing is None
             and self._parent is None
             and bool(getattr(self.target, "splits_over_workers", False))

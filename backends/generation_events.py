@@ -61,6 +61,10 @@ class SpeculativeStats:
     # of those drafts were used (the guess held: every draft and the bonus as guessed).
     predrafted_rounds: int = 0
     predrafts_used: int = 0
+    # Rounds that verified several continuations as one tree (draft_tree.py), and those
+    # whose accepted path left the best one for another.
+    tree_rounds: int = 0
+    other_branch_rounds: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -198,7 +202,16 @@ class StatsAccumulator:
     grammar_forced: int = 0
     predrafted_rounds: int = 0
     predrafts_used: int = 0
+    tree_rounds: int = 0
+    other_branch_rounds: int = 0
     round_ended: float = 0.0  # when the last round's event was made (or decoding began)
+
+    def count_tree(self, path: Sequence[int], best_length: int) -> None:
+        """Count a round that verified a tree of continuations; ``path`` is the nodes it
+        accepted, and the best continuation is its first ``best_length`` nodes."""
+        self.tree_rounds += 1
+        if any(node >= best_length for node in path):
+            self.other_branch_rounds += 1
 
     def record_accepted_length(self, accepted: int) -> None:
         while len(self.histogram) <= accepted:

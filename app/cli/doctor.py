@@ -1,7 +1,8 @@
 """``draftpen doctor``: what this machine is, which runtimes it has, which one runs.
 
 The facts are gathered once into :class:`DoctorReport` and rendered as lines (or, with
-``--json``, as data), so the rendering is tested with made-up machines. llama.cpp is
+``--json``, as data), so the rendering is tested with made-up machines. Among them, the
+drafters each runtime runs here (:mod:`app.cli.doctor_drafters`). llama.cpp is
 never loaded in this process: the runtime check (:mod:`app.runtime_check`) loads it in
 a child, so a build that crashes on this CPU is reported, not suffered.
 """
@@ -20,6 +21,7 @@ import psutil
 
 from app.calibration_store import StoredCalibration, stored_calibrations
 from app.cli.doctor_calibrations import calibration_lines, calibrations_json
+from app.cli.doctor_drafters import drafter_lines, drafters_json, mlx_drafters
 from app.machine import cpu_model
 from app.runtime_check.check import RuntimeCheck, render_check, run_runtime_check, stderr_excerpt
 from app.runtime_check.cpu_features import FeatureUse, cpu_flags, feature_uses
@@ -48,6 +50,9 @@ class DoctorReport:
     install_check: InstallCheck | None = None
     # The cost curves `auto` decides with, one per pair loaded here.
     calibrations: tuple[StoredCalibration, ...] = ()
+    # MLX's drafters, each with why it cannot run (None: it runs); None: no mlx here.
+    # llama.cpp's come with its runtime check.
+    mlx_drafters: dict[str, str | None] | None = None
 
 
 def _chip() -> str:
@@ -109,6 +114,7 @@ def gather_report() -> DoctorReport:
         runtime_check=check,
         install_check=read_install_check(),
         calibrations=tuple(stored_calibrations()),
+        mlx_drafters=mlx_drafters(facts),
     )
 
 
@@ -166,6 +172,11 @@ def _worker_lines(check: RuntimeCheck | None) -> list[str]:
     ]
 
 
+def _llamacpp_drafters(report: DoctorReport) -> dict[str, str | None] | None:
+    """What the runtime check's child found the library runs (None: it did not say)."""
+    return None if report.runtime_check is None else report.runtime_check.drafters
+
+
 def render_report(report: DoctorReport) -> list[str]:
     """The lines ``draftpen doctor`` prints."""
     facts = report.facts
@@ -188,6 +199,7 @@ def render_report(report: DoctorReport) -> list[str]:
         f"mlx:        {mlx}",
         f"runtime:    {decision.runtime} ({decision.reason}); override with --runtime",
         *_worker_lines(report.runtime_check),
+        *drafter_lines(_llamacpp_drafters(report), report.mlx_drafters),
         *_feature_lines(report.cpu_features),
         *_install_lines(report),
         *_check_lines(report.runtime_check),
@@ -217,6 +229,7 @@ def report_json(report: DoctorReport) -> dict[str, Any]:
         "runtime_check": None if check is None else check.as_json(),
         "install_check": None if report.install_check is None else report.install_check.as_json(),
         "calibrations": calibrations_json(report.calibrations),
+        "drafters": drafters_json(_llamacpp_drafters(report), report.mlx_drafters),
     }
 
 

@@ -44,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     commands = models.add_subparsers(dest="models_command", metavar="COMMAND")
 
     listing = commands.add_parser("list", help="show the catalog's pairs and what is downloaded")
+    listing.add_argument("--json", action="store_true", help="print the list as JSON")
     listing.set_defaults(func=_guarded(list_pairs))
 
     pull = commands.add_parser("pull", help="download a pair's models and verify them")

@@ -1,7 +1,8 @@
 """What ``draftpen models list`` and ``draftpen models scan`` print.
 
-``list`` shows the catalog's pairs with their runtime variants, sizes, fit on this
-machine and download state, and the pair recommended here; ``scan`` shows the GGUF
+``list`` shows the catalog's pairs with their runtime variants, what drafts in each
+(model, mtp, eagle3, dflash, dspark, ngram), sizes, fit on this machine and download
+state, and the pair recommended here (``--json``: the same as data); ``scan`` shows the GGUF
 files already on this machine and which of them can pair. ``app.cli.models`` registers
 both commands.
 """
@@ -9,14 +10,17 @@ both commands.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from typing import TextIO
+from dataclasses import asdict
+from typing import Any, TextIO
 
+from app.models.catalog import PairVariant
 from app.models.catalog_file import load_catalog
 from app.models.disk import format_bytes
 from app.models.fit import DEFAULT_CONTEXT, MachineMemory, machine_memory
-from app.models.overview import VariantRow, pair_overview
-from app.models.recommend import recommend_pair
+from app.models.overview import PairRow, VariantRow, pair_overview
+from app.models.recommend import Recommendation, recommend_pair
 from app.models.sources.on_this_machine import FoundModel, ScanResult, scan
 from app.models.store import ModelStore
 from app.models.worker_memory import with_workers
@@ -25,11 +29,17 @@ from backends.select import choose_runtime
 
 
 def list_pairs(args: argparse.Namespace) -> int:
-    """Print every pair: runtime variants, sizes, fit on this machine, download state."""
+    """Print every pair: runtime variants, drafters, sizes, fit here, download state
+    (with ``--json``, the same as one JSON object)."""
     catalog = load_catalog()
     store = ModelStore(models_dir())
     machine, worker_lines = with_workers(machine_memory(), load_settings())
     out = sys.stdout
+    if getattr(args, "json", False):
+        rows = pair_overview(catalog, store, machine)
+        best = recommend_pair(rows, machine, choose_runtime(None))
+        print(json.dumps(listing_json(rows, best, store, machine), indent=2), file=out)
+        return 0
     print(f"Model store: {store.root}   Hugging Face cache: {store.hub_cache.root}", file=out)
     print(
         f"This machine: {_describe_machine(machine)}; fit at {DEFAULT_CONTEXT} tokens of context",
@@ -44,6 +54,8 @@ def list_pairs(args: argparse.Namespace) -> int:
         print("No pair fits this machine's memory (each pair's fit is below).", file=out)
     else:
         print(f"Recommended here: {best.pair} ({best.runtime}), {best.reason}.", file=out)
+    print(file=out)
+    print(f"  {'runtime':<10} {'drafter':<8} {'state':<11} {'size':>9}  fit", file=out)
     for pair in rows:
         print(file=out)
         mark = "  * recommended for this machine" if best and pair.name == best.pair else ""
@@ -64,19 +76,74 @@ def _describe_machine(machine: MachineMemory) -> str:
 def _print_variant(row: VariantRow, out: TextIO) -> None:
     mark = "  (this machine's runtime)" if row.is_this_machines_runtime else ""
     print(
-        f"  {row.runtime:<10} {row.state:<11} {format_bytes(row.size_bytes):>9}  "
-        f"{row.fit.summary}{mark}",
+        f"  {row.runtime:<10} {drafter_of(row.variant):<8} {row.state:<11} "
+        f"{format_bytes(row.size_bytes):>9}  {row.fit.summary}{mark}",
         file=out,
     )
     for model in row.models:
         print(
-            f"    {model.role:<8} {model.entry.name:<40} {format_bytes(model.size_bytes):>9}  "
-            f"{model.state}",
+            f"    {_role(row.variant, model.role):<8} {model.entry.name:<40} "
+            f"{format_bytes(model.size_bytes):>9}  {model.state}",
             file=out,
         )
     if row.variant.draft is None:
         # No draft file: n-grams, or an MTP head kept inside the target GGUF.
         print(f"    {'draft':<8} none: drafts from {row.variant.drafting}", file=out)
+
+
+def drafter_of(variant: PairVariant) -> str:
+    """What drafts for a variant, in one word: model, mtp, eagle3, dflash, dspark, ngram."""
+    return variant.drafter or "ngram"
+
+
+def _role(variant: PairVariant, role: str) -> str:
+    # The second file of a head pair is a head that reads the target, not a model.
+    return "head" if role == "draft" and variant.draft_model is None else role
+
+
+def listing_json(
+    rows: tuple[PairRow, ...],
+    best: Recommendation | None,
+    store: ModelStore,
+    machine: MachineMemory,
+) -> dict[str, Any]:
+    """``models list --json``: the same facts as the table, as data."""
+    return {
+        "model_store": str(store.root),
+        "machine": asdict(machine),
+        "recommended": None if best is None else asdict(best),
+        "pairs": [
+            {
+                "name": pair.name,
+                "description": pair.description,
+                "variants": [
+                    {
+                        "runtime": row.runtime,
+                        "drafter": drafter_of(row.variant),
+                        "drafting": row.variant.drafting,
+                        "state": row.state,
+                        "size_bytes": row.size_bytes,
+                        "fits": row.fit.fits,
+                        "fit": row.fit.summary,
+                        "this_machines_runtime": row.is_this_machines_runtime,
+                        "models": [
+                            {
+                                "role": _role(row.variant, model.role),
+                                "key": model.entry.key,
+                                "name": model.entry.name,
+                                "architecture": model.entry.architecture,
+                                "size_bytes": model.size_bytes,
+                                "state": model.state,
+                            }
+                            for model in row.models
+                        ],
+                    }
+                    for row in pair.variants
+                ],
+            }
+            for pair in rows
+        ],
+    }
 
 
 def scan_command_handler(args: argparse.Namespace) -> int:

@@ -178,9 +178,9 @@ class Prediction(Strict):
 class Speculative(Strict):
     """draftpen's extension: steer or turn off speculation for one request."""
 
-    drafter: Literal["auto", "model", "mtp", "eagle3", "ngram", "none"] | None = Field(
-        None, description=f"one of {', '.join(DRAFTER_CHOICES)}"
-    )
+    drafter: (
+        Literal["auto", "model", "mtp", "eagle3", "dflash", "dspark", "ngram", "none"] | None
+    ) = Field(None, description=f"one of {', '.join(DRAFTER_CHOICES)}")
     k: int | None = Field(None, ge=0, le=MAX_DRAFT_TOKENS, description="draft tokens per round")
     exact: bool | None = Field(
         None,

@@ -192,9 +192,23 @@ class ModelEntry:
         return self.sha256 is not None
 
 
-DRAFTER_KINDS = ("model", "mtp", "eagle3")
+DRAFTER_KINDS = ("model", "mtp", "eagle3", "dflash", "dspark")
 """What a pair variant may name as its ``drafter``: a draft model, the MTP head, or an
-EAGLE-3 head."""
+EAGLE-3, DFlash or DSpark head."""
+
+HEAD_DRAFTERS = ("eagle3", "dflash", "dspark")
+"""Drafters that are a head trained for the target, in the separate GGUF ``draft`` names."""
+
+BLOCK_HEAD_DRAFTERS = ("dflash", "dspark")
+"""The heads that draft a block in one forward (llama.cpp's ``dflash`` GGUF)."""
+
+HEAD_NAMES = {
+    "mtp": "an MTP head",
+    "eagle3": "an EAGLE-3 head",
+    "dflash": "a DFlash head",
+    "dspark": "a DSpark head",
+}
+"""Each head drafter in prose, for messages."""
 
 
 @dataclass(frozen=True)
@@ -206,7 +220,9 @@ class PairVariant:
     inside the target GGUF when ``draft`` is ``None``, or published as a separate MTP
     GGUF that ``draft`` then names (it is not a model that runs alone). ``"eagle3"``: the
     EAGLE-3 head (llama.cpp's ``eagle3`` GGUF) that ``draft`` names, trained for this
-    target and fed its hidden states. ``None`` with no draft: n-gram drafts only.
+    target and fed its hidden states; ``"dflash"`` and ``"dspark"``: a DFlash or DSpark
+    block head (llama.cpp's ``dflash`` GGUF) likewise. ``None`` with no draft: n-gram
+    drafts only.
     """
 
     runtime: str
@@ -251,8 +267,9 @@ class PairVariant:
         if self.uses_mtp:
             where = "a separate MTP file" if self.draft else "inside the target GGUF"
             return f"the target's own MTP head ({where}); n-grams where it cannot run"
-        if self.uses_eagle3:
-            return "the target's EAGLE-3 head (a separate file); n-grams where it cannot run"
+        if self.drafter in HEAD_DRAFTERS:
+            head = HEAD_NAMES[str(self.drafter)].split(" ", 1)[1]  # "EAGLE-3 head"
+            return f"the target's {head} (a separate file); n-grams where it cannot run"
         if self.draft is not None:
             return "the draft model, and n-grams"
         return "n-grams only (no draft model)"
@@ -265,6 +282,9 @@ class PairEntry:
     key: str
     description: str
     variants: tuple[PairVariant, ...]
+    # False: listed and pulled by name, never the pair ``models list`` recommends (a
+    # target whose replies draftpen does not read apart yet, e.g. gpt-oss's channels).
+    recommend: bool = True
 
     @property
     def runtimes(self) -> tuple[str, ...]:

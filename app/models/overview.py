@@ -58,6 +58,7 @@ class PairRow:
     name: str
     description: str
     variants: tuple[VariantRow, ...]
+    recommend: bool = True  # the catalog's word (PairEntry.recommend)
 
     def variant(self, runtime: str) -> VariantRow | None:
         """The row for ``runtime``, if the pair has that variant."""
@@ -91,5 +92,5 @@ def pair_overview(
                     is_this_machines_runtime=variant.runtime == this_runtime,
                 )
             )
-        rows.append(PairRow(pair.key, pair.description, tuple(variants)))
+        rows.append(PairRow(pair.key, pair.description, tuple(variants), pair.recommend))
     return tuple(rows)

@@ -1,7 +1,7 @@
 """Reading one ``[pairs.<key>]`` entry of a catalog file: its runtime variants and drafter rules.
 
 A variant names a target, maybe a draft, and maybe a drafter (``"model"``, ``"mtp"``,
-``"eagle3"``);
+``"eagle3"``, ``"dflash"``, ``"dspark"``);
 :func:`check_pair_models`, run once every entry is read, holds each variant to the
 models of its catalog: they exist, suit the runtime, and an MTP variant's model keeps the
 MTP layers it drafts with.
@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.models.catalog import DRAFTER_KINDS, Catalog, PairEntry, PairVariant
+from app.models.catalog import (
+    DRAFTER_KINDS,
+    HEAD_DRAFTERS,
+    HEAD_NAMES,
+    Catalog,
+    PairEntry,
+    PairVariant,
+)
 from app.models.toml_tables import TableReader, table_name
 
 SUPPORTED_RUNTIMES = ("llamacpp", "mlx")
@@ -76,7 +83,7 @@ def read_pair_entry(reader: TableReader, key: str, table: dict[str, Any]) -> Pai
         table,
         where,
         required={"description": str},
-        optional={runtime: dict for runtime in SUPPORTED_RUNTIMES},
+        optional={"recommend": bool, **{runtime: dict for runtime in SUPPORTED_RUNTIMES}},
     )
     variants = []
     for runtime in SUPPORTED_RUNTIMES:
@@ -101,15 +108,15 @@ def read_pair_entry(reader: TableReader, key: str, table: dict[str, Any]) -> Pai
             )
         if drafter == "model" and draft is None:
             reader.fail(where_variant, 'drafter = "model" needs a draft model in draft')
-        if drafter in ("mtp", "eagle3") and runtime != "llamacpp":
-            head = "an MTP head" if drafter == "mtp" else "an EAGLE-3 head"
+        if drafter in ("mtp", *HEAD_DRAFTERS) and runtime != "llamacpp":
+            head = HEAD_NAMES[drafter]
             reader.fail(
                 where_variant,
                 f'drafter = "{drafter}" runs only on llama.cpp; {runtime} cannot run {head} '
                 "yet, so give this variant no drafter (it drafts with n-grams)",
             )
-        if drafter == "eagle3" and draft is None:
-            reader.fail(where_variant, 'drafter = "eagle3" needs the head\'s GGUF in draft')
+        if drafter in HEAD_DRAFTERS and draft is None:
+            reader.fail(where_variant, f'drafter = "{drafter}" needs the head\'s GGUF in draft')
         variants.append(PairVariant(runtime, variant["target"], draft, drafter))
     if not variants:
         reader.fail(
@@ -117,4 +124,9 @@ def read_pair_entry(reader: TableReader, key: str, table: dict[str, Any]) -> Pai
             f"a pair needs at least one runtime variant ({', '.join(SUPPORTED_RUNTIMES)}), "
             f"e.g. {table_name('pairs', key, 'llamacpp')} with target and draft",
         )
-    return PairEntry(key=key, description=fields["description"], variants=tuple(variants))
+    return PairEntry(
+        key=key,
+        description=fields["description"],
+        variants=tuple(variants),
+        recommend=fields.get("recommend", True),
+    )

@@ -19,7 +19,13 @@ from app.errors import (
     LocalModelMissingError,
     ModelNotDownloadedError,
 )
-from app.models.catalog import Catalog, ModelEntry, PairEntry, PairVariant
+from app.models.catalog import (
+    BLOCK_HEAD_DRAFTERS,
+    Catalog,
+    ModelEntry,
+    PairEntry,
+    PairVariant,
+)
 from app.models.catalog_file import load_catalog
 from app.models.store import (
     ModelState,
@@ -35,7 +41,8 @@ class ResolvedPair:
 
     Paths are files for llamacpp (gguf) and directories for mlx. A variant whose
     drafter is a separate MTP file has that file in :attr:`mtp_head_path`, and one whose
-    drafter is an EAGLE-3 head has it in :attr:`eagle3_head_path`, never in
+    drafter is an EAGLE-3 head has it in :attr:`eagle3_head_path`, and one whose drafter
+    is a DFlash or DSpark head in :attr:`dflash_head_path`, never in
     :attr:`draft_path`: neither is a model that can be loaded and run alone.
     """
 
@@ -45,6 +52,7 @@ class ResolvedPair:
     runtime: str
     mtp_head_path: Path | None = None
     eagle3_head_path: Path | None = None
+    dflash_head_path: Path | None = None
 
     @property
     def variant(self) -> PairVariant:
@@ -86,6 +94,7 @@ def resolve_pair(
         runtime=variant.runtime,
         mtp_head_path=second if variant.uses_mtp else None,
         eagle3_head_path=second if variant.uses_eagle3 else None,
+        dflash_head_path=second if variant.drafter in BLOCK_HEAD_DRAFTERS else None,
     )
 
 

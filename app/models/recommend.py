@@ -23,6 +23,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from app.models.catalog import HEAD_DRAFTERS, HEAD_NAMES
 from app.models.disk import format_bytes
 from app.models.fit import MachineMemory
 from app.models.overview import PairRow, VariantRow
@@ -54,7 +55,7 @@ def recommend_pair(
     fitting = [
         (pair, variant)
         for pair in rows
-        if (variant := pair.variant(runtime)) is not None and variant.fit.fits
+        if pair.recommend and (variant := pair.variant(runtime)) is not None and variant.fit.fits
     ]
     if not fitting:
         return None
@@ -109,4 +110,6 @@ def _with_what(variant: VariantRow) -> str:
     if pair.uses_mtp:
         # An MTP head inside the target costs no memory of its own; a separate one does.
         return "its MTP head file" if pair.mtp_head is not None else "its own MTP head"
+    if pair.drafter in HEAD_DRAFTERS:
+        return f"its {HEAD_NAMES[str(pair.drafter)].split(' ', 1)[1]}"  # "its EAGLE-3 head"
     return "its draft model" if pair.draft is not None else "no draft model"

@@ -10,7 +10,9 @@ then resolve through :mod:`app.models.pair_files` like any catalog pair.
 Local files are checked before they are accepted: a GGUF header (else a message naming
 the fix), and for a target with a draft, llama.cpp's vocabulary rule on the two headers.
 A target alone is always allowed (n-gram drafts). A draft whose architecture is
-``eagle3`` is an EAGLE-3 head: the pair drafts with it (``drafter = "eagle3"``).
+``eagle3`` is an EAGLE-3 head: the pair drafts with it (``drafter = "eagle3"``); one whose
+architecture is ``dflash`` is a DFlash or DSpark head (``drafter = "dflash"``; loading
+reads which of the two the file holds).
 """
 
 from __future__ import annotations
@@ -154,12 +156,12 @@ def build_pair(
     target = own_model(target_text, f"{name}.target")
     draft = own_model(draft_text, f"{name}.draft") if draft_text else None
     _refuse_if_incompatible(target, draft, "the target")
-    # An EAGLE-3 head (llama.cpp's eagle3 GGUF) is not a model that runs alone: the
-    # target feeds it, so the pair drafts with it as its head.
-    head = draft is not None and draft.entry.architecture == "eagle3"
-    variant = PairVariant(
-        RUNTIME, target.entry.key, draft.entry.key if draft else None, "eagle3" if head else None
-    )
+    # An EAGLE-3 or DFlash/DSpark head (llama.cpp's eagle3 or dflash GGUF) is not a
+    # model that runs alone: the target feeds it, so the pair drafts with it as its head
+    # (a DSpark file is a dflash one too; loading tells them apart and says so).
+    architecture = draft.entry.architecture if draft is not None else None
+    head = architecture if architecture in ("eagle3", "dflash") else None
+    variant = PairVariant(RUNTIME, target.entry.key, draft.entry.key if draft else None, head)
     pair = PairEntry(key=name, description=description, variants=(variant,))
     models = (target.entry,) if draft is None else (target.entry, draft.entry)
     return models, pair
@@ -200,8 +202,8 @@ def add_user_pair(
     runtime_table = {"target": variant.target}
     if variant.draft is not None:
         runtime_table["draft"] = variant.draft
-    if variant.uses_eagle3:
-        runtime_table["drafter"] = "eagle3"
+    if variant.drafter in ("eagle3", "dflash"):
+        runtime_table["drafter"] = variant.drafter
     pairs[name] = {"description": pair.description, RUNTIME: runtime_table}
     _write_document(path, document)
     return pair

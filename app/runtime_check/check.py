@@ -46,6 +46,8 @@ class RuntimeCheck:
     system_info: str | None = None  # llama.cpp's "CPU : AVX2 = 1 | ..." line
     gpu_offload: bool | None = None
     rpc: bool | None = None  # llama.cpp's RPC backend: can use and be a worker
+    # Each drafter with why this build cannot run it (None: it can); None: not reported.
+    drafters: dict[str, str | None] | None = None
     n_threads: int | None = None
     tokens_one_at_a_time: int = 0
     batch_tokens: int = 0
@@ -111,6 +113,7 @@ def _interpret(
         "system_info": imported.get("system_info"),
         "gpu_offload": imported.get("gpu_offload"),
         "rpc": imported.get("rpc"),
+        "drafters": imported.get("drafters"),
         "n_threads": loaded.get("n_threads"),
         "tokens_one_at_a_time": int(single.get("tokens", 0)),
         "batch_tokens": int(batch.get("tokens", 0)),

@@ -4,7 +4,8 @@ Run as ``python -m app.runtime_check.probe MODEL.gguf``. It prints one JSON obje
 line on stdout, flushed as each stage is reached, so that when llama.cpp kills the
 process the parent still knows what was loaded and which stage died:
 
-1. ``imported``: llama-cpp-python's version, llama.cpp's system info, GPU offload;
+1. ``imported``: llama-cpp-python's version, llama.cpp's system info, GPU offload, and
+   the drafters this build runs (those whose functions the library exports);
 2. ``loaded``: the model's facts (the parent already knows the file's);
 3. ``decoded_one_at_a_time``: a few tokens, one ``llama_decode`` each;
 4. ``decoded_batch``: one batch of tokens in one ``llama_decode``: the batched matmul
@@ -86,6 +87,7 @@ def run(model_path: Path) -> None:
     from backends.llamacpp import ggml_devices
     from backends.llamacpp import library as llamacpp_library
     from backends.llamacpp import model as llamacpp
+    from backends.llamacpp.drafter_support import drafter_support
 
     _emit(
         "imported",
@@ -93,6 +95,7 @@ def run(model_path: Path) -> None:
         system_info=llamacpp_library.system_info(),
         gpu_offload=ggml_devices.supports_gpu_offload(),
         rpc=ggml_devices.supports_rpc(),
+        drafters=drafter_support(),
     )
     model = llamacpp.LlamaCppModel(
         model_path, n_ctx=CONTEXT, n_batch=BATCH, gpu_layers=0, name=model_path.stem

@@ -1,6 +1,7 @@
-"""The draft heads a llama.cpp target feeds: its own MTP head (``mtp``) or an EAGLE-3
-head from a separate file (``eagle3``). One at a time: each decode of the target hands
-its hidden states to the head, and each rollback cuts the head back with it.
+"""The draft heads a llama.cpp target feeds: its own MTP head (``mtp``), an EAGLE-3 head
+(``eagle3``) or a DFlash/DSpark block head (``dflash``) from a separate file. One at a
+time: each decode of the target hands its hidden states to the head, and each rollback
+cuts the head back with it (what they share: ``head_base``).
 
 Mixed into ``LlamaCppModel``, which sets the attributes declared here and calls
 ``self._head.target_decoded`` / ``target_rolled_back`` from its decode and rollback.
@@ -12,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from backends.errors import BackendError, DecodeError
+from backends.llamacpp.dflash import LlamaCppBlockHead
+from backends.llamacpp.dflash_files import block_head_facts, load_dflash_weights
 from backends.llamacpp.eagle3 import LlamaCppEagle3Head
 from backends.llamacpp.eagle3_files import head_layer_ids, load_eagle3_weights
+from backends.llamacpp.head_base import LlamaCppHead
 from backends.llamacpp.library import llama_cpp
 from backends.llamacpp.mtp import LlamaCppMtpHead, load_mtp_weights
 
@@ -23,7 +27,7 @@ class DraftHeads:
 
     _model: Any
     _context: Any
-    _head: LlamaCppMtpHead | LlamaCppEagle3Head | None
+    _head: LlamaCppHead | None
     name: str
     n_ctx: int
     n_batch: int
@@ -61,13 +65,7 @@ class DraftHeads:
         vocabulary, layers), a target whose architecture does not hand out its layers'
         inputs, a hybrid target, and a context of several sequences.
         """
-        if self.recurrent:
-            raise BackendError(
-                f"{self.name} keeps a recurrent state; an EAGLE-3 head drafts for "
-                "attention-only targets here. Use --drafter mtp, ngram or none."
-            )
-        if self.parallel > 1:
-            raise BackendError("an EAGLE-3 head drafts for one sequence; load with parallel 1")
+        self._refuse_layer_input_head("an EAGLE-3 head")
         weights = load_eagle3_weights(
             Path(path), self._model, self.name, gpu_layers=self._head_gpu_layers()
         )
@@ -83,6 +81,42 @@ class DraftHeads:
             n_vocab=self.n_vocab,
         )
         return self._head
+
+    def attach_dflash_file(self, path: str | Path) -> LlamaCppBlockHead:
+        """Draft with a DFlash or DSpark head (llama.cpp's ``dflash`` GGUF) trained for
+        this model; refused as :meth:`attach_eagle3_file` refuses an EAGLE-3 head."""
+        self._refuse_layer_input_head("a DFlash or DSpark head")
+        weights = load_dflash_weights(
+            Path(path), self._model, self.name, gpu_layers=self._head_gpu_layers()
+        )
+        try:
+            facts = block_head_facts(Path(path), weights)
+        except BaseException:
+            llama_cpp.llama_model_free(weights)
+            raise
+        self._close_head()
+        self._head = LlamaCppBlockHead(
+            self._live_context(),
+            weights,
+            facts,
+            layer_ids=head_layer_ids(weights),
+            target_embd=int(llama_cpp.llama_model_n_embd(self._model)),
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            threads=self.n_threads,
+            n_vocab=self.n_vocab,
+        )
+        return self._head
+
+    def _refuse_layer_input_head(self, head: str) -> None:
+        """A head that reads the target's layer inputs follows one attention-only sequence."""
+        if self.recurrent:
+            raise BackendError(
+                f"{self.name} keeps a recurrent state; {head} drafts for "
+                "attention-only targets here. Use --drafter mtp, ngram or none."
+            )
+        if self.parallel > 1:
+            raise BackendError(f"{head} drafts for one sequence; load with parallel 1")
 
     def _head_gpu_layers(self) -> int:
         return 999 if self.gpu_offload else 0

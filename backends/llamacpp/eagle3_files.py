@@ -1,5 +1,6 @@
 """Loading an EAGLE-3 head's GGUF for a llama.cpp target, and refusing one trained for
-another target (hidden size, vocabulary, layers) or a target llama.cpp cannot feed it.
+another target (hidden size, vocabulary, layers) or a target llama.cpp cannot feed it
+(the loading and the target's checks serve DFlash heads too: ``dflash_files``).
 
 The functions that switch a target's layer-input extraction on and read it, and a
 head's list of target layers, are in llama.cpp's staging header ``src/llama-ext.h``,
@@ -11,7 +12,7 @@ case a later build exports those.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,19 @@ def load_eagle3_weights(path: Path, target: Any, target_name: str, *, gpu_layers
     caller owns the weights. Refused, with the reason, when the build cannot run it,
     the file is no EAGLE-3 head, or it was trained for another target (hidden size,
     vocabulary, or layers the target does not have)."""
+    return load_head_weights(path, target, target_name, "an EAGLE-3 head", _mismatch, gpu_layers)
+
+
+def load_head_weights(
+    path: Path,
+    target: Any,
+    target_name: str,
+    kind: str,
+    mismatch: Callable[[Any, Any], str | None],
+    gpu_layers: int,
+) -> Any:
+    """Load the head (``kind``, e.g. "an EAGLE-3 head") in ``path`` for ``target``,
+    refused with the reason ``mismatch(weights, target)`` gives (None: it fits)."""
     reason = eagle3_unavailable()
     if reason is not None:
         raise ModelLoadError(f"{path.name}: {reason}")
@@ -98,15 +112,15 @@ def load_eagle3_weights(path: Path, target: Any, target_name: str, *, gpu_layers
     local_placement(gpu_layers).apply(params)
     weights = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
     if not weights:
-        raise ModelLoadError(f"llama.cpp could not load the EAGLE-3 head {path}")
+        raise ModelLoadError(f"llama.cpp could not load {kind} from {path}")
     try:
-        problem = _mismatch(weights, target)
+        problem = mismatch(weights, target)
     except BaseException:
         llama_cpp.llama_model_free(weights)
         raise
     if problem is not None:
         llama_cpp.llama_model_free(weights)
-        raise ModelLoadError(f"{path.name} is not an EAGLE-3 head for {target_name}: {problem}")
+        raise ModelLoadError(f"{path.name} is not {kind} for {target_name}: {problem}")
     return weights
 
 
@@ -129,6 +143,12 @@ def _mismatch(weights: Any, target: Any) -> str | None:
     layer_ids = head_layer_ids(weights)
     if len(layer_ids) != 3 or not all(0 <= layer < target_layers for layer in layer_ids):
         return f"it reads layers {layer_ids}, the target has layers 0..{target_layers - 1}"
+    return target_mismatch(weights, target)
+
+
+def target_mismatch(weights: Any, target: Any) -> str | None:
+    """What keeps a target from feeding a head that reads its layer inputs: an
+    architecture whose graph does not hand them out, or another vocabulary."""
     architecture = model_metadata(target, "general.architecture")
     if architecture not in LAYER_INPUT_ARCHITECTURES:
         return (

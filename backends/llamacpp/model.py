@@ -11,7 +11,8 @@ This module holds ``LlamaCppModel`` (loading, evaluation, rollback, saved states
 modules beside it in ``backends/llamacpp/`` hold its parts, and they alone import
 ``llama_cpp``: the library and its log (``library``), load settings (``params``), the
 tokenizer (``vocab``), recurrent rollback (``rollback``), the draft heads a target
-feeds (``draft_heads``: its MTP head, ``mtp``, or an EAGLE-3 head, ``eagle3``) and
+feeds (``draft_heads``: its MTP head, ``mtp``, an EAGLE-3 head, ``eagle3``, or a
+DFlash/DSpark head, ``dflash``, on their shared ``head_base``) and
 bench's yardstick (``reference``).
 """
 
@@ -28,8 +29,8 @@ import numpy as np
 from backends.base import SequenceState
 from backends.errors import ContextOverflowError, DecodeError, ModelLoadError
 from backends.llamacpp.draft_heads import DraftHeads
-from backends.llamacpp.eagle3 import LlamaCppEagle3Head
 from backends.llamacpp.ggml_devices import decode, release_workers, supports_gpu_offload
+from backends.llamacpp.head_base import LlamaCppHead
 
 # The runtime's own import (each module of this package makes it before any other
 # of llama_cpp), so that a missing runtime says how to install it.
@@ -41,7 +42,6 @@ from backends.llamacpp.library import (
     physical_cores,
     recent_errors,
 )
-from backends.llamacpp.mtp import LlamaCppMtpHead
 from backends.llamacpp.params import context_params, model_params, parallel_refusal
 from backends.llamacpp.placement import load_weights, placement_for
 from backends.llamacpp.rollback import (
@@ -51,6 +51,7 @@ from backends.llamacpp.rollback import (
     holds_recurrent_state,
 )
 from backends.llamacpp.state_files import read_payload, state_identity, write_payload
+from backends.llamacpp.tree_batch import TreeDecoding, tree_sequences
 from backends.llamacpp.vocab import LlamaCppTokens
 from backends.workers.endpoints import Endpoint
 from backends.workers.wire import WorkerInfo
@@ -61,7 +62,7 @@ def _uint8_pointer(buffer: np.ndarray) -> Any:
     return buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
-class LlamaCppModel(DraftHeads, LlamaCppTokens):
+class LlamaCppModel(TreeDecoding, DraftHeads, LlamaCppTokens):
     """A GGUF model with one context and one reusable batch.
 
     With ``parallel`` N > 1 the context holds N sequences of ``n_ctx`` cells; this object
@@ -91,7 +92,7 @@ class LlamaCppModel(DraftHeads, LlamaCppTokens):
         self._model = None
         self._context = None
         self._batch = None
-        self._head: LlamaCppMtpHead | LlamaCppEagle3Head | None = None
+        self._head: LlamaCppHead | None = None
         self._workers: tuple[Endpoint, ...] = ()
         # This model's sequence in its context; the views of a parallel context
         # (backends/llamacpp/sequences.py) each have their own.
@@ -125,10 +126,13 @@ class LlamaCppModel(DraftHeads, LlamaCppTokens):
         self.parallel = 1 if self.parallel_refusal else max(1, parallel)
         threads = n_threads or physical_cores()
         snapshots = DEFAULT_SNAPSHOTS if rollback_snapshots is None else rollback_snapshots
+        # Scratch sequence ids for draft trees (tree_batch.py), in the one KV stream a
+        # lone sequence keeps in position order anyway.
+        self._tree_seqs = tree_sequences(self.recurrent, self.parallel)
         settings = context_params(
             n_ctx=n_ctx * self.parallel,
-            n_seq=self.parallel,
-            one_cache=not exact_kernels,
+            n_seq=self.parallel + self._tree_seqs,
+            one_cache=not exact_kernels or self.parallel == 1,
             n_batch=n_batch,
             threads=threads,
             recurrent_snapshots=snapshots if self.recurrent else None,

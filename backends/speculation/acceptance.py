@@ -11,6 +11,35 @@ DECAY = 0.9  # per round, old acceptance evidence fades (recent text weighs more
 PRIOR_WEIGHT = 1.0  # the prior counts as this many rounds of evidence
 
 
+# Priors, overruled by a few rounds of evidence. N-gram matches are tracked per match
+# length: a 2-token match is often chance, a 4-token one often a real repeat, and an
+# 8-token one usually a stretch being copied (in a code edit, it ran on for ~10
+# tokens on average), so that one earns long drafts without dragging the others up.
+PRIOR_ACCEPTANCE = {
+    "model": 0.7,
+    # Published for Qwen3.6's own head: ~70% of drafted tokens accepted.
+    "mtp": 0.7,
+    # EAGLE-3's papers report 3-4 tokens a round on chat (about as the MTP head).
+    "eagle3": 0.7,
+    "prediction": 0.8,
+    "ngram:2": 0.3,
+    "ngram:3": 0.5,
+    "ngram:4": 0.6,
+    "ngram:6": 0.65,
+    "ngram:8": 0.7,
+    # A match through a tool call's JSON escaping (the text lookup): a file written
+    # back, though the target may split the text into other tokens than the lookup.
+    "ngram:text": 0.6,
+    # A match in the index of earlier sessions' streams, by its length: a long one is
+    # most often the same reply being written again (the same file after a failed
+    # test, the same scaffold), a short one a phrase the two share.
+    "ngram:index:4": 0.4,
+    "ngram:index:8": 0.55,
+    "ngram:index:16": 0.7,
+    "ngram:index:32": 0.8,
+}
+
+
 @dataclass
 class AcceptanceEstimate:
     """Probability that draft position i is accepted, given positions before it were.

@@ -34,49 +34,29 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.sampling.filters import SamplingParams
-from backends.speculation.acceptance import AcceptanceEstimate, ConfidenceFloor
+from backends.speculation.acceptance import PRIOR_ACCEPTANCE, AcceptanceEstimate, ConfidenceFloor
+from backends.speculation.chained_drafter import ChainedDrafter
 from backends.speculation.cost_model import CostModel
+from backends.speculation.draft_lengths import best_chain_length, best_length
 from backends.speculation.draft_policy import RoundOutcome, RoundPlan
-from backends.speculation.model_drafter import ModelDrafter
-from backends.speculation.mtp_drafter import MtpDrafter
+from backends.speculation.drafter_costs import (
+    DraftCost,
+    break_even_acceptance,
+    draft_cost,
+    is_head,
+    longest_draft,
+)
 from backends.speculation.ngram_drafter import NgramDrafter
 from backends.speculation.ngram_shadow import NgramShadow
 from backends.speculation.proposal import Drafter
+from backends.speculation.tree_round import tree_room
 from backends.token_prefix import common_prefix_length
 
 DEFAULT_MAX_DRAFT = 16
-# Priors, overruled by a few rounds of evidence. N-gram matches are tracked per match
-# length: a 2-token match is often chance, a 4-token one often a real repeat, and an
-# 8-token one usually a stretch being copied (in a code edit, it ran on for ~10
-# tokens on average), so that one earns long drafts without dragging the others up.
-PRIOR_ACCEPTANCE = {
-    "model": 0.7,
-    # Published for Qwen3.6's own head: ~70% of drafted tokens accepted.
-    "mtp": 0.7,
-    "prediction": 0.8,
-    "ngram:2": 0.3,
-    "ngram:3": 0.5,
-    "ngram:4": 0.6,
-    "ngram:6": 0.65,
-    "ngram:8": 0.7,
-    # A match through a tool call's JSON escaping (the text lookup): a file written
-    # back, though the target may split the text into other tokens than the lookup.
-    "ngram:text": 0.6,
-    # A match in the index of earlier sessions' streams, by its length: a long one is
-    # most often the same reply being written again (the same file after a failed
-    # test, the same scaffold), a short one a phrase the two share.
-    "ngram:index:4": 0.4,
-    "ngram:index:8": 0.55,
-    "ngram:index:16": 0.7,
-    "ngram:index:32": 0.8,
-}
 MIN_PAYING_SPEEDUP = 1.02  # choose speculation only when it is expected to pay this much
 MODEL_PROBE_INTERVAL = 64  # rounds without the draft model before trying it again
 MODEL_PROBE_LENGTH = 2
 MODEL_PROBE_MAX_CATCH_UP = 8  # a probe may cost at most this many plain steps of catch-up
-# An MTP step before one is measured, as a share of a target step: one decoder block
-# and the LM head (~6% of a 27B model's step, half of a tiny model's).
-MTP_STEP_PRIOR = 0.2
 PLAIN_CHECK_REASON = "timing a one-token step: auto checks the figures it decides with"
 # A draft model that sat out (or a new prompt) must first read what it has not seen.
 # That is paid once and then serves every later round, so the choice spreads it over
@@ -115,7 +95,7 @@ class AdaptiveDraftPolicy:
         confidence_floor: ConfidenceFloor | None = None,
         exact: bool = False,
         rollback_limit: int | None = None,
-        mtp_confidence_floor: ConfidenceFloor | None = None,
+        head_floors: dict[str, ConfidenceFloor] | None = None,
         max_reply_tokens: int | None = None,
     ) -> None:
         self.drafters = {drafter.name: drafter for drafter in drafters}
@@ -136,21 +116,30 @@ class AdaptiveDraftPolicy:
         # learned about this conversation carries over to the next reply.
         self.acceptance = acceptance if acceptance is not None else {}
         self._rounds_without_model = 0
-        # The draft model through a view whose confidence floor this policy learns.
-        model = self.drafters.get("model")
-        view = getattr(model, "with_confidence_floor", None)
-        self._floored_model: ModelDrafter | None = view() if view is not None else None
-        # Shared across generations like ``acceptance``, when the caller passes its own.
+        # The draft model and each draft head (MTP, EAGLE-3) through a view whose
+        # confidence floor this policy learns; a head's confidence means otherwise than
+        # the model's, so each keeps a floor of its own, shared across generations like
+        # ``acceptance`` where the caller passes them.
         self.confidence_floor = (
             confidence_floor if confidence_floor is not None else ConfidenceFloor()
         )
-        # The MTP head likewise, with a floor of its own (its confidence means otherwise).
-        mtp = self.drafters.get("mtp")
-        mtp_view = getattr(mtp, "with_confidence_floor", None)
-        self._floored_mtp: MtpDrafter | None = mtp_view() if mtp_view is not None else None
-        self.mtp_confidence_floor = (
-            mtp_confidence_floor if mtp_confidence_floor is not None else ConfidenceFloor()
-        )
+        self.floors: dict[str, ConfidenceFloor] = {"model": self.confidence_floor}
+        self._floored: dict[str, Drafter] = {}
+        for name, drafter in self.drafters.items():
+            view = getattr(drafter, "with_confidence_floor", None)
+            if view is None:
+                continue
+            self._floored[name] = view()
+            if name != "model":
+                floor = (head_floors or {}).get(name)
+                self.floors[name] = floor if floor is not None else ConfidenceFloor()
+        # Chains of the n-gram's match and a head (chained_drafter.py), priced beside
+        # the match they extend.
+        self._chains = {
+            name: drafter
+            for name, drafter in self.drafters.items()
+            if isinstance(drafter, ChainedDrafter)
+        }
         self.decision = Decision("none", 0, 1.0, "not started")
         self._model_can_pay_at = -1  # the costs' version _model_could_pay was worked out at
         self._model_could_pay = False
@@ -193,12 +182,21 @@ class AdaptiveDraftPolicy:
         # What the draft model has not read yet: counted once, used by both choices below.
         missed = self._catch_up_tokens(context)
         catch_up_seconds = self._catch_up_seconds(missed)
+        ngram_key: str | None = None
+        free = 0  # the n-gram match's tokens, where it has one
         for name in self.drafters:
+            if name in self._chains:
+                continue  # priced below, beside the match it extends
             key = self._estimate_key(name, context)
             if key is None:
                 continue
+            longest = longest_draft(self.drafters[name], self.max_draft_tokens)
+            if name == "ngram":
+                # A match drafts no further than its continuation reaches.
+                ngram_key, free = key, self._match_length(context)
+                longest = min(longest, free)
             catch_up = catch_up_seconds if name == "model" else 0.0
-            draft_tokens, rate = self._best_length(name, key, verify, catch_up)
+            draft_tokens, rate = self._best_length(name, key, verify, catch_up, longest)
             if (
                 catch_up > 0
                 and best is None
@@ -212,12 +210,21 @@ class AdaptiveDraftPolicy:
                 )
             if draft_tokens > 0 and rate > best_rate:
                 best_rate, best_key = rate, key
-                best = Decision(
-                    name,
-                    draft_tokens,
-                    rate / plain_rate,
-                    f"{name}: {rate / plain_rate:.2f}x expected at K={draft_tokens}",
-                )
+                best = _decision(name, draft_tokens, rate / plain_rate)
+        for name, chain in self._chains.items() if ngram_key is not None else ():
+            assert ngram_key is not None
+            head = chain.head.name
+            draft_tokens, rate = best_chain_length(
+                self._estimate(ngram_key),
+                self._estimate(head),
+                free,
+                verify,
+                self._draft_cost(head),
+                longest_draft(chain.head, self.max_draft_tokens - free) + free,
+            )
+            if draft_tokens > 0 and rate > best_rate:
+                best_rate, best_key = rate, ngram_key
+                best = _decision(name, draft_tokens, rate / plain_rate)
         if best is not None and best.drafter == "model":
             self._rounds_without_model = 0
         else:
@@ -246,33 +253,59 @@ class AdaptiveDraftPolicy:
             return RoundPlan(None, 0, 1.0, best.reason, note)
         drafter = self.drafters[best.drafter]
         reason = best.reason
-        floored = {"model": self._floored_model, "mtp": self._floored_mtp}.get(best.drafter)
+        floored = self._floored.get(best.drafter)
         if floored is not None:
-            floors = {"model": self.confidence_floor, "mtp": self.mtp_confidence_floor}
-            floor = floors[best.drafter].floor(
-                self._break_even_acceptance(best.draft_tokens, best.drafter)
+            floor = self.floors[best.drafter].floor(
+                break_even_acceptance(self.costs, best.draft_tokens, self._draft_cost(best.drafter))
             )
-            floored.min_confidence = floor
+            floored.min_confidence = floor  # type: ignore[attr-defined]
             drafter = floored
             if floor > 0:
                 reason += f", stops below p {floor:.1f}"
-        return RoundPlan(drafter, best.draft_tokens, best.estimated_speedup, reason, note)
+        # Other continuations in the same batch, where a larger batch is cheap (n-gram
+        # drafts only: they are one-hot, tree_round.py).
+        tree_nodes = 0
+        if best.drafter == "ngram":
+            tree_nodes = tree_room(self.costs, best.draft_tokens, self.exact_batch_limit)
+        return RoundPlan(
+            drafter, best.draft_tokens, best.estimated_speedup, reason, note, tree_nodes
+        )
 
     def observe(self, outcome: RoundOutcome) -> None:
         """Learn acceptance and costs from a finished round."""
         # Grammar-forced tokens ride in the same batch and cost like any other.
         batch = outcome.drafted + outcome.other_verified + 1
         self.costs.observe_verify(batch, outcome.verify_seconds)
-        if outcome.drafted and outcome.drafter == self.decision.drafter and self._round_key:
-            self._estimate(self._round_key).observe(outcome.drafted, outcome.accepted)
-            if outcome.drafter == "model" and outcome.draft_step_seconds is not None:
-                self.costs.observe_draft_step(outcome.draft_step_seconds)
-            if outcome.drafter == "model" and outcome.draft_confidences:
-                self.confidence_floor.observe(outcome.draft_confidences, outcome.accepted)
-            if outcome.drafter == "mtp" and outcome.draft_step_seconds is not None:
-                self.costs.observe_mtp_step(outcome.draft_step_seconds)
-            if outcome.drafter == "mtp" and outcome.draft_confidences:
-                self.mtp_confidence_floor.observe(outcome.draft_confidences, outcome.accepted)
+        if not (outcome.drafted and outcome.drafter == self.decision.drafter and self._round_key):
+            return
+        chain = self._chains.get(outcome.drafter)
+        if chain is not None:
+            self._observe_chain(chain, outcome)
+            return
+        self._estimate(self._round_key).observe(outcome.drafted, outcome.accepted)
+        self._observe_step(outcome.drafter, outcome.draft_step_seconds)
+        floor = self.floors.get(outcome.drafter)
+        if floor is not None and outcome.draft_confidences:
+            floor.observe(outcome.draft_confidences, outcome.accepted)
+
+    def _observe_chain(self, chain: ChainedDrafter, outcome: RoundOutcome) -> None:
+        """Credit a chain's round to its parts: the match's positions to the n-gram's
+        estimate, the head's (reached only past a wholly accepted match) to the head's."""
+        free = min(chain.last_free_tokens, outcome.drafted)
+        self._estimate(self._round_key).observe(free, min(outcome.accepted, free))
+        if outcome.accepted >= free and outcome.drafted > free:
+            head = chain.head.name
+            self._estimate(head).observe(outcome.drafted - free, outcome.accepted - free)
+        self._observe_step(chain.head.name, outcome.draft_step_seconds)
+
+    def _observe_step(self, name: str, seconds: float | None) -> None:
+        """A draft step's time, where the drafter ``name`` runs a model for one."""
+        if seconds is None:
+            return
+        if name == "model":
+            self.costs.observe_draft_step(seconds)
+        elif is_head(self.drafters.get(name)):
+            self.costs.observe_head_step(name, seconds)
 
     # -- internals -------------------------------------------------------------
 
@@ -284,16 +317,6 @@ class AdaptiveDraftPolicy:
             self._note_made = made
             self._note = self.costs.audit.since(self._corrections_before)
         return self._note
-
-    def _draft_step_cost(self, name: str) -> float:
-        """Seconds per drafted token for this drafter."""
-        if isinstance(self.drafters[name], ModelDrafter):
-            step = self.costs.draft_step_seconds
-            return step if step is not None else self.costs.verify(1)
-        if isinstance(self.drafters[name], MtpDrafter):
-            step = self.costs.mtp_step_seconds
-            return step if step is not None else MTP_STEP_PRIOR * self.costs.verify(1)
-        return 0.0  # n-gram lookups and predictions cost microseconds
 
     def _estimate(self, key: str) -> AcceptanceEstimate:
         if key not in self.acceptance:
@@ -310,42 +333,38 @@ class AdaptiveDraftPolicy:
             return drafter.last_match_key
         return name
 
+    def _match_length(self, context: Sequence[int]) -> int:
+        """How many tokens the n-gram drafter's match offers here (its lookups are
+        remembered for the round, so asking again costs nothing)."""
+        lookup = getattr(self.drafters["ngram"], "lookup", None)
+        return (
+            self.max_draft_tokens
+            if lookup is None
+            else len(lookup(context, self.max_draft_tokens)[0])
+        )
+
     def _best_length(
-        self, name: str, key: str, verify: Sequence[float], catch_up_seconds: float = 0.0
+        self,
+        name: str,
+        key: str,
+        verify: Sequence[float],
+        catch_up_seconds: float = 0.0,
+        longest: int | None = None,
     ) -> tuple[int, float]:
-        """The K with the best expected tokens per second, and that rate.
+        """The K with the best expected tokens per second, and that rate
+        (draft_lengths.py); ``catch_up_seconds`` (the draft model reading context it
+        missed) is spread over the horizon it serves."""
+        return best_length(
+            self._estimate(key),
+            verify,
+            self._draft_cost(name),
+            self.max_draft_tokens if longest is None else longest,
+            catch_up_seconds / self._catch_up_horizon,
+        )
 
-        ``verify`` holds the target's forward time per batch size
-        (:meth:`CostModel.verify_table`). ``catch_up_seconds`` (the draft model reading
-        context it missed) is charged in proportion to the tokens a round brings, as a
-        share of the horizon it serves.
-        """
-        estimate = self._estimate(key)
-        catch_up_per_token = catch_up_seconds / self._catch_up_horizon
-        draft_step = self._draft_step_cost(name)
-        best_k, best_rate = 0, 0.0
-        expected, survive = 1.0, 1.0  # expected tokens per round, built up K by K
-        for draft_tokens in range(1, self.max_draft_tokens + 1):
-            survive *= estimate.at(draft_tokens - 1)
-            expected += survive
-            seconds = (
-                verify[draft_tokens + 1] + draft_step * draft_tokens + catch_up_per_token * expected
-            )
-            rate = expected / seconds
-            if rate > best_rate:
-                best_k, best_rate = draft_tokens, rate
-        return best_k, best_rate
-
-    def _break_even_acceptance(self, draft_tokens: int, name: str = "model") -> float:
-        """Acceptance at which one more token of drafter ``name`` pays for itself.
-
-        It costs a draft step plus its share of the verify batch, and brings a token
-        that would otherwise cost a plain step.
-        """
-        plain = self.costs.verify(1)
-        marginal_verify = (self.costs.verify(draft_tokens + 1) - plain) / max(1, draft_tokens)
-        step = self._draft_step_cost(name) or plain
-        return min(0.95, max(0.05, (step + marginal_verify) / plain))
+    def _draft_cost(self, name: str) -> DraftCost:
+        """What drafting with ``name`` costs on the current figures (drafter_costs.py)."""
+        return draft_cost(name, self.drafters[name], self.costs)
 
     def _catch_up_seconds(self, missing: int) -> float:
         """Estimated time for the idle draft model to evaluate what it has not seen.
@@ -410,3 +429,10 @@ class AdaptiveDraftPolicy:
 
 # The n-gram drafter ignores randomness; the controller never samples with this.
 _NO_RANDOMNESS = np.random.default_rng(0)
+
+
+def _decision(name: str, draft_tokens: int, speedup: float) -> Decision:
+    """A choice to draft with ``name``, K tokens, expected ``speedup`` over plain."""
+    return Decision(
+        name, draft_tokens, speedup, f"{name}: {speedup:.2f}x expected at K={draft_tokens}"
+    )

@@ -51,14 +51,17 @@ COSTS_NOTE_PREFIX = "auto re-measured its stored figures: "
 class CostCorrection:
     """One figure the loop replaced: what it was, what was measured, in words."""
 
-    key: int | str  # a batch size, or "draft" / "mtp" for a drafter's step
+    key: int | str  # a batch size, "draft" for the draft model's step, or a head's name
     stored_seconds: float
     measured_seconds: float
 
     def describe(self) -> str:
         """E.g. "one-token forward 46 ms measured, 295 ms stored"."""
         what = {1: "one-token forward", "draft": "draft-model step", "mtp": "MTP-head step"}
-        name = what.get(self.key, f"{self.key}-token forward")
+        if isinstance(self.key, str):
+            name = what.get(self.key, f"{self.key} head step")
+        else:
+            name = what.get(self.key, f"{self.key}-token forward")
         return (
             f"{name} {_milliseconds(self.measured_seconds)} ms measured, "
             f"{_milliseconds(self.stored_seconds)} ms stored"

@@ -55,8 +55,9 @@ class CostModel:
     target_seconds: dict[int, float]
     draft_step_seconds: float | None = None
     exact_batch_limit: int | None = None
-    # One step of the target's own MTP head (measured while it drafts; not calibrated).
-    mtp_step_seconds: float | None = None
+    # One step of each draft head by its drafter's name (the target's MTP head, an
+    # EAGLE-3 head): measured while it drafts, not calibrated.
+    head_step_seconds: dict[str, float] = field(default_factory=dict)
     # How the figures were taken (calibration.py): when (Unix time), the share of the
     # machine's CPUs other processes used meanwhile, and the fastest one-token forward
     # seen (None: not known, e.g. a curve stored before these were kept).
@@ -125,10 +126,11 @@ class CostModel:
             self.audit.announce()
         self.version += 1
 
-    def observe_mtp_step(self, seconds: float) -> None:
-        """Refine the per-step cost of the target's MTP head."""
+    def observe_head_step(self, name: str, seconds: float) -> None:
+        """Refine the per-step cost of the draft head drafter ``name`` drafts with."""
         corrections = len(self.corrections)
-        self.mtp_step_seconds = self._step_measured("mtp", self.mtp_step_seconds, seconds)
+        figure = self.head_step_seconds.get(name)
+        self.head_step_seconds[name] = self._step_measured(name, figure, seconds)
         if len(self.corrections) > corrections:
             self.audit.announce()
         self.version += 1
@@ -140,7 +142,7 @@ class CostModel:
             dict(self.target_seconds),
             self.draft_step_seconds,
             exact_batch_limit=self.exact_batch_limit,
-            mtp_step_seconds=self.mtp_step_seconds,
+            head_step_seconds=dict(self.head_step_seconds),
             taken_at=self.taken_at,
             others_cpu_share=self.others_cpu_share,
             one_token_fastest=self.one_token_fastest,

@@ -27,6 +27,9 @@ class RoundPlan:
     # The figures the policy decides with, corrected during this reply (cost_audit.py),
     # in words: "" when none was.
     costs_note: str = ""
+    # Nodes a round may verify beyond ``draft_length`` as other continuations in the
+    # same batch (a tree, draft_tree.py): 0 where a batch is not cheap.
+    tree_nodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,12 +96,18 @@ class FixedDraftPolicy:
     FIRST_TOKEN_NEVER_WAITS = False
 
     def __init__(
-        self, drafter: Drafter | None, draft_length: int, exact_batch_limit: int | None = None
+        self,
+        drafter: Drafter | None,
+        draft_length: int,
+        exact_batch_limit: int | None = None,
+        tree_nodes: int = 0,
     ) -> None:
+        """``tree_nodes``: nodes each round may verify beside its K drafts as other
+        continuations (a tree, where the drafter and the target offer them)."""
         self.drafter = drafter if draft_length > 0 else None
         self.draft_length = draft_length if drafter is not None else 0
         self.exact_batch_limit = exact_batch_limit
-        self._plan = RoundPlan(self.drafter, self.draft_length)
+        self._plan = RoundPlan(self.drafter, self.draft_length, tree_nodes=tree_nodes)
 
     def begin(self, prompt_tokens: Sequence[int]) -> None:
         """Tell the drafter a new generation starts."""

@@ -26,6 +26,7 @@ text included) can only speed a reply up, never change it.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,6 +48,9 @@ DRAFT_PER_MATCHED_TOKEN = 1
 MAX_SUPPORT = 4
 # Stop the continuation where fewer than this share of the deepest matches agree.
 MIN_SHARE = 0.2
+# A lookup offers at most this many other continuations (verified as a tree where a
+# batch is cheap: backends/speculation/draft_tree.py).
+MAX_ALTERNATIVES = 3
 # Drafts are never longer than this (the controller asks for at most 16).
 MAX_DRAFT = 64
 # Polynomial hashing of n-grams, modulo 2^64 (numpy's uint64 wraps alike).
@@ -65,6 +69,9 @@ class HistoryMatch:
     tokens: list[int]
     length: int
     support: int
+    # Other continuations the deepest matches went on with, the likelier first: each a
+    # whole branch (it shares ``tokens``' opening up to where it parts).
+    alternatives: tuple[tuple[int, ...], ...] = ()
 
 
 NO_MATCH = HistoryMatch([], 0, 0)
@@ -232,7 +239,34 @@ class HistoryIndex:
         chosen = ends[lengths == deepest]
         ahead = chosen[:, None] + 1 + np.arange(max_tokens)
         after = np.where(ahead < self._total, self._tokens[ahead % self.capacity], SEPARATOR)
-        return _most_frequent(after, deepest, max_tokens)
+        found = _most_frequent(after, deepest, max_tokens)
+        if not found.tokens or after.shape[0] < 2:
+            return found
+        return dataclasses.replace(found, alternatives=_alternatives(after, found.tokens))
+
+
+def _alternatives(block: np.ndarray, best: list[int]) -> tuple[tuple[int, ...], ...]:
+    """Where rows of ``block`` part from ``best`` inside it, the continuations they go
+    on with (as whole branches, ``best``'s opening then theirs, no longer than ``best``),
+    most frequent parting first, then the earliest; at most :data:`MAX_ALTERNATIVES`."""
+    length = len(best)
+    reference = np.asarray(best, dtype=block.dtype)
+    differs = block[:, :length] != reference
+    parted = differs.any(axis=1)
+    found: dict[tuple[int, int], list[int]] = {}
+    for row in np.flatnonzero(parted).tolist():
+        column = int(differs[row].argmax())
+        token = int(block[row, column])
+        if token == SEPARATOR:
+            continue
+        found.setdefault((column, token), []).append(row)
+    ranked = sorted(found.items(), key=lambda item: (-len(item[1]), item[0][0], item[1][0]))
+    branches: list[tuple[int, ...]] = []
+    for (column, _token), rows in ranked[:MAX_ALTERNATIVES]:
+        tail = block[rows[0], column:length].tolist()
+        stop = tail.index(SEPARATOR) if SEPARATOR in tail else len(tail)
+        branches.append((*best[:column], *tail[:stop]))
+    return tuple(branches)
 
 
 def _most_frequent(block: np.ndarray, length: int, max_tokens: int) -> HistoryMatch:

@@ -59,7 +59,8 @@ from backends.speculation.draft_policy import DraftPolicy, FirstRound, RoundOutc
 from backends.speculation.overlap import round_steps
 from backends.speculation.reply_spec import NO_HOOKS, LoopHooks, ReplySpec
 from backends.speculation.round_sampling import RoundSampling
-from backends.speculation.verification import VerifiedRound, verify_round
+from backends.speculation.tree_round import round_tree, tree_rows
+from backends.speculation.verification import VerifiedRound, verify_round, verify_tree
 from backends.token_prefix import common_prefix_length
 
 # Prompt tokens read between two looks at ``cancel``.
@@ -147,15 +148,30 @@ def speculative_generate(
         stats.runtime_seconds += proposal.runtime_seconds
         stats.draft_passes += proposal.passes
 
+        # Other likely continuations verified in the same batch, where that is cheap
+        # (under exact output, within the batches that round like one-token decoding).
+        tree = round_tree(
+            target, plan, drafts, forced, proposal, sampling, policy.exact_batch_limit
+        )
+
         verify_started = time.perf_counter()
         base = len(target.cached_tokens)
-        rows = verify_forward(target, [context[-1], *drafts])
-        judging_started = time.perf_counter()
-        verified = verify_round(target, rows, drafts, proposal, sampling, reply.logprobs)
-        # Keep the pending token and the accepted drafts; the new pending token (the
-        # correction or bonus) is evaluated at the head of the next round.
-        rollback_started = time.perf_counter()
-        target.rollback(base + 1 + verified.accepted)
+        if tree is None:
+            rows = verify_forward(target, [context[-1], *drafts])
+            judging_started = time.perf_counter()
+            verified = verify_round(target, rows, drafts, proposal, sampling, reply.logprobs)
+            # Keep the pending token and the accepted drafts; the new pending token (the
+            # correction or bonus) is evaluated at the head of the next round.
+            rollback_started = time.perf_counter()
+            target.rollback(base + 1 + verified.accepted)
+        else:
+            rows = tree_rows(target, context[-1], tree)
+            judging_started = time.perf_counter()
+            verified = verify_tree(target, rows, tree, sampling, reply.logprobs)
+            # The same, along the accepted path: the other branches' nodes are dropped.
+            rollback_started = time.perf_counter()
+            target.keep_tree_path(verified.path)  # type: ignore[attr-defined]
+            stats.count_tree(verified.path, len(drafts))
         finished = time.perf_counter()
         verify_seconds = finished - verify_started
         # The judging (sampling, logprobs) is host work between the runtime's calls.
@@ -174,7 +190,7 @@ def speculative_generate(
                     emitted=len(verified.emitted),
                     draft_confidences=tuple(proposal.top_probs[:judged]),
                     draft_step_seconds=proposal.step_seconds,
-                    other_verified=len(drafts) - judged,
+                    other_verified=(tree.size if tree else len(drafts)) - judged,
                 )
             )
 

@@ -16,6 +16,7 @@ from backends.speculation.history_index import MAX_MATCH, HistoryIndex
 from backends.speculation.proposal import EMPTY_PROPOSAL, DraftProposal
 from backends.speculation.text_lookup import TextLookup
 
+Branches = tuple[tuple[int, ...], ...]
 # Every lookup finds at least this many tokens, so the round's later, longer asks reuse it.
 LOOKUP_TOKENS = 16
 # The history index's matches are keyed for acceptance by these lengths (the longest
@@ -113,9 +114,11 @@ class NgramDrafter:
         self.uses_history = True
         self.last_match_size = 0
         self.last_match_key = ""
+        # Other continuations the last lookup found in the index (a tree's branches).
+        self.last_alternatives: tuple[tuple[int, ...], ...] = ()
         # The last lookup, for the others of the same round (the policy asks up to
         # three times a round; a text lookup costs a few searches).
-        self._memo: tuple[int, int, int, list[int], int, str] | None = None
+        self._memo: tuple[int, int, int, list[int], int, str, Branches] | None = None
 
     def begin(self, prompt_tokens: Sequence[int]) -> None:
         """Index the prompt."""
@@ -137,7 +140,8 @@ class NgramDrafter:
         tokens, size = self.lookup(context, max_tokens)
         if size < self.min_match:
             return EMPTY_PROPOSAL
-        return DraftProposal(tokens=tokens)
+        alternatives = tuple(branch[:max_tokens] for branch in self.last_alternatives)
+        return DraftProposal(tokens=tokens, alternatives=alternatives)
 
     def lookup(self, context: Sequence[int], max_tokens: int) -> tuple[list[int], int]:
         """The continuation of the longest earlier match and that match's size (0:
@@ -147,24 +151,27 @@ class NgramDrafter:
         memo = self._memo
         last = context[-1] if context else -1
         if memo is not None and memo[:2] == (len(context), last) and memo[2] >= max_tokens:
+            self.last_alternatives = memo[6]
             return memo[3][:max_tokens], memo[4]
         wanted = max(max_tokens, LOOKUP_TOKENS)
         self.index.sync(context)
         tokens, size = self.index.continuation(wanted)
         key = f"ngram:{min(size, max(self.index.sizes))}"
+        alternatives: Branches = ()
         if self.history is not None and self.uses_history:
             found = self.history.lookup(context, wanted)
             # The deeper match goes on longer; on equal depth the context's own text,
             # this conversation's, goes first.
             if found.tokens and found.length > self.index.match_length(size):
-                tokens, size = found.tokens, found.length
+                tokens, size, alternatives = found.tokens, found.length, found.alternatives
                 key = "ngram:index:" + str(next(k for k in INDEX_MATCH_KEYS if size >= k))
         if self.text is not None:
             # Inside a JSON string the escaped text goes first: a token match there
             # is most often the prompt's raw text (real newlines, line numbers).
             found, matched = self.text.continuation(context, wanted)
             if found:
-                tokens, size, key = found, matched, "ngram:text"
+                tokens, size, key, alternatives = found, matched, "ngram:text", ()
         self.last_match_size, self.last_match_key = size, key
-        self._memo = (len(context), last, wanted, tokens, size, key)
+        self.last_alternatives = alternatives
+        self._memo = (len(context), last, wanted, tokens, size, key, alternatives)
         return tokens[:max_tokens], size

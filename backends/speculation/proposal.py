@@ -32,6 +32,9 @@ class DraftProposal:
     a first forward that caught its cache up on several tokens is left out of it.
     ``runtime_seconds`` is all the time spent inside the draft model's forward and
     rollback calls (catch-up included), so the loop can tell host time from runtime.
+    ``alternatives`` are other likely continuations of the same context (one-hot, the
+    likelier first; only where ``distributions`` is None): the loop may verify them
+    with ``tokens`` as one tree (``draft_tree.py``).
     """
 
     tokens: list[int]
@@ -40,6 +43,7 @@ class DraftProposal:
     passes: int = 0
     step_seconds: float | None = None
     runtime_seconds: float = 0.0
+    alternatives: tuple[tuple[int, ...], ...] = ()
 
 
 EMPTY_PROPOSAL = DraftProposal(tokens=[])

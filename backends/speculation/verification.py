@@ -5,6 +5,14 @@ row. Sampling: each draft is accepted with probability min(1, p/q), the first
 rejection replaced by a draw from the residual (``backends/speculation/rejection.py``), and a bonus
 token drawn from p where every draft passed. Each emitted token moves the grammar and
 the penalty counts on, and carries the target's logprobs when they are asked for.
+
+A tree of one-hot drafts (several continuations, ``draft_tree.py``) is judged by
+:func:`verify_tree`: at each node the target's own token is drawn (the argmax, or a
+sample of its filtered p); where a child holds that token the walk descends into it,
+else that token is the correction and the round ends. Each emitted token is the one the
+target alone would have drawn there, so the output is exact under greedy decoding and
+distributed as the target's under sampling (with one-hot q, accepting x with
+probability p(x) and else drawing from the residual is drawing from p itself).
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from backends.base import Model
+from backends.base import DraftTree, Model
 from backends.generation_events import TokenLogprob
 from backends.output.constraints import GrammarState, mask_logits
 from backends.sampling.filters import SamplingParams, distribution, greedy_token
@@ -37,6 +45,8 @@ class VerifiedRound(NamedTuple):
     # Aligned with ``emitted`` when logprobs are asked for; else empty.
     logprobs: list[TokenLogprob]
     accepted: int
+    # A tree's round: the accepted nodes, from a child of the pending token down.
+    path: tuple[int, ...] = ()
 
 
 def verify_round(
@@ -122,6 +132,56 @@ def verify_round(
                 emitted_logprobs.append(_sampled_logprob(p, row, replacement, logprobs))
             _advance(constraint, penalties, replacement, target)
     return VerifiedRound(emitted, from_draft, emitted_logprobs, accepted)
+
+
+def verify_tree(
+    target: Model,
+    rows: LogitRows,
+    tree: DraftTree,
+    sampling: RoundSampling,
+    logprobs: int | None,
+) -> VerifiedRound:
+    """Judge a tree of one-hot drafts against ``rows`` (row 0: the pending token's, row
+    ``1 + i``: node i's): the longest path the target's own draws follow, then one more.
+
+    At each node, from the pending token on, the target's token is drawn from its row
+    (the argmax when greedy); a child holding it is accepted and the walk goes on from
+    there, else the drawn token is the correction (the bonus, at a leaf) and the round
+    ends. Nothing follows an end-of-generation token.
+    """
+    params, rng = sampling.params, sampling.rng
+    constraint, penalties = sampling.constraint, sampling.penalties
+    emitted: list[int] = []
+    emitted_logprobs: list[TokenLogprob] = []
+    path: list[int] = []
+    node = -1
+    while True:
+        index = node + 1  # the row of the node the walk stands on
+        p: SparseDistribution | None = None
+        if sampling.greedy:
+            token = _greedy_under(rows, index, constraint, penalties)
+        else:
+            p = _target_distribution(rows, index, params, constraint, penalties)
+            token = p.sample(rng)
+        if logprobs is not None:
+            if p is None:
+                row = rows.row(index)
+                emitted_logprobs.append(_raw_logprob(row, constraint, penalties, token, logprobs))
+            else:
+                row = _penalised(rows.row(index), penalties)
+                emitted_logprobs.append(_sampled_logprob(p, row, token, logprobs))
+        _advance(constraint, penalties, token, target)
+        emitted.append(token)
+        child = next((c for c in tree.children(node) if tree.tokens[c] == token), None)
+        if child is None or target.is_end_of_generation(token):
+            # The correction or bonus; an accepted end-of-generation token ends it too.
+            if child is not None:
+                path.append(child)
+            break
+        path.append(child)
+        node = child
+    from_draft = [True] * len(path) + [False] * (len(emitted) - len(path))
+    return VerifiedRound(emitted, from_draft, emitted_logprobs, len(path), tuple(path))
 
 
 def _draft_distribution(proposal: DraftProposal, position: int, token: int) -> SparseDistribution:

@@ -85,7 +85,10 @@ def test_settings_are_read_from_the_config_dir(draftpen_home: Path) -> None:
         ("max_tokens = true\n", "max_tokens must be an integer"),
         ('temperature = "hot"\n', "temperature must be a number"),
         ("exact_output = 1\n", "exact_output must be true or false"),
-        ('drafter = "psychic"\n', "drafter must be one of auto, model, mtp, eagle3, ngram, none"),
+        (
+            'drafter = "psychic"\n',
+            "drafter must be one of auto, model, mtp, eagle3, dflash, dspark, ngram, none",
+        ),
         ("top_p = 0\n", "top_p must be above 0"),
         # The sampler refuses 1 (it would keep no token): settings say so at once.
         ("min_p = 1\n", "min_p must be 0 or more and under 1"),

@@ -364,8 +364,8 @@ def test_a_pair_with_a_draft_model_still_drafts_with_it_when_drafter_is_left_out
             'drafter = "model" needs a draft model',
         ),
         (
-            lambda t: t.replace('drafter = "mtp"', 'drafter = "dflash"', 1),
-            "drafter must be one of model, mtp, eagle3",
+            lambda t: t.replace('drafter = "mtp"', 'drafter = "medusa"', 1),
+            "drafter must be one of model, mtp, eagle3, dflash, dspark",
         ),
         (
             lambda t: t.replace("size_bytes = 80\n", "size_bytes = 80\nmtp_layers = 1\n"),

@@ -62,7 +62,7 @@ def test_an_eagle3_pair_drafts_with_the_head_and_never_loads_it_as_a_model() -> 
     ("variant", "fragment"),
     [
         ('drafter = "eagle3"', 'drafter = "eagle3" needs the head\'s GGUF in draft'),
-        ('drafter = "eagle-3"', "drafter must be one of model, mtp, eagle3"),
+        ('drafter = "eagle-3"', "drafter must be one of model, mtp, eagle3, dflash, dspark"),
     ],
 )
 def test_malformed_eagle3_pairs_are_refused_with_the_fix(variant: str, fragment: str) -> None:

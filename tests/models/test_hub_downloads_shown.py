@@ -102,10 +102,10 @@ def test_the_real_smollm2_gguf_pulls_lists_and_removes_through_the_cli(
         assert run_cli("models", "list") == 0
         lines = capsys.readouterr().out.splitlines()
         smollm2 = lines.index(next(line for line in lines if line.startswith("smollm2")))
-        assert lines[smollm2 + 1].split()[:2] == ["llamacpp", "downloaded"]
+        assert lines[smollm2 + 1].split()[:3] == ["llamacpp", "ngram", "downloaded"]
         assert "fits" in lines[smollm2 + 1]
         starter = lines.index(next(line for line in lines if line.startswith("starter")))
-        assert lines[starter + 1].split()[:2] == ["llamacpp", "absent"]
+        assert lines[starter + 1].split()[:3] == ["llamacpp", "model", "absent"]
 
         assert run_cli("models", "rm", "smollm2", "--runtime", "llamacpp") == 0
         assert "freed 98.4 MB" in capsys.readouterr().out
@@ -118,7 +118,7 @@ def test_the_real_smollm2_gguf_pulls_lists_and_removes_through_the_cli(
         assert list(blobs.iterdir()) == []
         assert run_cli("models", "list") == 0
         lines = capsys.readouterr().out.splitlines()
-        assert lines[smollm2 + 1].split()[:2] == ["llamacpp", "absent"]
+        assert lines[smollm2 + 1].split()[:3] == ["llamacpp", "ngram", "absent"]
 
 
 def test_ctrl_c_keeps_the_partial_download_for_the_next_pull(hub: HubSetup) -> None:

@@ -42,15 +42,21 @@ def test_models_list_shows_pairs_sizes_and_state(
     starter = next(line for line in lines if line.startswith("starter"))
     assert "Code assistant" in starter
     gguf_variant = lines[lines.index(starter) + 1].split()
-    assert gguf_variant[:4] == ["llamacpp", "partial", "1.6", "GB"]
+    assert gguf_variant[:5] == ["llamacpp", "model", "partial", "1.6", "GB"]
     target_line = lines[lines.index(starter) + 2]
     assert "Qwen2.5-Coder-1.5B-Instruct" in target_line
     assert "1.1 GB" in target_line and "downloaded" in target_line
     draft_line = lines[lines.index(starter) + 3]
     assert "491.4 MB" in draft_line and "absent" in draft_line
-    assert lines[lines.index(starter) + 4].split()[:2] == ["mlx", "absent"]
+    assert lines[lines.index(starter) + 4].split()[:3] == ["mlx", "model", "absent"]
     smollm2 = next(line for line in lines if line.startswith("smollm2"))
-    assert lines[lines.index(smollm2) + 1].split()[:4] == ["llamacpp", "absent", "98.4", "MB"]
+    assert lines[lines.index(smollm2) + 1].split()[:5] == [
+        "llamacpp",
+        "ngram",
+        "absent",
+        "98.4",
+        "MB",
+    ]
     assert "n-gram" in lines[lines.index(smollm2) + 3]
 
     assert run_cli("models", "rm", "starter") == 0

@@ -22,6 +22,7 @@ from app.models.pair_download import check_pair_tokenizers
 from app.models.pair_files import pair_files
 from app.settings import user_catalog_path
 from backends.engine import Engine
+from backends.engine_drafters import EngineDrafters
 from tests.models.gguf_files import write_gguf
 from tests.support.model_files import SMOLLM2_KEY, require_model
 
@@ -123,7 +124,7 @@ def test_a_separate_mtp_head_is_never_loaded_as_a_draft_model(
 
     # A runtime with an MTP drafter but no way to take a separate head: n-grams, said so.
     monkeypatch.setattr(app.loading, "DRAFTER_CHOICES", ("auto", "model", "mtp", "ngram", "none"))
-    monkeypatch.delattr(Engine, "attach_mtp_head", raising=False)
+    monkeypatch.delattr(EngineDrafters, "attach_mtp_head")
     messages: list[str] = []
     with caplog.at_level(logging.WARNING, logger="app.loading"):
         engine = load("separate", messages)

@@ -6,6 +6,7 @@ rule is checked against the figures it reads (no pair name is hard-coded as the 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -56,11 +57,37 @@ def test_with_a_gpu_the_largest_target_that_fits_the_gpu_wins(tmp_path: Path) ->
     chosen = next(row for row in rows if row.name == best.pair)
     variant = chosen.variant("llamacpp")
     assert variant is not None and variant.fit.place == "gpu"
-    on_gpu = [row for row in rows if (v := row.variant("llamacpp")) and v.fit.place == "gpu"]
+    on_gpu = [
+        row
+        for row in rows
+        if row.recommend and (v := row.variant("llamacpp")) and v.fit.place == "gpu"
+    ]
     assert target_bytes(chosen) == max(target_bytes(row) for row in on_gpu)
     # Something bigger exists that does not fit the GPU, so the choice really was a limit.
     assert any(target_bytes(row) > target_bytes(chosen) for row in rows)
     assert "fits the GPU" in best.reason and "24.0 GB VRAM" in best.reason
+
+
+def test_a_pair_the_catalog_keeps_from_recommending_is_listed_but_never_chosen(
+    tmp_path: Path,
+) -> None:
+    machine = MachineMemory(32 * GB, gpu_name="RTX 4080", vram_bytes=16 * GB, cpu_cores=8)
+    rows = overview(tmp_path, machine)
+    kept_back = [row for row in rows if not row.recommend]
+    assert kept_back, "the catalog marks gpt-oss-20b-eagle3 recommend = false"
+    # It fits this GPU and is the largest target that does, so only the mark keeps it out.
+    fitting = [row for row in rows if (v := row.variant("llamacpp")) and v.fit.place == "gpu"]
+    largest = max(fitting, key=target_bytes)
+    assert not largest.recommend
+    best = recommend_pair(rows, machine, "llamacpp")
+    assert best is not None and best.pair != largest.name
+    marked = [replace_recommend(row) for row in rows]
+    assert recommend_pair(marked, machine, "llamacpp").pair == largest.name  # type: ignore[union-attr]
+
+
+def replace_recommend(row: PairRow) -> PairRow:
+    """The row as if the catalog recommended it."""
+    return dataclasses.replace(row, recommend=True)
 
 
 @pytest.mark.parametrize("cores", [2, 16])
@@ -72,7 +99,9 @@ def test_on_a_cpu_the_largest_target_fast_enough_to_read_wins(tmp_path: Path, co
     chosen = next(row for row in rows if row.name == best.pair)
     rate = estimated_cpu_tokens_per_second(target_bytes(chosen), cores)
     assert rate >= MIN_CPU_TOKENS_PER_SECOND
-    fitting = [row for row in rows if (v := row.variant("llamacpp")) and v.fit.fits]
+    fitting = [
+        row for row in rows if row.recommend and (v := row.variant("llamacpp")) and v.fit.fits
+    ]
     bigger = [row for row in fitting if target_bytes(row) > target_bytes(chosen)]
     assert bigger  # 64 GB holds bigger pairs: the speed estimate is what ruled them out
     assert all(

@@ -32,6 +32,6 @@ class StubModelDrafter:
 @pytest.fixture(autouse=True)
 def _treat_stub_as_model_drafter(monkeypatch: pytest.MonkeyPatch):
     # The policy charges draft-model steps to drafters that are ModelDrafters.
-    import backends.speculation.controller as controller
+    import backends.speculation.drafter_costs as drafter_costs
 
-    monkeypatch.setattr(controller, "ModelDrafter", StubModelDrafter)
+    monkeypatch.setattr(drafter_costs, "ModelDrafter", StubModelDrafter)

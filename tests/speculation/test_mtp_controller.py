@@ -99,8 +99,8 @@ def test_auto_drafts_with_the_head_and_learns_its_cost_and_confidence():
             draft_step_seconds=0.0007,
         )
     )
-    assert costs.mtp_step_seconds == 0.0007
-    assert sum(policy.mtp_confidence_floor.trials) > 0
+    assert costs.head_step_seconds["mtp"] == 0.0007
+    assert sum(policy.floors["mtp"].trials) > 0
 
 
 def test_no_round_drafts_deeper_than_the_targets_rollback_limit():

@@ -38,6 +38,8 @@ DRAFTER_LABELS = {
     "model": "draft model",
     "mtp": "the model's own MTP head",
     "eagle3": "the model's EAGLE-3 head",
+    "dflash": "the model's DFlash head (a block a forward)",
+    "dspark": "the model's DSpark head (DFlash + a Markov head)",
     "ngram": "n-gram (prompt lookup)",
     "none": "off (plain decoding)",
 }

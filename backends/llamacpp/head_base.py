@@ -1,0 +1,283 @@
+"""What every llama.cpp draft head shares: the MTP head (``mtp``), EAGLE-3 heads
+(``eagle3``) and DFlash/DSpark block heads (``dflash``).
+
+A head runs in a llama.cpp context of its own beside the target's and follows the
+target's cache. Each target decode hands it one row per evaluated position (a hidden
+state, or the inputs of some of the target's layers), kept here (:class:`TargetRows`)
+until the head's own cache has read them; each target rollback cuts both back. A round
+drafts from entries added after the target's (a chain, or a block), which
+:meth:`LlamaCppHead.finish` drops again, so the head's cache holds what the target
+accepted and nothing else. The bookkeeping of what each entry reads is each head's own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from backends.errors import DecodeError, ModelLoadError
+from backends.llamacpp.library import last_llama_error, llama_cpp, note_decoding_thread
+from backends.sampling.rows import HostRows
+
+# After the library's guarded import, so that a missing runtime says how to install it.
+llama_cpp_ext = importlib.import_module("llama_cpp.llama_cpp_ext")
+
+
+class HeadBatch:
+    """A ``llama_batch`` with numpy views of its arrays: embeddings per row (``width``
+    wide; none with ``width`` 0), and token ids where the head reads them (an array of
+    ours where the rows carry both: llama.cpp allocates either tokens or embeddings)."""
+
+    def __init__(self, size: int, width: int, *, with_tokens: bool) -> None:
+        self.batch = llama_cpp.llama_batch_init(size, width, 1)
+        self._token_ids = None
+        if with_tokens and width > 0:
+            self._token_ids = (llama_cpp.llama_token * size)()
+            self.batch.token = self._token_ids
+        if with_tokens:
+            self.tokens = np.ctypeslib.as_array(self.batch.token, shape=(size,))
+        self.positions = np.ctypeslib.as_array(self.batch.pos, shape=(size,))
+        if width > 0:
+            self.embeddings = np.ctypeslib.as_array(self.batch.embd, shape=(size, width))
+        self.wants = np.ctypeslib.as_array(self.batch.logits, shape=(size,))
+        np.ctypeslib.as_array(self.batch.n_seq_id, shape=(size,))[:] = 1
+        for index in range(size):
+            self.batch.seq_id[index][0] = 0
+
+    def fill(
+        self,
+        count: int,
+        start: int,
+        embeddings: np.ndarray | None = None,
+        tokens: Sequence[int] = (),
+        *,
+        outputs: Sequence[int] | range,
+    ) -> None:
+        """Set the first ``count`` rows at positions from ``start`` (``embeddings``
+        None: left as they are)."""
+        self.batch.n_tokens = count
+        self.positions[:count] = np.arange(start, start + count)
+        if embeddings is not None:
+            self.embeddings[:count] = embeddings
+        if len(tokens):
+            self.tokens[:count] = tokens
+        self.wants[:count] = 0
+        self.wants[list(outputs)] = 1
+
+    def free(self) -> None:
+        """Free llama.cpp's arrays (the token ids, where ours, are not llama.cpp's)."""
+        if self._token_ids is not None:
+            self.batch.token = ctypes.POINTER(llama_cpp.llama_token)()
+        llama_cpp.llama_batch_free(self.batch)
+
+
+class TargetRows:
+    """The target's tokens and rows for positions ``[start, end)``, kept until a head's
+    cache has read them (a prompt's rows are read a batch at a time)."""
+
+    def __init__(self, width: int) -> None:
+        self.start = 0
+        self.tokens: list[int] = []
+        self.rows = np.empty((0, width), dtype=np.float32)
+
+    @property
+    def end(self) -> int:
+        """The position after the last row kept."""
+        return self.start + len(self.tokens)
+
+    def holds(self, position: int) -> bool:
+        """Whether the row of ``position`` is kept."""
+        return self.start <= position < self.end
+
+    def add(self, start: int, tokens: Sequence[int], rows: np.ndarray) -> None:
+        """The target evaluated ``tokens`` from ``start``; ``rows`` are theirs (copied).
+
+        Rows that do not continue the kept ones (a cache restored whole) replace them.
+        """
+        if start < self.start or start > self.end:
+            self.start, self.tokens = start, []
+            self.rows = self.rows[:0]
+        kept = start - self.start
+        self.tokens = [*self.tokens[:kept], *tokens]
+        self.rows = np.concatenate([self.rows[:kept], rows])
+
+    def cut(self, n_keep: int) -> None:
+        """The target forgot positions from ``n_keep`` on."""
+        if self.end > n_keep:
+            kept = max(0, n_keep - self.start)
+            self.tokens = self.tokens[:kept]
+            self.rows = self.rows[:kept]
+
+    def drop_before(self, position: int) -> None:
+        """Rows before ``position`` are no longer needed."""
+        drop = max(0, position - self.start)
+        if drop:
+            self.start += drop
+            self.tokens = self.tokens[drop:]
+            self.rows = self.rows[drop:]
+
+    def between(self, first: int, stop: int) -> np.ndarray:
+        """The rows of positions ``[first, stop)`` (all kept)."""
+        return self.rows[first - self.start : stop - self.start]
+
+
+def layer_input_rows(
+    target_context: Any, get_layer_input: Any, layer_ids: Sequence[int], count: int, width: int
+) -> np.ndarray | None:
+    """The inputs of the target's ``layer_ids`` for the ``count`` rows it just decoded,
+    concatenated per row (a copy); None where llama.cpp handed none out."""
+    layers = []
+    for layer in layer_ids:
+        pointer = get_layer_input(target_context, layer)
+        if not pointer:
+            return None
+        layers.append(np.ctypeslib.as_array(pointer, shape=(count, width)))
+    return np.concatenate(layers, axis=1)
+
+
+class LlamaCppHead:
+    """A head's context beside the target's, its cache's bookkeeping, and its decodes.
+
+    ``weights`` are freed here with ``owns_weights``. ``ENTRY_LAG``: how far before a
+    position's target row the head's entry for it sits (EAGLE-3's entry ``p`` reads the
+    token at ``p + 1``), so a rollback to ``n_keep`` drops entries from
+    ``n_keep - ENTRY_LAG`` on.
+    """
+
+    WHAT = "the draft head"  # for messages
+    ENTRY_LAG = 0
+
+    def __init__(
+        self,
+        target_context: Any,
+        weights: Any,
+        *,
+        row_width: int,
+        n_ctx: int,
+        n_batch: int,
+        threads: int,
+        n_vocab: int,
+        owns_weights: bool,
+        context_type: int | None = None,
+    ) -> None:
+        self._weights = weights
+        self._owns_weights = owns_weights
+        self._target_context = target_context
+        self.n_vocab = n_vocab
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch  # encoders and block attention read a batch in one ubatch
+        params.n_seq_max = 1
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        if context_type is not None:
+            params.n_rs_seq = 0
+            params.ctx_type = context_type
+        # A head borrows the target's token embeddings and LM head where it has none.
+        params.ctx_other = target_context
+        self._context = llama_cpp.llama_init_from_model(weights, params)
+        if not self._context:
+            if owns_weights:
+                llama_cpp.llama_model_free(weights)
+            self._weights = None
+            raise ModelLoadError(f"llama.cpp could not create a context for {self.WHAT}")
+        self._memory = llama_cpp.llama_get_memory(self._context)
+        self.n_batch = min(
+            int(llama_cpp.llama_n_batch(self._context)),
+            int(llama_cpp.llama_n_ubatch(self._context)),
+        )
+        self._batches: list[HeadBatch] = []
+        self._kept = TargetRows(row_width)
+        self.synced = 0  # the head's cache holds the target's entries before this position
+        self._chain_end = 0  # the position after the last drafting entry
+        self._last_output = 0  # the batch index of the last decode's (last) output row
+        # A view of the logits, kept while llama.cpp's buffer stays where it is (making
+        # one costs ~90 us; see LlamaCppModel._logits_view).
+        self._logits_address = 0
+        self._logits_view = np.empty((0, n_vocab), dtype=np.float32)
+        self.decodes = 0  # for tests and measurements
+
+    def _new_batch(self, width: int, *, with_tokens: bool) -> HeadBatch:
+        batch = HeadBatch(self.n_batch, width, with_tokens=with_tokens)
+        self._batches.append(batch)
+        return batch
+
+    # -- following the target --------------------------------------------------------
+
+    def target_rolled_back(self, n_keep: int) -> None:
+        """The target forgot positions from ``n_keep`` on: so does the head."""
+        self._kept.cut(n_keep)
+        self._forget_from(max(0, n_keep - self.ENTRY_LAG))
+
+    def _forget_from(self, position: int) -> None:
+        """Drop the head's entries from ``position`` on (and any drafting ones)."""
+        if self.synced > position or self._chain_end > self.synced:
+            llama_cpp.llama_memory_seq_rm(self._memory, 0, min(self.synced, position), -1)
+            self.synced = min(self.synced, position)
+        self._chain_end = self.synced
+
+    # -- drafting ---------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Drop the drafting entries (a chain on the head's own states, or a block)."""
+        if self._chain_end > self.synced:
+            llama_cpp.llama_memory_seq_rm(self._memory, 0, self.synced, -1)
+        self._chain_end = self.synced
+
+    def close(self) -> None:
+        """Free the batches, the context and (where owned) the head's weights."""
+        for batch in self._batches:
+            batch.free()
+        self._batches.clear()
+        if self._context:
+            llama_cpp.llama_free(self._context)
+            self._context = None
+        if self._owns_weights and self._weights:
+            llama_cpp.llama_model_free(self._weights)
+            self._weights = None
+
+    # -- internals ------------------------------------------------------------------
+
+    def _chain_step(self, batch: HeadBatch, token: int) -> HostRows:
+        """Chain ``token`` on the head's own hidden state at the last output row."""
+        pointer = llama_cpp_ext.llama_get_embeddings_nextn_ith(self._context, self._last_output)
+        if not pointer:
+            raise DecodeError(f"llama.cpp gave no hidden state for {self.WHAT} to chain on")
+        # Copied straight into the batch (no numpy view of llama.cpp's buffer).
+        hidden = batch.embeddings
+        ctypes.memmove(hidden.ctypes.data, pointer, hidden.strides[0])
+        batch.fill(1, self._chain_end, tokens=[token], outputs=[0])
+        rows = self._run(batch, 1)
+        self._chain_end += 1
+        return rows
+
+    def _run(
+        self, batch: HeadBatch, outputs: int, *, encode: bool = False, what: str | None = None
+    ) -> HostRows:
+        """Decode (or encode) ``batch``; its last ``outputs`` rows' logits (a view valid
+        until the next run; none for 0)."""
+        note_decoding_thread()
+        run = llama_cpp.llama_encode if encode else llama_cpp.llama_decode
+        status = run(self._context, batch.batch)
+        if not encode:
+            self.decodes += 1
+        if status != 0:
+            raise DecodeError(
+                f"llama.cpp could not run {what or self.WHAT} (status {status}: "
+                f"{last_llama_error()})"
+            )
+        self._last_output = int(batch.batch.n_tokens) - 1
+        if outputs == 0 or encode:
+            return HostRows(self._logits_view[:0])
+        pointer = llama_cpp.llama_get_logits(self._context)
+        address = ctypes.addressof(pointer.contents)
+        if address != self._logits_address or outputs > self._logits_view.shape[0]:
+            self._logits_view = np.ctypeslib.as_array(pointer, shape=(outputs, self.n_vocab))
+            self._logits_address = address
+        return HostRows(self._logits_view[:outputs])

@@ -1,0 +1,157 @@
+"""Draft heads (EAGLE-3, DFlash) exact wherever the loop is exact (issue 54 part 3):
+under a grammar and the reply's penalties, chosen by ``auto`` and chained behind the
+n-gram's match, and after a prompt prefix loaded from disk.
+
+Tiny random-weight llama targets with heads written for them (tests/support/tiny_eagle3.py,
+tests/support/tiny_dflash.py), loaded by llama.cpp under exact kernels. Each case
+decodes greedily once without drafting and once drafting with the head, and the two
+replies must be the same tokens. Random weights make the heads poor guessers, so most
+drafts are rejected: every round exercises the head's rollback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from backends.base import ChatMessage
+from backends.caches.disk_prefixes import DiskPrefixes
+from backends.caches.prefix_keys import BLOCK_TOKENS
+from backends.caches.prefix_store import PrefixStore
+from backends.engine import Engine, GenerationRequest
+from backends.output.output_constraints import ConstraintSpec, JsonOutput
+from backends.sampling.filters import SamplingParams
+from backends.speculation.cost_model import CostModel
+from tests.support.model_files import SMOLLM2_KEY, require_model
+from tests.support.tiny_dflash import write_dflash_head
+from tests.support.tiny_eagle3 import write_eagle3_head, write_tiny_target
+
+pytestmark = pytest.mark.real_model
+
+llamacpp = pytest.importorskip("backends.llamacpp.model")
+LlamaCppModel = llamacpp.LlamaCppModel
+
+CONTEXT = 2048
+PROMPT = [ChatMessage("user", "Describe the requests library as JSON, please.")]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "language": {"enum": ["python", "rust", "go"]},
+        "stars": {"type": "integer", "minimum": 0, "maximum": 99999},
+    },
+    "required": ["name", "language", "stars"],
+    "additionalProperties": False,
+}
+# Costs of a machine where a verify batch costs about a step (a GPU's), so that `auto`
+# drafts from its priors in these short replies; the loop corrects them as it measures.
+GPU_LIKE = {1: 0.010, 2: 0.0102, 4: 0.0106, 8: 0.011, 16: 0.012}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tokenizer = require_model(SMOLLM2_KEY)
+    folder = tmp_path_factory.mktemp("tiny-heads")
+    llama = write_tiny_target(folder / "tiny-llama.gguf", tokenizer, seed=1)
+    return {
+        "llama": llama,
+        "eagle3": write_eagle3_head(folder / "llama-eagle3.gguf", llama, seed=2),
+        "dflash": write_dflash_head(folder / "llama-dflash.gguf", llama, seed=2),
+    }
+
+
+def engine_for(files: dict[str, Path], head: str | None, **options: object) -> Engine:
+    target = LlamaCppModel(files["llama"], n_ctx=CONTEXT, exact_kernels=True)
+    engine = Engine(target, **options)  # type: ignore[arg-type]
+    if head == "eagle3":
+        engine.attach_eagle3_head(files["eagle3"])
+    elif head == "dflash":
+        engine.attach_dflash_head(files["dflash"])
+    return engine
+
+
+def reply(engine: Engine, prompt: list[int], drafter: str, **request: object) -> list:
+    """The greedy reply's events under exact output."""
+    generation = GenerationRequest(
+        prompt_tokens=tuple(prompt),
+        max_tokens=48,
+        drafter=drafter,
+        draft_tokens=4,
+        exact=True,
+        **request,  # type: ignore[arg-type]
+    )
+    return list(engine.generate(generation))
+
+
+def tokens(events: list) -> list[int]:
+    return [token for event in events for token in event.tokens]
+
+
+def plain_and_headed(
+    files: dict[str, Path], head: str, drafter: str, **request: object
+) -> tuple[list, list]:
+    """The same request decoded plainly, then drafted by ``drafter`` with ``head`` attached."""
+    plain_engine = engine_for(files, None)
+    try:
+        prompt = plain_engine.chat_prompt(PROMPT)
+        plain = reply(plain_engine, prompt, "none", **request)
+    finally:
+        plain_engine.close()
+    engine = engine_for(files, head, costs=CostModel(dict(GPU_LIKE)))
+    try:
+        drafted = reply(engine, prompt, drafter, **request)
+    finally:
+        engine.close()
+    return plain, drafted
+
+
+HEADS = ["eagle3", "dflash"]
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_under_a_grammar_and_penalties_the_head_changes_nothing(files, head):
+    request: dict[str, object] = {
+        "constraint": ConstraintSpec(text=JsonOutput(SCHEMA, strict=True)),
+        "params": SamplingParams(presence_penalty=0.8, frequency_penalty=0.4),
+    }
+    plain, drafted = plain_and_headed(files, head, head, **request)
+    assert tokens(drafted) == tokens(plain)
+    head_rounds = [event for event in drafted if head in event.drafter]
+    assert head_rounds, f"the {head} head never drafted under the grammar"
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_auto_drafts_with_the_head_and_changes_nothing(files, head):
+    plain, drafted = plain_and_headed(files, head, "auto")
+    assert tokens(drafted) == tokens(plain)
+    used = {event.drafter for event in drafted}
+    assert used & {head, f"ngram+{head}", f"grammar+{head}"}, used
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_after_a_prefix_loaded_from_disk_the_head_drafts_and_changes_nothing(files, head, tmp_path):
+    directory = tmp_path / "prefixes"
+    # A prompt of two whole blocks and a tail: the first engine saves the blocks.
+    long_prompt = [(i * 37) % 4000 + 200 for i in range(2 * BLOCK_TOKENS + 40)]
+
+    def run(make: Callable[[], Engine], drafter: str) -> tuple[list, int]:
+        engine = make()
+        try:
+            events = reply(engine, long_prompt, drafter)
+        finally:
+            engine.close()  # waits for the prefix writes
+        return events, events[-1].stats.cached_prompt_tokens
+
+    def with_prefixes(attached: str | None) -> Callable[[], Engine]:
+        return lambda: engine_for(
+            files, attached, prefixes=DiskPrefixes(PrefixStore(directory, 1 << 30))
+        )
+
+    read, cached = run(with_prefixes(None), "none")
+    assert cached == 0
+    loaded, cached = run(with_prefixes(head), head)
+    assert cached == 2 * BLOCK_TOKENS  # the target loaded what the first engine read
+    assert tokens(loaded) == tokens(read)
+    assert any(event.drafter == head for event in loaded), "the head never drafted"
