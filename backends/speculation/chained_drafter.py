@@ -25,6 +25,7 @@ from backends.sampling.penalties import TokenCounts
 from backends.sampling.sparse_distribution import SparseDistribution
 from backends.speculation.ngram_drafter import NgramDrafter
 from backends.speculation.proposal import Drafter, DraftProposal
+from backends.speculation.round_sampling import moved_past
 
 
 class ChainedDrafter:
@@ -61,22 +62,11 @@ class ChainedDrafter:
         room = max_tokens - len(free)
         if room <= 0:
             return DraftProposal(tokens=free)
-        if free:
-            if constraint is not None:
-                constraint.consume(free)
-            if penalties is not None:
-                penalties.add(free)
-        try:
+        with moved_past(free, constraint, penalties):
             kwargs = {}
             if getattr(self.head, "FOLLOWS_GRAMMAR", False):
                 kwargs = {"constraint": constraint, "penalties": penalties}
             head = self.head.propose([*context, *free], room, params, rng, **kwargs)
-        finally:
-            if free:
-                if constraint is not None:
-                    constraint.rollback(len(free))
-                if penalties is not None:
-                    penalties.remove(free)
         distributions = None
         if head.distributions is not None:
             points = [SparseDistribution.point(token) for token in free]

@@ -12,7 +12,7 @@ import dataclasses
 from backends.sampling.sparse_distribution import SparseDistribution
 from backends.speculation.draft_policy import DraftPolicy, RoundPlan
 from backends.speculation.proposal import EMPTY_PROPOSAL, Drafter, DraftProposal
-from backends.speculation.round_sampling import RoundSampling
+from backends.speculation.round_sampling import RoundSampling, moved_past
 
 
 def round_drafts(
@@ -32,12 +32,9 @@ def round_drafts(
     """
     constraint, penalties = sampling.constraint, sampling.penalties
     after = [*context, *forced] if forced else context
-    if forced:
-        assert constraint is not None
-        constraint.consume(forced)
-        if penalties is not None:
-            penalties.add(forced)
-    try:
+    # Only a grammar forces tokens.
+    assert not forced or constraint is not None
+    with moved_past(forced, constraint, penalties):
         plan = policy.plan(after)
         length = max(0, min(plan.draft_length, room - len(forced)))
         proposal = EMPTY_PROPOSAL
@@ -48,12 +45,6 @@ def round_drafts(
             # A draft the grammar refuses would be rejected anyway; not verifying it
             # keeps the masks below defined.
             guesses = guesses[: constraint.valid_prefix(guesses)]
-    finally:
-        if forced:
-            assert constraint is not None
-            constraint.rollback(len(forced))
-            if penalties is not None:
-                penalties.remove(forced)
     if not forced:
         return plan, guesses, proposal
     distributions = None

@@ -9,6 +9,8 @@ committed; the value holding them does not.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,3 +39,25 @@ class RoundSampling:
     def shapes_rows(self) -> bool:
         """Whether rows are masked or penalised before a token is chosen from them."""
         return self.constraint is not None or self.penalties is not None
+
+
+@contextmanager
+def moved_past(
+    tokens: Sequence[int], constraint: GrammarState | None, penalties: TokenCounts | None
+) -> Iterator[None]:
+    """The grammar state and the penalty counts moved past ``tokens`` (drafts not yet
+    verified: forced tokens, an n-gram's match) for the block, and back after it, so a
+    drafter that follows them drafts from where those tokens leave the reply."""
+    if tokens:
+        if constraint is not None:
+            constraint.consume(tokens)
+        if penalties is not None:
+            penalties.add(tokens)
+    try:
+        yield
+    finally:
+        if tokens:
+            if constraint is not None:
+                constraint.rollback(len(tokens))
+            if penalties is not None:
+                penalties.remove(tokens)
