@@ -72,7 +72,7 @@ install_llama "$venv"
 step "draftpen"
 extras=$(platform_extras)
 if [[ -n $extras ]]; then
-    say "Apple Silicon: installing draftpen with mlx and mlx-lm"
+    say "Apple Silicon: installing draftpen with mlx, mlx-lm and mlx-vlm (its draft heads)"
     "$venv/bin/python" -m pip install --quiet "${REPO_ROOT}[$extras]"
 else
     "$venv/bin/python" -m pip install --quiet "$REPO_ROOT"

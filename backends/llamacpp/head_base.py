@@ -3,7 +3,7 @@
 
 A head runs in a llama.cpp context of its own beside the target's and follows the
 target's cache. Each target decode hands it one row per evaluated position (a hidden
-state, or the inputs of some of the target's layers), kept here (:class:`TargetRows`)
+state, or the inputs of some of the target's layers), kept here (``TargetRows``)
 until the head's own cache has read them; each target rollback cuts both back. A round
 drafts from entries added after the target's (a chain, or a block), which
 :meth:`LlamaCppHead.finish` drops again, so the head's cache holds what the target
@@ -22,6 +22,7 @@ import numpy as np
 from backends.errors import DecodeError, ModelLoadError
 from backends.llamacpp.library import last_llama_error, llama_cpp, note_decoding_thread
 from backends.sampling.rows import HostRows
+from backends.speculation.target_rows import TargetRows
 
 # After the library's guarded import, so that a missing runtime says how to install it.
 llama_cpp_ext = importlib.import_module("llama_cpp.llama_cpp_ext")
@@ -73,56 +74,6 @@ class HeadBatch:
         if self._token_ids is not None:
             self.batch.token = ctypes.POINTER(llama_cpp.llama_token)()
         llama_cpp.llama_batch_free(self.batch)
-
-
-class TargetRows:
-    """The target's tokens and rows for positions ``[start, end)``, kept until a head's
-    cache has read them (a prompt's rows are read a batch at a time)."""
-
-    def __init__(self, width: int) -> None:
-        self.start = 0
-        self.tokens: list[int] = []
-        self.rows = np.empty((0, width), dtype=np.float32)
-
-    @property
-    def end(self) -> int:
-        """The position after the last row kept."""
-        return self.start + len(self.tokens)
-
-    def holds(self, position: int) -> bool:
-        """Whether the row of ``position`` is kept."""
-        return self.start <= position < self.end
-
-    def add(self, start: int, tokens: Sequence[int], rows: np.ndarray) -> None:
-        """The target evaluated ``tokens`` from ``start``; ``rows`` are theirs (copied).
-
-        Rows that do not continue the kept ones (a cache restored whole) replace them.
-        """
-        if start < self.start or start > self.end:
-            self.start, self.tokens = start, []
-            self.rows = self.rows[:0]
-        kept = start - self.start
-        self.tokens = [*self.tokens[:kept], *tokens]
-        self.rows = np.concatenate([self.rows[:kept], rows])
-
-    def cut(self, n_keep: int) -> None:
-        """The target forgot positions from ``n_keep`` on."""
-        if self.end > n_keep:
-            kept = max(0, n_keep - self.start)
-            self.tokens = self.tokens[:kept]
-            self.rows = self.rows[:kept]
-
-    def drop_before(self, position: int) -> None:
-        """Rows before ``position`` are no longer needed."""
-        drop = max(0, position - self.start)
-        if drop:
-            self.start += drop
-            self.tokens = self.tokens[drop:]
-            self.rows = self.rows[drop:]
-
-    def between(self, first: int, stop: int) -> np.ndarray:
-        """The rows of positions ``[first, stop)`` (all kept)."""
-        return self.rows[first - self.start : stop - self.start]
 
 
 def layer_input_rows(

@@ -47,6 +47,7 @@ try:
     from mlx_lm.utils import load as mlx_lm_load
 
     from backends.mlx.device_rows import MlxRows
+    from backends.mlx.draft_heads import MlxDraftHeads
     from backends.mlx.state_files import MlxStateFiles
 except ImportError as error:  # pragma: no cover - exercised where mlx is absent
     raise RuntimeUnavailableError(
@@ -94,9 +95,10 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(code): byte for byte, code in zip(printable, codes, strict=True)}
 
 
-class MlxModel(MlxStateFiles):
+class MlxModel(MlxStateFiles, MlxDraftHeads):
     """An mlx-lm model with one prompt cache that rolls back (trimmed, or restored), whose
-    saved states can be written to files (``MlxStateFiles``)."""
+    saved states can be written to files (``MlxStateFiles``), and that feeds a draft
+    head (``MlxDraftHeads``)."""
 
     prefill_chunk = PREFILL_CHUNK
 
@@ -125,7 +127,10 @@ class MlxModel(MlxStateFiles):
                 f"mlx-lm could not load {path} ({error}). Download the model again, or "
                 "use --runtime llamacpp."
             ) from error
-        if cpu_float32 and not uses_gpu():
+        self.cpu_float32 = cpu_float32 and not uses_gpu()
+        self._head = None
+        self._head_capture = None
+        if self.cpu_float32:
             # MLX's CPU kernels are fastest (and most precise) in float32: measured on
             # SmolLM2, one token takes 265 ms in float32, 334 in bfloat16, 685 in float16.
             self._model.set_dtype(mx.float32)
@@ -295,6 +300,7 @@ class MlxModel(MlxStateFiles):
             raise DecodeError(f"token ids must lie in [0, {self.n_vocab}); got {list(tokens)}")
         inputs = mx.array([list(tokens)], dtype=mx.int32)
         logits = self._model(inputs, cache=self._cache)
+        self._feed_head(len(self._tokens), tokens)
         self._tokens.extend(tokens)
         return logits
 
@@ -343,6 +349,8 @@ class MlxModel(MlxStateFiles):
         (a recurrent state: by restoring a snapshot and replaying the tokens past it)."""
         n_keep = max(0, n_keep)
         if n_keep < len(self._tokens):
+            if self._head is not None:
+                self._head.target_rolled_back(n_keep)
             self.prefill(self._rollback.rollback(self._tokens, n_keep), replay=True)
 
     def keep_rollback_point(self) -> None:
@@ -380,9 +388,12 @@ class MlxModel(MlxStateFiles):
         self._cache = restored
         self._tokens = list(state.tokens)
         self._rollback.attach(restored)  # a recurrent state: whole, its snapshots forgotten
+        if self._head is not None:
+            self._head.target_replaced()
 
     def close(self) -> None:
         """Drop the weights and the cache (MLX frees memory when arrays go away)."""
+        self._close_head()
         self._cache = []
         self._model = None
         mx.clear_cache()

@@ -1,0 +1,143 @@
+"""Tiny random-weight MLX targets (llama, qwen3) with EAGLE-3 and DFlash heads written for
+them in their publishers' Hugging Face formats (speculators' EAGLE-3 config, z-lab's
+DFlash config), which mlx-vlm's drafter loader reads, for the tests of heads on MLX.
+
+The targets have four layers, so a head reads three distinct ones as the published
+heads do; an EAGLE-3 head may have a vocabulary of its own, mapped to the target's by
+``d2t`` as published heads' are.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tests.support.model_files import SMOLLM2_KEY, require_mlx_model
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+HIDDEN = 64
+VOCAB = 49152
+DFLASH_BLOCK = 8
+# SmolLM2's tokenizer: an id the prompts never produce, as a DFlash mask token.
+DFLASH_MASK_TOKEN = 49151
+
+
+def target_config(arch: str = "llama", hidden: int = HIDDEN) -> dict[str, object]:
+    """A four-layer target's mlx-lm config."""
+    config: dict[str, object] = {
+        "model_type": arch,
+        "hidden_size": hidden,
+        "num_hidden_layers": 4,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": VOCAB,
+        "tie_word_embeddings": True,
+    }
+    if arch == "qwen3":
+        config.update(head_dim=16, max_position_embeddings=4096, rope_theta=1e6)
+    return config
+
+
+def write_mlx_target(
+    directory: Path, *, seed: int, arch: str = "llama", hidden: int = HIDDEN
+) -> Path:
+    """A four-layer random-weight target with SmolLM2's tokenizer, in mlx-lm's format."""
+    import importlib
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    config = target_config(arch, hidden)
+    module = importlib.import_module(f"mlx_lm.models.{arch}")
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    directory.mkdir(parents=True)
+    weights = {name: value.astype(mx.float16) for name, value in tree_flatten(model.parameters())}
+    mx.save_safetensors(str(directory / "model.safetensors"), weights)
+    (directory / "config.json").write_text(json.dumps(config))
+    source = require_mlx_model(SMOLLM2_KEY)
+    for name in TOKENIZER_FILES:
+        shutil.copy(source / name, directory / name)
+    return directory
+
+
+def write_eagle3_head(
+    directory: Path,
+    *,
+    seed: int,
+    hidden: int = HIDDEN,
+    draft_vocab: int = VOCAB,
+    layers: tuple[int, int, int] = (1, 2, 3),
+) -> Path:
+    """An EAGLE-3 head (speculators' format) reading the inputs of ``layers``; with a
+    smaller ``draft_vocab`` its ``d2t`` maps its ids onto every 40th target id."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.speculative.drafters.eagle3 import Eagle3DraftModel, ModelConfig
+
+    config = {
+        "speculators_model_type": "eagle3",
+        "architectures": ["Eagle3Speculator"],
+        "transformer_layer_config": {
+            "model_type": "llama",
+            "hidden_size": hidden,
+            "intermediate_size": 128,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": VOCAB,
+            "rms_norm_eps": 1e-5,
+        },
+        "draft_vocab_size": draft_vocab,
+        "target_hidden_size": hidden,
+        "eagle_aux_hidden_state_layer_ids": list(layers),
+    }
+    mx.random.seed(seed)
+    model = Eagle3DraftModel(ModelConfig.from_dict(config))
+    weights = dict(tree_flatten(model.parameters()))
+    if draft_vocab != VOCAB:
+        weights["d2t"] = (mx.arange(draft_vocab) * 39).astype(mx.int64)  # i -> 40 i
+    return _save(directory, config, weights)
+
+
+def write_dflash_head(
+    directory: Path, *, seed: int, hidden: int = HIDDEN, layers: tuple[int, ...] = (0, 1, 3)
+) -> Path:
+    """A DFlash head (z-lab's format: a qwen3 config with ``dflash_config``) reading the
+    outputs of ``layers``, drafting blocks of :data:`DFLASH_BLOCK`."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.speculative.drafters.qwen3_dflash import DFlashDraftModel, ModelConfig
+
+    config = {
+        "model_type": "qwen3",
+        "architectures": ["DFlashDraftModel"],
+        "hidden_size": hidden,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 4096,
+        "rope_theta": 1e6,
+        "tie_word_embeddings": True,
+        "block_size": DFLASH_BLOCK,
+        "dflash_config": {"mask_token_id": DFLASH_MASK_TOKEN, "target_layer_ids": list(layers)},
+    }
+    mx.random.seed(seed)
+    model = DFlashDraftModel(ModelConfig.from_dict(config))
+    return _save(directory, config, dict(tree_flatten(model.parameters())))
+
+
+def _save(directory: Path, config: dict[str, object], weights: dict[str, object]) -> Path:
+    import mlx.core as mx
+
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(directory / "model.safetensors"), weights)  # type: ignore[arg-type]
+    return directory
