@@ -14,20 +14,17 @@ allows).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from backends.base import ChatMessage
 from backends.engine import Engine, GenerationRequest
 from backends.errors import BackendError, ModelLoadError
 from backends.generation_events import GenerationEvent
-from backends.sampling.filters import SamplingParams, distribution
-from backends.speculation.rejection import verify_draft_token
-from tests.support.draft_distribution import FAILURE_PROBABILITY, empirical_tv, tv_bound
+from backends.sampling.filters import SamplingParams
+from tests.support.draft_distribution import check_head_drafts_are_exact
 from tests.support.model_files import DRAFT_KEY, SMOLLM2_KEY, require_model
 from tests.support.tiny_dflash import BLOCK_SIZE, write_dflash_head
 from tests.support.tiny_eagle3 import write_eagle3_head, write_tiny_target
@@ -155,58 +152,19 @@ def _is_dflash(engine: Engine) -> bool:
 
 @pytest.mark.parametrize("slot", [0, 2])
 def test_block_drafts_are_distributed_as_its_q_and_verified_tokens_as_p(engine: Engine, slot: int):
-    """The head's reported q for a block's slot is what its drafts there are drawn
-    from, so the loop's accept step (min(1, p/q), else the residual) emits tokens
-    distributed as the target's p and accepts as often as exact rejection sampling
-    does: sum(min(p, q)). Slot 0 against the target's p after the prompt; a later slot's
-    q is checked as the distribution its drafts follow.
-
-    The negative control trusts the drafts (emits them unverified): it misses p by far
-    more than the bound allows.
-    """
-    target = engine.target
-    name = "dflash" if _is_dflash(engine) else "dspark"
-    drafter = engine.drafter_named(name)
-    params = SamplingParams(temperature=TEMPERATURE, top_k=SUPPORT)
-    prompt = engine.chat_prompt(PROMPT)
-    target.rollback(0)
-    target.prefill(prompt[:-1])
-    p = distribution(np.array(target.forward(prompt[-1:])[0]), params)
-    target.rollback(len(prompt) - 1)  # the head reads the features before the prompt's end
-
-    rng = np.random.default_rng(2024)
-    drafts, q = [], None
-    for _ in range(SAMPLES):
-        proposal = drafter.propose(prompt, slot + 1, params, rng)
-        assert proposal.distributions is not None
-        assert proposal.passes == 1  # one forward drafted the whole block
-        if len(proposal.tokens) <= slot:
-            continue  # ended early (an end-of-generation draft): the slot was not drawn
-        drafted_q = proposal.distributions[slot]
-        if q is None:
-            q = drafted_q
-        # Proposing again from the same context reads the same rows: the same q.
-        assert np.array_equal(drafted_q.ids, q.ids) and np.array_equal(drafted_q.probs, q.probs)
-        drafts.append(proposal.tokens[slot])
-    assert q is not None and len(drafts) > SAMPLES // 2
-    bound = tv_bound(len(drafts), SUPPORT)
-    assert empirical_tv(drafts, q) <= bound
-    if slot > 0:
-        return
-
-    emitted, accepted = [], 0
-    for draft in drafts:
-        replacement = verify_draft_token(p, q, draft, rng)
-        accepted += replacement is None
-        emitted.append(draft if replacement is None else replacement)
-    assert empirical_tv(emitted, p) <= bound
-
-    overlap = sum(min(p.prob_of(int(token)), q.prob_of(int(token))) for token in q.ids)
-    hoeffding = math.sqrt(math.log(2 / FAILURE_PROBABILITY) / (2 * len(drafts)))
-    assert overlap > 2 * hoeffding  # the supports overlap: the accept branch is exercised
-    assert abs(accepted / len(drafts) - overlap) <= hoeffding
-
-    assert empirical_tv(drafts, p) > 2 * bound  # the negative control
+    """The head's reported q for a block's slot is what its drafts there are drawn from,
+    so the loop's accept step emits tokens distributed as the target's p: slot 0 against
+    the target's p after the prompt, a later slot's q as the distribution its drafts
+    follow (tests/support/draft_distribution.py; with its negative control)."""
+    check_head_drafts_are_exact(
+        engine,
+        "dflash" if _is_dflash(engine) else "dspark",
+        engine.chat_prompt(PROMPT),
+        slot=slot,
+        temperature=TEMPERATURE,
+        support=SUPPORT,
+        samples=SAMPLES,
+    )
 
 
 def test_a_head_for_a_target_of_another_hidden_size_is_refused(files):

