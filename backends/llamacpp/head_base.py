@@ -22,7 +22,7 @@ import numpy as np
 from backends.errors import DecodeError, ModelLoadError
 from backends.llamacpp.library import last_llama_error, llama_cpp, note_decoding_thread
 from backends.sampling.rows import HostRows
-from backends.speculation.target_rows import TargetRows
+from backends.target_rows import TargetRows
 
 # After the library's guarded import, so that a missing runtime says how to install it.
 llama_cpp_ext = importlib.import_module("llama_cpp.llama_cpp_ext")

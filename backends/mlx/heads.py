@@ -27,7 +27,7 @@ import numpy as np
 from backends.mlx.device_rows import MlxRows
 from backends.mlx.head_files import LoadedHead
 from backends.sampling.rows import HostRows, LogitRows
-from backends.speculation.target_rows import TargetRows
+from backends.target_rows import TargetRows
 
 # Target rows waiting beyond this many are read into the head at once (a prompt), so
 # the rows kept, several target widths each, stay few.

@@ -9,12 +9,13 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-RUNTIME_MODULES = ("llama_cpp", "mlx", "mlx_lm")
+RUNTIME_MODULES = ("llama_cpp", "mlx", "mlx_lm", "mlx_vlm")
 # Modules allowed to import a runtime: their own runtime package only.
 RUNTIME_HOMES = {
     "llama_cpp": "llamacpp/*.py",
     "mlx": "mlx/*.py",
     "mlx_lm": "mlx/*.py",
+    "mlx_vlm": "mlx/*.py",
 }
 
 
@@ -27,7 +28,7 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
 def test_the_algorithm_imports_where_no_runtime_is_installed() -> None:
     code = """
 import json, sys
-for name in ("llama_cpp", "mlx", "mlx_lm"):
+for name in ("llama_cpp", "mlx", "mlx_lm", "mlx_vlm"):
     sys.modules[name] = None  # any import of it now raises ImportError
 import backends.base, backends.engine, backends.errors, backends.generation_events
 import backends.speculation.loop, backends.speculation.model_drafter, backends.speculation.rejection
@@ -47,7 +48,7 @@ print(json.dumps(sorted(sys.modules)))
 def test_importing_backends_never_imports_app() -> None:
     code = """
 import importlib, json, pkgutil, sys
-for name in ("llama_cpp", "mlx", "mlx_lm"):
+for name in ("llama_cpp", "mlx", "mlx_lm", "mlx_vlm"):
     sys.modules[name] = None
 import backends
 failed = {}
@@ -229,8 +230,8 @@ def test_the_circle_finder_finds_a_circle() -> None:
 
 # The doors every room may stand on (runtime_exchange: how a generation's thread hands
 # a runtime's work to the one thread that runs it; token_prefix: how much of a cache a
-# new context keeps).
-GROUND = {"base", "errors", "generation_events", "runtime_exchange", "token_prefix"}
+# new context keeps; target_rows: the target's rows a runtime's draft head has yet to read).
+GROUND = {"base", "errors", "generation_events", "runtime_exchange", "token_prefix", "target_rows"}
 # The rooms each room may import besides itself: sampling imports nothing above it, the
 # loop never a runtime, a runtime never the loop. The doors engine, select and pair_check
 # sit on top and may import any room.
