@@ -2,8 +2,9 @@
 
 llama.cpp's answer comes from the runtime check's child, which asks the library which
 head functions it exports (``backends.llamacpp.drafter_support``); MLX's from its model
-class (``backends.mlx.drafter_support``), read in doctor's own process as doctor reads
-the MLX device. Each answer maps a drafter to why it cannot run (None: it runs).
+class and whether mlx-vlm's head models import (``backends.mlx.drafter_support``), read
+in doctor's own process as doctor reads the MLX device. Each answer maps a drafter to
+why it cannot run (None: it runs).
 """
 
 from __future__ import annotations

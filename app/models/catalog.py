@@ -4,9 +4,10 @@
 everything after loading can trust them.
 
 Models come in two formats: ``gguf`` (one ``.gguf`` file, for llama.cpp) and ``mlx``
-(a Hugging Face repository snapshot directory in MLX format, for mlx-lm). A pair holds
-one :class:`PairVariant` per runtime it supports; a llamacpp variant names gguf models
-and an mlx variant names mlx models.
+(a Hugging Face repository snapshot directory: a model in MLX format, for mlx-lm, or a
+draft head in its publisher's safetensors, for mlx-vlm). A pair holds one
+:class:`PairVariant` per runtime it supports; a llamacpp variant names gguf models and an
+mlx variant names mlx models.
 """
 
 from __future__ import annotations
@@ -197,7 +198,12 @@ DRAFTER_KINDS = ("model", "mtp", "eagle3", "dflash", "dspark")
 EAGLE-3, DFlash or DSpark head."""
 
 HEAD_DRAFTERS = ("eagle3", "dflash", "dspark")
-"""Drafters that are a head trained for the target, in the separate GGUF ``draft`` names."""
+"""Drafters that are a head trained for the target, in the separate model ``draft`` names
+(a GGUF for llama.cpp, the publisher's Hugging Face directory for MLX)."""
+
+RUNTIME_HEADS = {"llamacpp": ("mtp", *HEAD_DRAFTERS), "mlx": ("eagle3", "dflash")}
+"""The heads each runtime drafts with: llama.cpp all of them; draftpen's MLX runtime
+EAGLE-3 and DFlash heads, through mlx-vlm's head models (no MTP or DSpark head)."""
 
 BLOCK_HEAD_DRAFTERS = ("dflash", "dspark")
 """The heads that draft a block in one forward (llama.cpp's ``dflash`` GGUF)."""
@@ -219,10 +225,11 @@ class PairVariant:
     draft model. ``"mtp"``: the target's own multi-token-prediction (nextn) head, kept
     inside the target GGUF when ``draft`` is ``None``, or published as a separate MTP
     GGUF that ``draft`` then names (it is not a model that runs alone). ``"eagle3"``: the
-    EAGLE-3 head (llama.cpp's ``eagle3`` GGUF) that ``draft`` names, trained for this
-    target and fed its hidden states; ``"dflash"`` and ``"dspark"``: a DFlash or DSpark
-    block head (llama.cpp's ``dflash`` GGUF) likewise. ``None`` with no draft: n-gram
-    drafts only.
+    EAGLE-3 head that ``draft`` names (llama.cpp's ``eagle3`` GGUF; on MLX the
+    publisher's Hugging Face directory), trained for this target and fed its hidden
+    states; ``"dflash"`` and ``"dspark"``: a DFlash or DSpark block head (llama.cpp's
+    ``dflash`` GGUF; on MLX a DFlash head's directory) likewise. ``None`` with no draft:
+    n-gram drafts only.
     """
 
     runtime: str
@@ -269,7 +276,8 @@ class PairVariant:
             return f"the target's own MTP head ({where}); n-grams where it cannot run"
         if self.drafter in HEAD_DRAFTERS:
             head = HEAD_NAMES[str(self.drafter)].split(" ", 1)[1]  # "EAGLE-3 head"
-            return f"the target's {head} (a separate file); n-grams where it cannot run"
+            where = "a separate file" if self.runtime == "llamacpp" else "run through mlx-vlm"
+            return f"the target's {head} ({where}); n-grams where it cannot run"
         if self.draft is not None:
             return "the draft model, and n-grams"
         return "n-grams only (no draft model)"

@@ -1,7 +1,8 @@
 """Reading one ``[pairs.<key>]`` entry of a catalog file: its runtime variants and drafter rules.
 
 A variant names a target, maybe a draft, and maybe a drafter (``"model"``, ``"mtp"``,
-``"eagle3"``, ``"dflash"``, ``"dspark"``);
+``"eagle3"``, ``"dflash"``, ``"dspark"``; a head only where its runtime drafts with it,
+:data:`~app.models.catalog.RUNTIME_HEADS`);
 :func:`check_pair_models`, run once every entry is read, holds each variant to the
 models of its catalog: they exist, suit the runtime, and an MTP variant's model keeps the
 MTP layers it drafts with.
@@ -15,6 +16,7 @@ from app.models.catalog import (
     DRAFTER_KINDS,
     HEAD_DRAFTERS,
     HEAD_NAMES,
+    RUNTIME_HEADS,
     Catalog,
     PairEntry,
     PairVariant,
@@ -76,6 +78,22 @@ def _check_mtp_variant(
     )
 
 
+def _head_refused(runtime: str, drafter: str) -> str:
+    """Why ``runtime`` cannot draft with ``drafter``'s head, and what to name instead."""
+    runs = RUNTIME_HEADS[runtime]
+    # MLX runs its heads through mlx-vlm's head models; llama.cpp runs every head.
+    through = " (through mlx-vlm)" if runtime == "mlx" else ""
+    # "an EAGLE-3 head" -> "EAGLE-3": "EAGLE-3 and DFlash heads".
+    names = [HEAD_NAMES[head].split(" ", 1)[1].removesuffix(" head") for head in runs]
+    listed = f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else names[0]
+    instead = " or ".join(f'"{head}"' for head in runs)
+    return (
+        f'drafter = "{drafter}" runs only on llama.cpp: {runtime} drafts with {listed} heads'
+        f"{through}, not {HEAD_NAMES[drafter]}. Give this variant drafter {instead} with "
+        "its head in draft, or no drafter (it drafts with n-grams)"
+    )
+
+
 def read_pair_entry(reader: TableReader, key: str, table: dict[str, Any]) -> PairEntry:
     """One ``[pairs.<key>]`` table as a :class:`PairEntry`: its variants and their drafters."""
     where = table_name("pairs", key)
@@ -108,15 +126,11 @@ def read_pair_entry(reader: TableReader, key: str, table: dict[str, Any]) -> Pai
             )
         if drafter == "model" and draft is None:
             reader.fail(where_variant, 'drafter = "model" needs a draft model in draft')
-        if drafter in ("mtp", *HEAD_DRAFTERS) and runtime != "llamacpp":
-            head = HEAD_NAMES[drafter]
-            reader.fail(
-                where_variant,
-                f'drafter = "{drafter}" runs only on llama.cpp; {runtime} cannot run {head} '
-                "yet, so give this variant no drafter (it drafts with n-grams)",
-            )
+        if drafter in ("mtp", *HEAD_DRAFTERS) and drafter not in RUNTIME_HEADS[runtime]:
+            reader.fail(where_variant, _head_refused(runtime, drafter))
         if drafter in HEAD_DRAFTERS and draft is None:
-            reader.fail(where_variant, f'drafter = "{drafter}" needs the head\'s GGUF in draft')
+            what = "GGUF" if runtime == "llamacpp" else "Hugging Face directory (an mlx model)"
+            reader.fail(where_variant, f'drafter = "{drafter}" needs the head\'s {what} in draft')
         variants.append(PairVariant(runtime, variant["target"], draft, drafter))
     if not variants:
         reader.fail(

@@ -1,6 +1,6 @@
 """Pairs whose drafter is a DFlash or DSpark head: in a catalog (``drafter = "dflash"`` or
-``"dspark"``, the head's GGUF in ``draft``) and from your own files (``--target``/``--draft
-HEAD``).
+``"dspark"``, the head's GGUF in ``draft``; on MLX a DFlash head's Hugging Face directory,
+and no DSpark head) and from your own files (``--target``/``--draft HEAD``).
 
 The head is downloaded with its target but is never a model of its own: it is handed
 to the engine, which attaches it to the target (``attach_dflash_head``); the file says
@@ -18,9 +18,12 @@ import pytest
 from app.errors import CatalogError
 from app.loading import load_engine
 from app.models.catalog_file import forget_command_line_pairs, parse_catalog
+from app.models.pair_download import download_pair
+from app.models.store import ModelStore
 from app.models.user_pairs import use_command_line_pair
 from backends.engine import GenerationRequest
 from tests.models.catalog_texts import MINIMAL
+from tests.models.mlx_head_hub import mlx_head_hub
 from tests.support.draftpen_cli import run_draftpen
 from tests.support.model_files import SMOLLM2_KEY, require_model
 from tests.support.tiny_dflash import write_dflash_head
@@ -78,15 +81,34 @@ def test_malformed_block_head_pairs_are_refused_with_the_fix(variant: str, fragm
     assert fragment in str(caught.value)
 
 
-def test_an_mlx_variant_cannot_draft_with_a_dflash_head() -> None:
+def test_an_mlx_dflash_pair_pulls_the_heads_directory_and_hands_it_over_as_the_head(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On MLX a DFlash head is z-lab's Hugging Face directory, fetched without its Python
+    and handed to loading as the block head."""
+    with mlx_head_hub("dflash", monkeypatch, ModelStore(tmp_path / "store")) as served:
+        resolved = download_pair(served.catalog, "head", served.store, runtime="mlx")
+        head = resolved.dflash_head_path
+        assert head is not None and (head / "config.json").is_file()
+        assert (head / "model.safetensors").read_bytes() == served.head_files["model.safetensors"]
+        assert not (head / "dflash.py").exists()
+        assert resolved.draft_path is None and resolved.eagle3_head_path is None
+        assert resolved.variant.drafter == "dflash"
+
+
+def test_an_mlx_variant_cannot_draft_with_a_dspark_head() -> None:
+    """MLX runs EAGLE-3 and DFlash heads; a DSpark variant there is refused, saying so."""
     text = (
-        with_head('draft = "head"\ndrafter = "dflash"')
+        with_head('draft = "head"\ndrafter = "dspark"')
         + '\n[models.tiny-mlx]\nname = "Tiny MLX"\nformat = "mlx"\narchitecture = "llama"\n'
         + 'size_bytes = 8\n\n[models.tiny-mlx.sources.huggingface]\nrepo = "org/tiny-mlx"\n'
-        + '\n[pairs.solo.mlx]\ntarget = "tiny-mlx"\ndrafter = "dflash"\n'
+        + '\n[pairs.solo.mlx]\ntarget = "tiny-mlx"\ndrafter = "dspark"\n'
     )
-    with pytest.raises(CatalogError, match="mlx cannot run a DFlash head yet"):
+    with pytest.raises(CatalogError, match=r"e\.toml: \[pairs\.solo\.mlx\]") as caught:
         parse_catalog(text, "e.toml")
+    message = str(caught.value)
+    assert 'drafter = "dspark" runs only on llama.cpp' in message
+    assert "EAGLE-3 and DFlash heads (through mlx-vlm), not a DSpark head" in message
 
 
 @pytest.mark.real_model

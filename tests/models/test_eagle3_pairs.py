@@ -1,5 +1,6 @@
 """Pairs whose drafter is an EAGLE-3 head: in the catalog (``drafter = "eagle3"``, the
-head's GGUF in ``draft``) and from your own files (``--target``/``--draft HEAD``).
+head's GGUF in ``draft``; on MLX its Hugging Face directory) and from your own files
+(``--target``/``--draft HEAD``).
 
 The head is downloaded with its target but is never a model of its own: it is handed
 to the engine, which attaches it to the target (``attach_eagle3_head``).
@@ -16,9 +17,13 @@ import pytest
 from app.errors import CatalogError
 from app.loading import load_engine
 from app.models.catalog_file import forget_command_line_pairs, parse_catalog
+from app.models.pair_download import download_pair
+from app.models.pair_files import resolve_pair
+from app.models.store import ModelStore
 from app.models.user_pairs import use_command_line_pair
 from backends.engine import GenerationRequest
 from tests.models.catalog_texts import MINIMAL
+from tests.models.mlx_head_hub import mlx_head_hub
 from tests.support.draftpen_cli import run_draftpen
 from tests.support.model_files import SMOLLM2_KEY, require_model
 from tests.support.tiny_eagle3 import write_eagle3_head, write_tiny_target
@@ -71,15 +76,23 @@ def test_malformed_eagle3_pairs_are_refused_with_the_fix(variant: str, fragment:
     assert fragment in str(caught.value)
 
 
-def test_an_mlx_variant_cannot_draft_with_an_eagle3_head() -> None:
-    text = (
-        with_head('draft = "head"\ndrafter = "eagle3"')
-        + '\n[models.tiny-mlx]\nname = "Tiny MLX"\nformat = "mlx"\narchitecture = "llama"\n'
-        + 'size_bytes = 8\n\n[models.tiny-mlx.sources.huggingface]\nrepo = "org/tiny-mlx"\n'
-        + '\n[pairs.solo.mlx]\ntarget = "tiny-mlx"\ndrafter = "eagle3"\n'
-    )
-    with pytest.raises(CatalogError, match="mlx cannot run an EAGLE-3 head yet"):
-        parse_catalog(text, "e.toml")
+def test_an_mlx_eagle3_pair_pulls_the_heads_directory_and_hands_it_over_as_the_head(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On MLX the head is its publisher's Hugging Face directory: a pull fetches its
+    config and safetensors (never its Python), and loading gets it as the EAGLE-3 head."""
+    with mlx_head_hub("eagle3", monkeypatch, ModelStore(tmp_path / "store")) as served:
+        variant = served.catalog.pair("head").variant("mlx")
+        assert variant.uses_eagle3 and variant.draft_model is None
+        assert "EAGLE-3 head (run through mlx-vlm)" in variant.drafting
+        resolved = download_pair(served.catalog, "head", served.store, runtime="mlx")
+        head = resolved.eagle3_head_path
+        assert head is not None and head.is_dir()
+        assert resolved.draft_path is None and resolved.dflash_head_path is None
+        for name in ("config.json", "model.safetensors"):
+            assert (head / name).read_bytes() == served.head_files[name]
+        assert not (head / "eagle3.py").exists()  # draftpen never runs a repository's code
+        assert resolve_pair(served.catalog, "head", served.store, "mlx") == resolved
 
 
 @pytest.mark.real_model

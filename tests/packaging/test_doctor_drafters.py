@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import json
+import sys
 
 import pytest
 
@@ -65,12 +66,14 @@ def test_doctor_lists_the_drafters_this_build_runs() -> None:
     mlx = drafters["mlx"]
     if importlib.util.find_spec("mlx") is None:
         assert mlx is None
-    else:  # MLX drafts with a draft model and n-grams, and attaches no head
+    else:  # EAGLE-3 and DFlash heads where mlx-vlm is installed; MTP and DSpark never
         assert mlx is not None
-        assert [name for name, entry in mlx.items() if entry["runs"]] == ["model", "ngram"]
-        assert all(
-            "MLX runtime attaches no draft head" in mlx[head]["why_not"] for head in HEAD_FUNCTIONS
-        )
+        heads = ["eagle3", "dflash"] if importlib.util.find_spec("mlx_vlm") else []
+        assert [name for name, entry in mlx.items() if entry["runs"]] == ["model", "ngram", *heads]
+        for head in ("mtp", "dspark"):
+            assert "llama.cpp runs" in mlx[head]["why_not"], mlx[head]
+        if not heads:
+            assert "mlx-vlm" in mlx["eagle3"]["why_not"]
 
     text = run_draftpen("doctor").stdout.splitlines()
     runs = ", ".join(name for name, entry in llamacpp.items() if entry["runs"])
@@ -104,3 +107,21 @@ def test_a_libllama_without_the_dflash_architecture_says_so(
     monkeypatch.setattr(dflash_files.llama_cpp.llama_cpp, "_lib", Older())
     reason = drafter_support.drafter_support()["dspark"]
     assert reason is not None and "predates llama.cpp's dflash architecture" in reason
+
+
+def test_without_mlx_vlm_mlx_says_its_eagle3_and_dflash_heads_need_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("mlx")
+    from backends.mlx import drafter_support
+
+    # An import that fails, as on a machine without mlx-vlm.
+    monkeypatch.setitem(sys.modules, "mlx_vlm.speculative.drafters", None)
+    support = drafter_support.drafter_support()
+    assert support["model"] is None and support["ngram"] is None
+    for head in ("eagle3", "dflash"):
+        reason = support[head]
+        assert reason is not None and "mlx-vlm, which is not installed" in reason, reason
+    lines = drafter_lines(None, support)
+    assert lines[0] == "drafters (mlx): model, ngram"
+    assert any(line.startswith("  not eagle3, dflash: ") for line in lines)

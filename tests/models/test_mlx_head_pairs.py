@@ -1,0 +1,98 @@
+"""A catalog pair whose ``mlx`` variant drafts with a head, loaded as a user loads it: the
+catalog names the target and the head's directory, the store holds both, and
+``load_engine`` attaches the head to the MLX target, which then drafts with it.
+
+Tiny random-weight targets and heads in their publishers' formats
+(tests/support/tiny_mlx_heads.py); random weights accept little, so only that the head
+drafted is asserted, not how well.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.loading import load_engine
+from backends.engine import GenerationRequest
+from tests.runtimes.tiny_mlx_pair import store_converted
+
+PAIR = "tiny-heads"
+
+
+def catalog_text(drafter: str, architecture: str) -> str:
+    """A catalog whose one pair's mlx variant drafts with ``drafter``'s head. Its entries'
+    GGUF source is never read: the directories are put in the store as converted."""
+    models = "".join(
+        f"""
+[models.{key}]
+name = "{key}"
+format = "mlx"
+architecture = "{kind}"
+size_bytes = 20
+
+[models.{key}.sources.gguf_conversion]
+from = "tiny-gguf"
+"""
+        for key, kind in (("tiny-target", architecture), ("tiny-head", drafter))
+    )
+    return f"""
+[models.tiny-gguf]
+name = "Tiny GGUF"
+format = "gguf"
+architecture = "{architecture}"
+size_bytes = 10
+sha256 = "{"ab" * 32}"
+
+[models.tiny-gguf.sources.pypi]
+package = "tiny-model"
+version = "1.0"
+member = "tiny_model/tiny.gguf"
+{models}
+[pairs.{PAIR}]
+description = "A tiny MLX target and its head."
+
+[pairs.{PAIR}.mlx]
+target = "tiny-target"
+draft = "tiny-head"
+drafter = "{drafter}"
+"""
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(
+    ("drafter", "architecture", "loaded"),
+    [("eagle3", "llama", "EAGLE-3 head"), ("dflash", "qwen3", "DFlash/DSpark head")],
+)
+def test_a_catalog_mlx_head_pair_loads_and_drafts_with_its_head(
+    drafter: str, architecture: str, loaded: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlx_vlm", reason="mlx-vlm runs the heads on MLX")
+    from tests.support import tiny_mlx_heads
+
+    # Built before the store moves: the target borrows SmolLM2's tokenizer from the store.
+    target = tiny_mlx_heads.write_mlx_target(
+        tmp_path / "built" / "target", seed=1, arch=architecture
+    )
+    write_head = getattr(tiny_mlx_heads, f"write_{drafter}_head")
+    head = write_head(tmp_path / "built" / "head", seed=2)
+    catalog = tmp_path / "models.toml"
+    catalog.write_text(catalog_text(drafter, architecture))
+    monkeypatch.setenv("DRAFTPEN_CATALOG", str(catalog))
+    monkeypatch.setenv("DRAFTPEN_MODELS_DIR", str(tmp_path / "models"))
+    store_converted(tmp_path / "models", {"tiny-target": target, "tiny-head": head})
+
+    messages: list[str] = []
+    engine = load_engine(
+        PAIR, n_ctx=256, runtime="mlx", calibrate=False, on_progress=messages.append
+    )
+    try:
+        assert engine.draft is None  # the head is not a draft model
+        assert any(loaded in message for message in messages), messages
+        prompt = engine.text_prompt("The sea")
+        request = GenerationRequest(prompt_tokens=tuple(prompt), max_tokens=12, drafter=drafter)
+        events = list(engine.generate(request))
+    finally:
+        engine.close()
+    assert events[-1].stats.drafted > 0
+    assert drafter in {event.drafter for event in events}
