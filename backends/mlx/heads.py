@@ -237,9 +237,10 @@ class MlxBlockHead(MlxHead):
         if first >= evaluated:
             return None  # no feature left to read beside the block
         tokens = [*context[evaluated:], *[self.mask_token] * drafts]
-        logits = self._forward(tokens, self._kept.between(first, evaluated))
+        hidden = self._forward(tokens, self._kept.between(first, evaluated))
         self.synced = evaluated
-        return self._rows(logits[0, given : given + drafts])
+        # Only the drafting slots' rows go through the LM head (the largest matmul).
+        return self._rows(self.model._logits(hidden[0, given : given + drafts]))
 
     def _sync(self, end: int, *, keep_last: bool = False) -> None:
         """Read the kept features of positions up to ``end`` (those not read yet), the
@@ -255,9 +256,10 @@ class MlxBlockHead(MlxHead):
         self._kept.drop_before(max(self.synced - 1, 0))
 
     def _forward(self, tokens: Sequence[int], features: mx.array) -> mx.array:
+        """The block's final hidden states (the features read into the cache first)."""
         self.decodes += 1
         ids = mx.array([list(tokens)], dtype=mx.int32)
-        return self.model(ids, features[None], self._cache)
+        return self.model._hidden(ids, features[None], self._cache)
 
 
 def _concatenate(arrays: Sequence[mx.array]) -> mx.array:

@@ -78,7 +78,8 @@ def no_head_reason(target: Model, name: str) -> str:
     head, missing, attach = HEADS[name]
     if not hasattr(target, attach):
         return (
-            f"{target.name}: this runtime cannot draft with {head} "
-            "(llama.cpp can; MLX cannot yet). Use --drafter ngram, model or none."
+            f"{target.name}: this runtime cannot draft with {head} here (llama.cpp runs "
+            "every head; MLX runs EAGLE-3 and DFlash heads, for one sequence at a time). "
+            "Use --drafter ngram, model or none."
         )
     return f"{target.name} {missing}"

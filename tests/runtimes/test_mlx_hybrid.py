@@ -178,7 +178,7 @@ def test_a_kept_hybrid_conversation_is_restored_whole(tiny_dirs):
 def test_mtp_drafting_on_mlx_still_says_it_is_unsupported(engine):
     from backends.errors import BackendError
 
-    with pytest.raises(BackendError, match="MLX cannot yet"):
+    with pytest.raises(BackendError, match="cannot draft with a model's MTP head here"):
         engine.drafter_named("mtp")
 
 

@@ -119,7 +119,7 @@ def test_no_round_drafts_deeper_than_the_targets_rollback_limit():
 
 def test_a_runtime_without_mtp_heads_says_so():
     engine = Engine(HashModel())
-    with pytest.raises(BackendError, match="MLX cannot yet"):
+    with pytest.raises(BackendError, match="MLX runs EAGLE-3 and DFlash heads"):
         engine.drafter_named("mtp")
     with pytest.raises(BackendError, match="cannot draft with a model's MTP head"):
         engine.attach_mtp_head("head.gguf")
