@@ -5,17 +5,14 @@ SmolLM2's tokenizer, for the tests of several sequences at once on the MLX runti
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.support.model_files import SMOLLM2_KEY, TINY_MLX_LLAMA, require_mlx_model
+from tests.support.model_files import TINY_MLX_LLAMA
+from tests.support.tiny_mlx_heads import copy_smollm2_tokenizer
 
 pytest.importorskip("mlx_lm")
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 def _tiny_llama(directory: Path, *, seed: int, like: Path | None = None) -> Path:
@@ -41,7 +38,5 @@ def _tiny_llama(directory: Path, *, seed: int, like: Path | None = None) -> Path
     weights = {name: value.astype(mx.float16) for name, value in weights.items()}
     mx.save_safetensors(str(directory / "model.safetensors"), weights)
     (directory / "config.json").write_text(json.dumps(config))
-    source = require_mlx_model(SMOLLM2_KEY)
-    for name in TOKENIZER_FILES:
-        shutil.copy(source / name, directory / name)
+    copy_smollm2_tokenizer(directory)
     return directory

@@ -43,7 +43,7 @@ def check_head_drafts_are_exact(
     temperature: float,
     support: int,
     samples: int,
-) -> None:
+) -> tuple[float, float]:
     """A head's drafts at ``slot`` follow the ``q`` it reports, and (slot 0) the loop's
     accept step, ``min(1, p/q)`` else the residual, emits tokens that follow the
     target's ``p`` and accepts as often as exact rejection sampling does,
@@ -51,7 +51,8 @@ def check_head_drafts_are_exact(
     by far more than the bound allows.
 
     The target reads ``prompt`` but its last token (the head's features end there),
-    and ``p`` is its distribution after the whole prompt.
+    and ``p`` is its distribution after the whole prompt. Returns (slot 0) the rate at
+    which drafts were accepted and llama.cpp's sample-and-match rate, ``sum(p * q)``.
     """
     target = engine.target
     drafter = engine.drafter_named(drafter_name)
@@ -80,7 +81,7 @@ def check_head_drafts_are_exact(
     bound = tv_bound(len(drafts), support)
     assert empirical_tv(drafts, q) <= bound
     if slot > 0:
-        return
+        return 0.0, 0.0
 
     emitted, accepted = [], 0
     for draft in drafts:
@@ -95,3 +96,5 @@ def check_head_drafts_are_exact(
     assert abs(accepted / len(drafts) - overlap) <= hoeffding
 
     assert empirical_tv(drafts, p) > 2 * bound  # the negative control
+    match = sum(p.prob_of(int(token)) * q.prob_of(int(token)) for token in q.ids)
+    return accepted / len(drafts), match

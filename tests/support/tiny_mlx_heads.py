@@ -76,10 +76,15 @@ def write_mlx_target(
     weights = {name: value.astype(mx.float16) for name, value in weights.items()}
     mx.save_safetensors(str(directory / "model.safetensors"), weights)
     (directory / "config.json").write_text(json.dumps(config))
+    copy_smollm2_tokenizer(directory)
+    return directory
+
+
+def copy_smollm2_tokenizer(directory: Path) -> None:
+    """SmolLM2's tokenizer files (from the MLX test model) into ``directory``."""
     source = require_mlx_model(SMOLLM2_KEY)
     for name in TOKENIZER_FILES:
         shutil.copy(source / name, directory / name)
-    return directory
 
 
 def write_eagle3_head(
