@@ -130,9 +130,7 @@ def test_models_add_keeps_an_mlx_pair_that_reads_back_and_resolves_where_it_lies
         "draft": "mine.draft",
         **({"drafter": drafter} if drafter != "model" else {}),
     }
-    assert document["models"]["mine.target"]["sources"] == {
-        "local": {"path": str(dirs["target"])}
-    }
+    assert document["models"]["mine.target"]["sources"] == {"local": {"path": str(dirs["target"])}}
 
     catalog = load_catalog()
     assert catalog.pair("mine") == pair
