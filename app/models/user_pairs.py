@@ -328,8 +328,9 @@ def _read_document(path: Path) -> dict[str, Any]:
 
 _HEADER = (
     "# Your own model pairs, written by `draftpen models add` (same format as draftpen's\n"
-    "# models.toml; a `local` source is a file used where it lies). Edit with care, or\n"
-    "# use `draftpen models add NAME ... --replace` and `draftpen models forget NAME`.\n\n"
+    "# models.toml; a `local` source is a file or MLX directory used where it lies).\n"
+    "# Edit with care, or use `draftpen models add NAME ... --replace` and\n"
+    "# `draftpen models forget NAME`.\n\n"
 )
 
 

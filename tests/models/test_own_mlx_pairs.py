@@ -21,8 +21,8 @@ import pytest
 
 from app import main as main_module
 from app.cli import models as cli_models
-from app.errors import DraftpenError, LocalModelMissingError, PairInputError
-from app.models.catalog_file import forget_command_line_pairs, load_catalog
+from app.errors import CatalogError, DraftpenError, LocalModelMissingError, PairInputError
+from app.models.catalog_file import forget_command_line_pairs, load_catalog, parse_catalog
 from app.models.mlx_directory import NotMlxDirectoryError, read_mlx_directory
 from app.models.pair_files import pair_files
 from app.models.store import ModelStore
@@ -150,6 +150,30 @@ def test_models_add_keeps_an_mlx_pair_that_reads_back_and_resolves_where_it_lies
         pair_files("mine", "mlx")
     assert forget_user_pair("mine")
     assert not user_catalog_path().exists()
+
+
+def test_only_your_own_catalog_may_name_a_local_mlx_directory(tmp_path: Path) -> None:
+    text = f"""
+[models.own]
+name = "own"
+format = "mlx"
+architecture = "qwen3"
+size_bytes = 10
+
+[models.own.sources.local]
+path = "{tmp_path}"
+
+[pairs.own]
+description = "d"
+
+[pairs.own.mlx]
+target = "own"
+"""
+    with pytest.raises(CatalogError, match="local"):
+        parse_catalog(text, "models.toml")
+    catalog = parse_catalog(text, "my-models.toml", allow_local=True)
+    assert catalog.model("own").sources.local is not None
+    assert catalog.model("own").is_local
 
 
 def test_a_target_alone_is_an_mlx_pair_with_n_gram_drafts(dirs: dict[str, Path]) -> None:
