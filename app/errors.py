@@ -25,6 +25,10 @@ class CatalogError(DraftpenError):
     """The model catalog (models.toml) is malformed."""
 
 
+class PairInputError(DraftpenError):
+    """A model reference or pair name of the user's own pair that cannot be used, with the fix."""
+
+
 class UnknownPairError(DraftpenError):
     """A model pair name that the catalog does not define."""
 

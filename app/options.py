@@ -37,15 +37,16 @@ def add_pair_file_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target",
         default=None,
-        metavar="PATH|REPO:FILE",
-        help="your own target model: a local .gguf file or a hub file REPO:FILENAME "
-        "(instead of --pair; alone, it speculates with n-gram drafts)",
+        metavar="PATH|DIR|REPO:FILE",
+        help="your own target model: a local .gguf file, a hub file REPO:FILENAME, or an "
+        "MLX model's directory (instead of --pair; alone, it speculates with n-gram drafts)",
     )
     parser.add_argument(
         "--draft",
         default=None,
-        metavar="PATH|REPO:FILE",
-        help="your own draft model for --target (same tokenizer family)",
+        metavar="PATH|DIR|REPO:FILE",
+        help="your own draft model for --target (same tokenizer family), or a head for it: "
+        "an EAGLE-3/DFlash/DSpark GGUF, or an EAGLE-3/DFlash head's directory on MLX",
     )
 
 

@@ -19,7 +19,7 @@ from typing import TextIO
 from app.cli.download_progress import ProgressLines, PullProgressBars
 from app.cli.pair_listing import list_pairs, scan_command_handler
 from app.errors import ChecksumMismatchError, DraftpenError
-from app.models.catalog import Catalog, LocalFile, PairVariant
+from app.models.catalog import HEAD_NAMES, Catalog, LocalFile, PairVariant
 from app.models.catalog_file import load_catalog
 from app.models.disk import format_bytes
 from app.models.pair_download import download_pair
@@ -64,15 +64,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     add = commands.add_parser(
         "add",
-        help="keep your own pair (local GGUF files or hub files) under a name",
-        description="Keep a pair of your own GGUF files (or hub files, REPO:FILENAME) in "
-        f"your own catalog ({user_catalog_path().name} in the config directory); it then "
-        "works everywhere a catalog pair does (--pair NAME, the models screen, the API).",
+        help="keep your own pair (local GGUF files, MLX directories or hub files) under a name",
+        description="Keep a pair of your own GGUF files (or hub files, REPO:FILENAME) or MLX "
+        "directories (config.json and *.safetensors; the draft may be an EAGLE-3 or DFlash "
+        f"head's directory) in your own catalog ({user_catalog_path().name} in the config "
+        "directory); it then works everywhere a catalog pair does (--pair NAME, the models "
+        "screen, the API). GGUF pairs run on llama.cpp, MLX directories on MLX.",
     )
     add.add_argument("name", metavar="NAME", help="a name for the pair")
-    add.add_argument("--target", required=True, metavar="PATH|REPO:FILE", help="target model")
+    add.add_argument("--target", required=True, metavar="PATH|DIR|REPO:FILE", help="target model")
     add.add_argument(
-        "--draft", default=None, metavar="PATH|REPO:FILE", help="draft model (default: none)"
+        "--draft",
+        default=None,
+        metavar="PATH|DIR|REPO:FILE",
+        help="draft model or head (default: none)",
     )
     add.add_argument("--replace", action="store_true", help="overwrite a pair of that name")
     add.set_defaults(func=_guarded(add_pair_command))
@@ -167,8 +172,11 @@ def remove_pair(args: argparse.Namespace) -> int:
 def add_pair_command(args: argparse.Namespace) -> int:
     """Keep a pair of the user's own files (or hub files) in their catalog."""
     pair = add_user_pair(args.name, args.target, args.draft, replace=args.replace)
-    drafting = "with its draft model" if pair.variants[0].draft else "with n-gram drafts"
-    print(f"Added pair {pair.key!r} ({drafting}) to {user_catalog_path()}.")
+    variant = pair.variants[0]
+    drafting = "with n-gram drafts"
+    if variant.draft is not None:
+        drafting = f"drafting with {HEAD_NAMES.get(variant.drafter or '', 'its draft model')}"
+    print(f"Added pair {pair.key!r} ({drafting}, on {variant.runtime}) to {user_catalog_path()}.")
     hub_files = [text for text in (args.target, args.draft) if text and not _is_local(text)]
     if hub_files:
         print(f"Download its hub files with: draftpen models pull {pair.key}")
@@ -196,8 +204,10 @@ def forget_pair_command(args: argparse.Namespace) -> int:
 def apply_pair_options(args: argparse.Namespace) -> None:
     """``--target``/``--draft`` become this run's pair (``args.pair``), checked first.
 
-    Hub files not yet in the HF cache are pulled now, with progress on stderr, so every
-    front end (the chat app, serve, bench) finds the pair ready.
+    GGUF files run on llama.cpp and MLX directories on MLX: that runtime is this run's
+    unless the user chose one, and the other is refused with the reason. Hub files not
+    yet in the HF cache are pulled now, with progress on stderr, so every front end (the
+    chat app, serve, bench) finds the pair ready.
     """
     target, draft = getattr(args, "target", None), getattr(args, "draft", None)
     if target is None and draft is None:
@@ -207,14 +217,27 @@ def apply_pair_options(args: argparse.Namespace) -> None:
     if getattr(args, "pair", None):
         raise DraftpenError("Give either --pair NAME or --target/--draft, not both.")
     args.pair = use_command_line_pair(target, draft)
-    if getattr(args, "runtime", None) in (None, "auto"):
-        args.runtime = "llamacpp"  # your own files are GGUF: llama.cpp runs them
     catalog = load_catalog()
+    variant = catalog.pair(args.pair).variants[0]
+    chosen = getattr(args, "runtime", None)
+    if chosen in (None, "auto"):
+        args.runtime = variant.runtime  # GGUF files: llama.cpp; MLX directories: mlx
+    elif chosen != variant.runtime:
+        raise DraftpenError(_RUNTIME_REFUSED[variant.runtime].format(chosen=chosen))
     store = _store()
-    variant = catalog.pair(args.pair).variant("llamacpp")
     if any(store.state(entry) != "downloaded" for entry in catalog.models_of(variant)):
         with PullProgressBars(sys.stderr) as bars:
-            download_pair(catalog, args.pair, store, runtime="llamacpp", on_event=bars)
+            download_pair(catalog, args.pair, store, runtime=variant.runtime, on_event=bars)
+
+
+# Why --runtime cannot run the files given, by the runtime they need.
+_RUNTIME_REFUSED = {
+    "mlx": "--runtime {chosen} cannot run MLX directories: they are MLX models, which "
+    "only the mlx runtime loads. Leave out --runtime (or give --runtime mlx), or give "
+    ".gguf files for llama.cpp.",
+    "llamacpp": "--runtime {chosen} cannot run .gguf files: llama.cpp runs them. Leave out "
+    "--runtime (or give --runtime llamacpp), or give MLX directories for mlx.",
+}
 
 
 def _mention_shared_models(

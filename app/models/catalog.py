@@ -68,7 +68,8 @@ class HuggingFaceFile:
 
 @dataclass(frozen=True)
 class LocalFile:
-    """A GGUF file the user already has (a user pair's model); never copied or deleted."""
+    """A GGUF file or MLX directory the user already has (a user pair's model); never
+    copied or deleted."""
 
     path: Path
 
@@ -126,7 +127,8 @@ class ModelSources:
     pypi: PyPIMirror | None = None
     gguf_conversion: GGUFConversion | None = None
     local: LocalFile | None = None
-    """Only in the user's own catalog: a file on this machine, used where it lies."""
+    """Only in the user's own catalog: a file (gguf) or directory (mlx) on this machine,
+    used where it lies."""
 
     def names(self) -> tuple[str, ...]:
         """The names of the sources that are set, e.g. ``("huggingface", "pypi")``."""

