@@ -25,7 +25,9 @@ DFLASH_BLOCK = 8
 DFLASH_MASK_TOKEN = 49151
 
 
-def target_config(arch: str = "llama", hidden: int = HIDDEN) -> dict[str, object]:
+def target_config(
+    arch: str = "llama", hidden: int = HIDDEN, *, tied: bool = False
+) -> dict[str, object]:
     """A four-layer target's mlx-lm config."""
     config: dict[str, object] = {
         "model_type": arch,
@@ -36,7 +38,9 @@ def target_config(arch: str = "llama", hidden: int = HIDDEN) -> dict[str, object
         "num_key_value_heads": 2,
         "rms_norm_eps": 1e-5,
         "vocab_size": VOCAB,
-        "tie_word_embeddings": True,
+        # An output layer of its own: a tied random one maps a token's state back to
+        # the token itself, and greedy replies would repeat one token.
+        "tie_word_embeddings": tied,
     }
     if arch == "qwen3":
         config.update(head_dim=16, max_position_embeddings=4096, rope_theta=1e6)
@@ -63,7 +67,8 @@ def write_mlx_target(
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    config = target_config(arch, hidden)
+    # Tied, a common direction is the target's output's too.
+    config = target_config(arch, hidden, tied=common_direction)
     module = importlib.import_module(f"mlx_lm.models.{arch}")
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(config))
