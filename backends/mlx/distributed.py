@@ -60,8 +60,11 @@ class SplitMlxModel(MlxModel):
     ``split`` "auto" takes mlx-lm's pipeline split where the model class has one (one
     hand-over per forward between neighbours, the least network), else its tensor split.
     Asked for ``parallel`` > 1 it loads one sequence and says why (``parallel_refusal``):
-    every rank must make the same calls in the same order.
+    every rank must make the same calls in the same order. It feeds no draft head: a
+    head reads layers that other ranks hold.
     """
+
+    splits_layers = True
 
     def __init__(
         self,

@@ -34,6 +34,7 @@ class MlxDraftHeads:
     recurrent: bool
     device_sampling: bool
     cpu_float32: bool
+    splits_layers = False  # a share of a target split across ranks (SplitMlxModel)
 
     def attach_eagle3_file(self, path: str | Path) -> MlxEagle3Head:
         """Draft with an EAGLE-3 head (its Hugging Face directory, speculators' format)
@@ -62,6 +63,11 @@ class MlxDraftHeads:
             )
         if self.parallel > 1:
             raise BackendError(f"{what} drafts for one sequence; load with parallel 1")
+        if self.splits_layers:
+            raise BackendError(
+                f"{self.name} is split across machines, and {what} reads layers other ranks "
+                "hold. Draft with --drafter ngram or model, or run the target on one machine."
+            )
         args = getattr(self._model, "args", None)
         shape = TargetShape(
             name=self.name,

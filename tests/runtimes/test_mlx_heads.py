@@ -256,3 +256,18 @@ def test_a_head_is_refused_for_several_sequences(files):
             model.attach_eagle3_file(files["llama-eagle3"])
     finally:
         model.close()
+
+
+def test_a_head_is_refused_for_a_target_split_across_ranks(files):
+    """A share of a split target holds some of the layers a head reads (a group of one
+    rank stands in for the ring: the refusal comes before any layer is read)."""
+    import mlx.core as mx
+
+    from backends.mlx.distributed import SplitMlxModel
+
+    share = SplitMlxModel(files["llama"], mx.distributed.init(), n_ctx=CONTEXT)
+    try:
+        with pytest.raises(BackendError, match="split across machines, and a DFlash head"):
+            share.attach_dflash_file(files["llama-dflash"])
+    finally:
+        share.close()
