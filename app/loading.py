@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 
 from app.calibration_store import ensure_calibrated
+from app.models.catalog import HEAD_DRAFTERS, HEAD_NAMES
 from app.models.catalog_file import load_catalog
 from app.models.fit import parallel_that_fits
 from app.models.pair_files import ResolvedPair, pair_files, pair_models
@@ -60,8 +61,20 @@ def load_engine(
     resolved = pair_files(pair_name, chosen_runtime)
     report = on_progress or (lambda message: None)
     target_path, draft_path = resolved.target_path, resolved.draft_path
+    # A separate-file head drafts for one sequence (docs/speculation.md): `--parallel
+    # auto` then serves one request at a time with it; an explicit N > 1 runs N at once
+    # and drafts with n-grams instead (same output, less speed-up), and says so.
+    head = resolved.variant.drafter if with_draft else None
+    head = head if head in HEAD_DRAFTERS else None
     if parallel is None:
-        parallel = _parallel_that_fits(pair_name, chosen_runtime, n_ctx)
+        parallel = 1 if head else _parallel_that_fits(pair_name, chosen_runtime, n_ctx)
+        if head:
+            report(
+                f"{pair_name} drafts with its {_head_name(head)}, which drafts for one "
+                "sequence: one request at a time (--parallel N serves N at once, drafting "
+                "with n-grams)"
+            )
+    head_fits = head is None or parallel == 1
     worker_infos = workers.ask() if workers is not None else ()
     where = f" with workers {workers}" if workers else ""
     if split is not None:
@@ -102,10 +115,17 @@ def load_engine(
         )
         if with_draft and resolved.variant.uses_mtp:
             _use_mtp_head(engine, resolved, report)
-        if with_draft and resolved.eagle3_head_path is not None:
+        if not head_fits:
+            _warn(
+                report,
+                f"{pair_name}: its {_head_name(str(head))} drafts for one sequence, and "
+                f"--parallel {parallel} runs {parallel}; drafting with n-grams instead "
+                "(same output, less speed-up). Use --parallel 1 to draft with the head.",
+            )
+        elif with_draft and resolved.eagle3_head_path is not None:
             report(f"loading EAGLE-3 head {resolved.eagle3_head_path.name}")
             engine.attach_eagle3_head(resolved.eagle3_head_path)
-        if with_draft and resolved.dflash_head_path is not None:
+        elif with_draft and resolved.dflash_head_path is not None:
             _use_block_head(engine, resolved, report)
         if calibrate:
             ensure_calibrated(engine, chosen_runtime, report)
@@ -169,6 +189,11 @@ def _use_block_head(engine: Engine, resolved: ResolvedPair, report: Callable[[st
             f"{resolved.entry.key}: {path.name} is a {kind} head, not {declared}; "
             f"it drafts with --drafter {kind}",
         )
+
+
+def _head_name(drafter: str) -> str:
+    """ "EAGLE-3 head", "DFlash head", "DSpark head"."""
+    return HEAD_NAMES[drafter].split(" ", 1)[1]
 
 
 def _warn(report: Callable[[str], None], message: str) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from app.loading import load_engine
 from backends.engine import GenerationRequest
+from backends.errors import BackendError
 from tests.runtimes.tiny_mlx_pair import store_converted
 
 PAIR = "tiny-heads"
@@ -67,6 +68,27 @@ drafter = "{drafter}"
 def test_a_catalog_mlx_head_pair_loads_and_drafts_with_its_head(
     drafter: str, architecture: str, loaded: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store_tiny_head_pair(tmp_path, monkeypatch, drafter, architecture)
+    messages: list[str] = []
+    engine = load_engine(
+        PAIR, n_ctx=256, runtime="mlx", calibrate=False, on_progress=messages.append
+    )
+    try:
+        assert engine.draft is None  # the head is not a draft model
+        assert any(loaded in message for message in messages), messages
+        prompt = engine.text_prompt("The sea")
+        request = GenerationRequest(prompt_tokens=tuple(prompt), max_tokens=12, drafter=drafter)
+        events = list(engine.generate(request))
+    finally:
+        engine.close()
+    assert events[-1].stats.drafted > 0
+    assert drafter in {event.drafter for event in events}
+
+
+def store_tiny_head_pair(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, drafter: str, architecture: str
+) -> None:
+    """A catalog of the tiny MLX pair drafting with ``drafter``'s head, its files stored."""
     pytest.importorskip("mlx_vlm", reason="mlx-vlm runs the heads on MLX")
     from tests.support import tiny_mlx_heads
 
@@ -82,17 +104,33 @@ def test_a_catalog_mlx_head_pair_loads_and_drafts_with_its_head(
     monkeypatch.setenv("DRAFTPEN_MODELS_DIR", str(tmp_path / "models"))
     store_converted(tmp_path / "models", {"tiny-target": target, "tiny-head": head})
 
+
+@pytest.mark.real_model
+def test_a_head_pair_serves_one_request_at_a_time_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--parallel auto`` (None) loads a head pair for one sequence, which the head drafts
+    for, and says so; an explicit ``--parallel 2`` runs two, drafting with n-grams, and
+    says why."""
+    store_tiny_head_pair(tmp_path, monkeypatch, "eagle3", "llama")
     messages: list[str] = []
     engine = load_engine(
-        PAIR, n_ctx=256, runtime="mlx", calibrate=False, on_progress=messages.append
+        PAIR, n_ctx=256, runtime="mlx", calibrate=False, parallel=None, on_progress=messages.append
     )
     try:
-        assert engine.draft is None  # the head is not a draft model
-        assert any(loaded in message for message in messages), messages
-        prompt = engine.text_prompt("The sea")
-        request = GenerationRequest(prompt_tokens=tuple(prompt), max_tokens=12, drafter=drafter)
-        events = list(engine.generate(request))
+        assert getattr(engine.target, "parallel", 1) == 1
+        assert engine.drafter_named("eagle3") is not None
+        assert any("one request at a time" in message for message in messages), messages
     finally:
         engine.close()
-    assert events[-1].stats.drafted > 0
-    assert drafter in {event.drafter for event in events}
+    messages.clear()
+    engine = load_engine(
+        PAIR, n_ctx=256, runtime="mlx", calibrate=False, parallel=2, on_progress=messages.append
+    )
+    try:
+        assert engine.target.parallel == 2  # type: ignore[attr-defined]
+        with pytest.raises(BackendError):
+            engine.drafter_named("eagle3")
+        assert any("drafting with n-grams instead" in message for message in messages)
+    finally:
+        engine.close()
