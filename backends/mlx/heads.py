@@ -113,9 +113,12 @@ class MlxHead:
         raise NotImplementedError
 
     def _rows(self, logits: mx.array) -> LogitRows:
-        """Rows over the target's vocabulary, float32, where the loop samples them."""
+        """Rows over the target's vocabulary, float32, where the loop samples them;
+        evaluated here, so the head's forward is timed as the head's (``auto`` prices it)
+        and not as the host time of whoever reads the row first."""
         logits = logits.astype(mx.float32)
         if self._device_sampling:
+            mx.eval(logits)
             return MlxRows(logits)
         return HostRows(np.array(logits, copy=False))
 
