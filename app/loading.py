@@ -192,7 +192,7 @@ def _use_block_head(engine: Engine, resolved: ResolvedPair, report: Callable[[st
 
 
 def _head_name(drafter: str) -> str:
-    """ "EAGLE-3 head", "DFlash head", "DSpark head"."""
+    """The head's name in prose ("EAGLE-3 head", "DFlash head", "DSpark head")."""
     return HEAD_NAMES[drafter].split(" ", 1)[1]
 
 
