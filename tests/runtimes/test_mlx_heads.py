@@ -271,3 +271,26 @@ def test_a_head_is_refused_for_a_target_split_across_ranks(files):
             share.attach_dflash_file(files["llama-dflash"])
     finally:
         share.close()
+
+
+@pytest.mark.parametrize(
+    ("head", "drafter"), [("llama-eagle3", "eagle3"), ("llama-dflash", "dflash")]
+)
+def test_on_the_device_sampling_path_heads_draft_exactly_too(files, head, drafter):
+    """Apple Silicon samples on the device (MlxRows): the head's rows, an EAGLE-3 head's
+    scattered from its own vocabulary, are read there as the target's are."""
+    plain_engine = mlx_engine(files["llama"], device_sampling=True)
+    try:
+        plain, _ = generate(plain_engine, "none")
+    finally:
+        plain_engine.close()
+    engine = mlx_engine(files["llama"], files[head], device_sampling=True)
+    try:
+        drafted, events = generate(engine, drafter)
+        assert drafted == plain and events[-1].stats.drafted > 0
+        sampled, events = generate(
+            engine, drafter, params=SamplingParams(temperature=0.8, top_k=20, seed=3)
+        )
+        assert len(sampled) == 40 and events[-1].stats.drafted > 0
+    finally:
+        engine.close()
