@@ -16,48 +16,14 @@ import pytest
 from app.loading import load_engine
 from backends.engine import GenerationRequest
 from backends.errors import BackendError
-from tests.runtimes.tiny_mlx_pair import store_converted
+from tests.runtimes.tiny_mlx_pair import mlx_pair_catalog, store_converted
 
 PAIR = "tiny-heads"
 
 
 def catalog_text(drafter: str, architecture: str) -> str:
-    """A catalog whose one pair's mlx variant drafts with ``drafter``'s head. Its entries'
-    GGUF source is never read: the directories are put in the store as converted."""
-    models = "".join(
-        f"""
-[models.{key}]
-name = "{key}"
-format = "mlx"
-architecture = "{kind}"
-size_bytes = 20
-
-[models.{key}.sources.gguf_conversion]
-from = "tiny-gguf"
-"""
-        for key, kind in (("tiny-target", architecture), ("tiny-head", drafter))
-    )
-    return f"""
-[models.tiny-gguf]
-name = "Tiny GGUF"
-format = "gguf"
-architecture = "{architecture}"
-size_bytes = 10
-sha256 = "{"ab" * 32}"
-
-[models.tiny-gguf.sources.pypi]
-package = "tiny-model"
-version = "1.0"
-member = "tiny_model/tiny.gguf"
-{models}
-[pairs.{PAIR}]
-description = "A tiny MLX target and its head."
-
-[pairs.{PAIR}.mlx]
-target = "tiny-target"
-draft = "tiny-head"
-drafter = "{drafter}"
-"""
+    """A catalog whose one pair's mlx variant drafts with ``drafter``'s head."""
+    return mlx_pair_catalog(PAIR, "tiny-target", "tiny-head", architecture, drafter=drafter)
 
 
 @pytest.mark.real_model

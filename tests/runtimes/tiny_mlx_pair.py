@@ -63,8 +63,11 @@ def tiny_qwen2_pair(directory: Path, *, conversion_facts: bool = False) -> tuple
     return paths[0], paths[1]
 
 
-def mlx_pair_catalog(pair: str, target: str, draft: str, architecture: str) -> str:
-    """A catalog (``$DRAFTPEN_CATALOG``) with one MLX pair of ``target`` and ``draft``.
+def mlx_pair_catalog(
+    pair: str, target: str, draft: str, architecture: str, *, drafter: str | None = None
+) -> str:
+    """A catalog (``$DRAFTPEN_CATALOG``) with one MLX pair of ``target`` and ``draft``
+    (a draft model, or with ``drafter`` "eagle3" or "dflash" that head).
 
     Its mlx entries name a GGUF source they were converted from; it is never read (the
     converted directories are put in the store by :func:`store_converted`).
@@ -74,14 +77,15 @@ def mlx_pair_catalog(pair: str, target: str, draft: str, architecture: str) -> s
 [models.{key}]
 name = "{key}"
 format = "mlx"
-architecture = "{architecture}"
+architecture = "{kind}"
 size_bytes = 20
 
 [models.{key}.sources.gguf_conversion]
 from = "tiny-gguf"
 """
-        for key in (target, draft)
+        for key, kind in ((target, architecture), (draft, drafter or architecture))
     )
+    head = f'drafter = "{drafter}"\n' if drafter else ""
     return f"""
 [models.tiny-gguf]
 name = "Tiny GGUF"
@@ -101,7 +105,7 @@ description = "A tiny random MLX target and its draft."
 [pairs.{pair}.mlx]
 target = "{target}"
 draft = "{draft}"
-"""
+{head}"""
 
 
 def store_converted(models: Path, built: dict[str, Path]) -> None:
