@@ -303,6 +303,11 @@ class RuntimeSupervisor:
         elif isinstance(message, SnapshotAnswer):
             with self._lock:
                 waiter = self._asks.get(message.ask_id)
+                latest = self._latest
+                if not message.snapshot.loaded and latest is not None and latest.held:
+                    # Fresher than the state that follows it in the same batch (a pair
+                    # just unloaded): /v1/models must not say loaded once /health says not.
+                    self._latest = dataclasses.replace(latest, held=None)
             if waiter is not None:
                 waiter[1].append(message.snapshot)
                 waiter[0].set()
