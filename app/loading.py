@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 
 from app.calibration_store import ensure_calibrated
-from app.models.catalog import HEAD_DRAFTERS, HEAD_NAMES
+from app.models.catalog import HEAD_DRAFTERS, head_name
 from app.models.catalog_file import load_catalog
 from app.models.fit import parallel_that_fits
 from app.models.pair_files import ResolvedPair, pair_files, pair_models
@@ -70,7 +70,7 @@ def load_engine(
         parallel = 1 if head else _parallel_that_fits(pair_name, chosen_runtime, n_ctx)
         if head:
             report(
-                f"{pair_name} drafts with its {_head_name(head)}, which drafts for one "
+                f"{pair_name} drafts with its {head_name(head)}, which drafts for one "
                 "sequence: one request at a time (--parallel N serves N at once, drafting "
                 "with n-grams)"
             )
@@ -118,7 +118,7 @@ def load_engine(
         if not head_fits:
             _warn(
                 report,
-                f"{pair_name}: its {_head_name(str(head))} drafts for one sequence, and "
+                f"{pair_name}: its {head_name(str(head))} drafts for one sequence, and "
                 f"--parallel {parallel} runs {parallel}; drafting with n-grams instead "
                 "(same output, less speed-up). Use --parallel 1 to draft with the head.",
             )
@@ -189,11 +189,6 @@ def _use_block_head(engine: Engine, resolved: ResolvedPair, report: Callable[[st
             f"{resolved.entry.key}: {path.name} is a {kind} head, not {declared}; "
             f"it drafts with --drafter {kind}",
         )
-
-
-def _head_name(drafter: str) -> str:
-    """The head's name in prose ("EAGLE-3 head", "DFlash head", "DSpark head")."""
-    return HEAD_NAMES[drafter].split(" ", 1)[1]
 
 
 def _warn(report: Callable[[str], None], message: str) -> None:

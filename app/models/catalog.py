@@ -219,6 +219,11 @@ HEAD_NAMES = {
 """Each head drafter in prose, for messages."""
 
 
+def head_name(drafter: str) -> str:
+    """A head drafter's name without its article: "EAGLE-3 head", "DFlash head"."""
+    return HEAD_NAMES[drafter].split(" ", 1)[1]
+
+
 @dataclass(frozen=True)
 class PairVariant:
     """The models of a pair for one runtime: a target and an optional draft.
@@ -277,7 +282,7 @@ class PairVariant:
             where = "a separate MTP file" if self.draft else "inside the target GGUF"
             return f"the target's own MTP head ({where}); n-grams where it cannot run"
         if self.drafter in HEAD_DRAFTERS:
-            head = HEAD_NAMES[str(self.drafter)].split(" ", 1)[1]  # "EAGLE-3 head"
+            head = head_name(str(self.drafter))
             where = "a separate file" if self.runtime == "llamacpp" else "run through mlx-vlm"
             return f"the target's {head} ({where}); n-grams where it cannot run"
         if self.draft is not None:

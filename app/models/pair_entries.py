@@ -20,6 +20,7 @@ from app.models.catalog import (
     Catalog,
     PairEntry,
     PairVariant,
+    head_name,
 )
 from app.models.toml_tables import TableReader, table_name
 
@@ -84,7 +85,7 @@ def _head_refused(runtime: str, drafter: str) -> str:
     # MLX runs its heads through mlx-vlm's head models; llama.cpp runs every head.
     through = " (through mlx-vlm)" if runtime == "mlx" else ""
     # "an EAGLE-3 head" -> "EAGLE-3": "EAGLE-3 and DFlash heads".
-    names = [HEAD_NAMES[head].split(" ", 1)[1].removesuffix(" head") for head in runs]
+    names = [head_name(head).removesuffix(" head") for head in runs]
     listed = f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else names[0]
     instead = " or ".join(f'"{head}"' for head in runs)
     return (

@@ -17,7 +17,7 @@ from typing import Any
 import mlx.core as mx
 
 from backends.errors import BackendError
-from backends.mlx.head_files import TargetShape, load_head
+from backends.mlx.head_files import HEAD_NAMES, TargetShape, load_head
 from backends.mlx.heads import MlxBlockHead, MlxEagle3Head, MlxHead
 from backends.mlx.layer_capture import LayerCapture, model_layers
 
@@ -55,7 +55,7 @@ class MlxDraftHeads:
         return head
 
     def _load_head(self, path: Path, wanted: str) -> Any:
-        what = "an EAGLE-3 head" if wanted == "eagle3" else "a DFlash head"
+        what = HEAD_NAMES[wanted]
         if self.recurrent:
             raise BackendError(
                 f"{self.name} keeps a recurrent state; {what} drafts for attention-only "

@@ -147,8 +147,6 @@ class MlxEagle3Head(MlxHead):
             return None
         self._forget_from(min(self.synced, evaluated - 1))
         self._sync(evaluated - 1, context)
-        if self.synced != evaluated - 1:
-            return None
         # The pending token's entry alone: its row is then the same, round after round.
         hidden = self._entries_for(evaluated - 1, evaluated, context)
         self.synced = evaluated
