@@ -21,10 +21,10 @@ from app.models.catalog_file import forget_command_line_pairs, parse_catalog
 from app.models.pair_download import download_pair
 from app.models.store import ModelStore
 from app.models.user_pairs import use_command_line_pair
-from backends.engine import GenerationRequest
 from tests.models.catalog_texts import MINIMAL
 from tests.models.mlx_head_hub import mlx_head_hub
 from tests.support.draftpen_cli import run_draftpen
+from tests.support.head_pairs import check_loaded_head_drafts
 from tests.support.model_files import SMOLLM2_KEY, require_model
 from tests.support.tiny_dflash import write_dflash_head
 from tests.support.tiny_eagle3 import write_tiny_target
@@ -127,16 +127,7 @@ def test_your_own_target_and_block_head_load_as_a_pair_that_drafts_with_it(
         name, n_ctx=256, runtime="llamacpp", calibrate=False, on_progress=messages.append
     )
     drafter = "dspark" if dspark else "dflash"
-    try:
-        assert engine.draft is None  # the head is not a draft model
-        assert any("DFlash/DSpark head" in message for message in messages)
-        prompt = engine.text_prompt("The sea")
-        request = GenerationRequest(prompt_tokens=tuple(prompt), max_tokens=12, drafter=drafter)
-        events = list(engine.generate(request))
-    finally:
-        engine.close()
-    assert events[-1].stats.drafted > 0
-    assert drafter in {event.drafter for event in events}
+    check_loaded_head_drafts(engine, messages, "DFlash/DSpark head", drafter)
 
 
 @pytest.mark.real_model

@@ -21,10 +21,10 @@ from app.models.pair_download import download_pair
 from app.models.pair_files import resolve_pair
 from app.models.store import ModelStore
 from app.models.user_pairs import use_command_line_pair
-from backends.engine import GenerationRequest
 from tests.models.catalog_texts import MINIMAL
 from tests.models.mlx_head_hub import mlx_head_hub
 from tests.support.draftpen_cli import run_draftpen
+from tests.support.head_pairs import check_loaded_head_drafts
 from tests.support.model_files import SMOLLM2_KEY, require_model
 from tests.support.tiny_eagle3 import write_eagle3_head, write_tiny_target
 
@@ -107,16 +107,7 @@ def test_your_own_target_and_eagle3_head_load_as_a_pair_that_drafts_with_it(tmp_
     engine = load_engine(
         name, n_ctx=256, runtime="llamacpp", calibrate=False, on_progress=messages.append
     )
-    try:
-        assert engine.draft is None  # the head is not a draft model
-        assert any("EAGLE-3 head" in message for message in messages)
-        prompt = engine.text_prompt("The sea")
-        request = GenerationRequest(prompt_tokens=tuple(prompt), max_tokens=12, drafter="eagle3")
-        events = list(engine.generate(request))
-    finally:
-        engine.close()
-    assert events[-1].stats.drafted > 0
-    assert "eagle3" in {event.drafter for event in events}
+    check_loaded_head_drafts(engine, messages, "EAGLE-3 head", "eagle3")
 
 
 @pytest.mark.real_model

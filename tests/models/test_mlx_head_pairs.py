@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from app.loading import load_engine
-from backends.engine import GenerationRequest
 from backends.errors import BackendError
 from tests.runtimes.tiny_mlx_pair import mlx_pair_catalog, store_converted
+from tests.support.head_pairs import check_loaded_head_drafts
 
 PAIR = "tiny-heads"
 
@@ -39,16 +39,7 @@ def test_a_catalog_mlx_head_pair_loads_and_drafts_with_its_head(
     engine = load_engine(
         PAIR, n_ctx=256, runtime="mlx", calibrate=False, on_progress=messages.append
     )
-    try:
-        assert engine.draft is None  # the head is not a draft model
-        assert any(loaded in message for message in messages), messages
-        prompt = engine.text_prompt("The sea")
-        request = GenerationRequest(prompt_tokens=tuple(prompt), max_tokens=12, drafter=drafter)
-        events = list(engine.generate(request))
-    finally:
-        engine.close()
-    assert events[-1].stats.drafted > 0
-    assert drafter in {event.drafter for event in events}
+    check_loaded_head_drafts(engine, messages, loaded, drafter)
 
 
 def store_tiny_head_pair(
