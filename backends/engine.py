@@ -199,6 +199,7 @@ class Engine(EngineDrafters):
         other._acceptance = self._acceptance
         other._confidence_floor = self._confidence_floor
         other._head_floors = self._head_floors
+        other._file_heads = self._file_heads.for_sequence(target)
         return other
 
     def on_close(self, close: Callable[[], None]) -> None:

@@ -55,6 +55,20 @@ class HeadDrafters:
         self._drafters = {drafter.name: drafter}
         return drafter.name
 
+    def for_sequence(self, target: Model) -> HeadDrafters:
+        """The same heads, drafting for ``target``: one sequence of this target's parallel
+        context. Each sequence follows its own cache, so it drafts with a head state of
+        its own (the runtime's ``sequence_head``); where the runtime has none, with none."""
+        other = HeadDrafters(target)
+        sequence_head = getattr(target, "sequence_head", None)
+        head = sequence_head() if sequence_head is not None and self._drafters else None
+        if head is not None:
+            other._drafters = {
+                name: type(drafter)(target, head)  # type: ignore[call-arg]
+                for name, drafter in self._drafters.items()
+            }
+        return other
+
     def drafters(self) -> list[Drafter]:
         """The drafter over the attached head (none: an empty list)."""
         return list(self._drafters.values())
