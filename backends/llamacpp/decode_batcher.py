@@ -106,8 +106,12 @@ class DecodeBatcher(GatheringBatcher):
         condition: threading.Condition,
         logits_rows: Callable[[int], np.ndarray],
         arriving: Callable[[], bool] | None = None,
+        decoded: Callable[[int, int, Sequence[int], int], None] | None = None,
     ) -> None:
         super().__init__(condition, arriving)
+        # Told of each request a decode evaluated, as (seq, start, tokens, first row of
+        # the batch): a sequence's draft head keeps its rows of the target's layers.
+        self._decoded = decoded
         self._context = context
         # The context's logits buffer as a view of its first n rows: the loaded model's
         # own (LlamaCppModel._logits_view), which keeps one view while the buffer stays.
@@ -315,15 +319,19 @@ class DecodeBatcher(GatheringBatcher):
         if status != 0:
             raise DecodeError(f"llama_decode failed with status {status}: {last_llama_error()}")
         outputs = sum(len(r.tokens) - r.logits_from for r in group)
-        if outputs == 0:
-            return
-        rows = self._logits_rows(outputs)
-        offset = 0
-        for request in group:
-            wanted = len(request.tokens) - request.logits_from
-            if wanted:
-                request.logits = rows[offset : offset + wanted].copy()
-                offset += wanted
+        if outputs:
+            rows = self._logits_rows(outputs)
+            offset = 0
+            for request in group:
+                wanted = len(request.tokens) - request.logits_from
+                if wanted:
+                    request.logits = rows[offset : offset + wanted].copy()
+                    offset += wanted
+        if self._decoded is not None:
+            row = 0
+            for request in group:
+                self._decoded(request.seq, request.start, request.tokens, row)
+                row += len(request.tokens)
 
     def close(self) -> None:
         """Free the batch (the context is its owner's)."""

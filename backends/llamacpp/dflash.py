@@ -61,6 +61,7 @@ class LlamaCppBlockHead(LlamaCppHead):
         n_batch: int,
         threads: int,
         n_vocab: int,
+        n_seq: int = 1,
     ) -> None:
         self.WHAT = "the DSpark head" if facts.kind == "dspark" else "the DFlash head"
         self.facts = facts
@@ -77,6 +78,7 @@ class LlamaCppBlockHead(LlamaCppHead):
             threads=threads,
             n_vocab=n_vocab,
             owns_weights=True,
+            n_seq=n_seq,
         )
         for layer in self.layer_ids:
             set_layer_input(target_context, layer, True)
@@ -91,10 +93,17 @@ class LlamaCppBlockHead(LlamaCppHead):
 
     # -- following the target --------------------------------------------------------
 
-    def target_decoded(self, start: int, tokens: Sequence[int]) -> None:
-        """The target evaluated ``tokens`` at positions from ``start``: keep its features."""
+    def target_decoded(self, start: int, tokens: Sequence[int], first_row: int = 0) -> None:
+        """The target evaluated ``tokens`` at positions from ``start``, rows from
+        ``first_row`` of its batch (a parallel context's holds other sequences' too):
+        keep their features."""
         rows = layer_input_rows(
-            self._target_context, get_layer_input, self.layer_ids, len(tokens), self.target_embd
+            self._target_context,
+            get_layer_input,
+            self.layer_ids,
+            len(tokens),
+            self.target_embd,
+            first_row,
         )
         if rows is None:
             return
@@ -121,7 +130,7 @@ class LlamaCppBlockHead(LlamaCppHead):
         self._sync(evaluated)
         count = given + drafts - anchor_row
         tokens = [*context[evaluated:], *[self.facts.mask_token] * (count - given)]
-        self._block.fill(count, evaluated, tokens=tokens, outputs=range(count))
+        self._block.fill(count, evaluated, tokens=tokens, outputs=range(count), seq=self.seq)
         self._chain_end = evaluated + count  # the block's entries, dropped by finish()
         rows = self._run(self._block, count)
         first = given - anchor_row
@@ -143,7 +152,9 @@ class LlamaCppBlockHead(LlamaCppHead):
             self._forget_from(0)
         for chunk in range(first, end, self.n_batch):
             stop = min(chunk + self.n_batch, end)
-            self._inject.fill(stop - chunk, chunk, kept.between(chunk, stop), outputs=[])
+            self._inject.fill(
+                stop - chunk, chunk, kept.between(chunk, stop), outputs=[], seq=self.seq
+            )
             self._run(self._inject, 0)
         self.synced = max(self.synced, end)
         kept.drop_before(self.synced)

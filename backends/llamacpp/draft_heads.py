@@ -63,7 +63,8 @@ class DraftHeads:
 
         Refused with the reason for a head trained for another target (hidden size,
         vocabulary, layers), a target whose architecture does not hand out its layers'
-        inputs, a hybrid target, and a context of several sequences.
+        inputs, and a hybrid target. A context of several sequences gets one head
+        context with a head sequence per target sequence (``sequence_head``).
         """
         self._refuse_layer_input_head("an EAGLE-3 head")
         weights = load_eagle3_weights(
@@ -79,6 +80,7 @@ class DraftHeads:
             n_batch=self.n_batch,
             threads=self.n_threads,
             n_vocab=self.n_vocab,
+            n_seq=self.parallel,
         )
         return self._head
 
@@ -105,18 +107,17 @@ class DraftHeads:
             n_batch=self.n_batch,
             threads=self.n_threads,
             n_vocab=self.n_vocab,
+            n_seq=self.parallel,
         )
         return self._head
 
     def _refuse_layer_input_head(self, head: str) -> None:
-        """A head that reads the target's layer inputs follows one attention-only sequence."""
+        """A head that reads the target's layer inputs follows attention-only sequences."""
         if self.recurrent:
             raise BackendError(
                 f"{self.name} keeps a recurrent state; {head} drafts for "
                 "attention-only targets here. Use --drafter mtp, ngram or none."
             )
-        if self.parallel > 1:
-            raise BackendError(f"{head} drafts for one sequence; load with parallel 1")
 
     def _head_gpu_layers(self) -> int:
         return 999 if self.gpu_offload else 0

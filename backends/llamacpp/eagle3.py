@@ -53,6 +53,7 @@ class LlamaCppEagle3Head(LlamaCppHead):
 
     WHAT = "the EAGLE-3 head"
     ENTRY_LAG = 1  # entry p reads the token at p + 1
+    CHAINS = True
 
     def __init__(
         self,
@@ -65,6 +66,7 @@ class LlamaCppEagle3Head(LlamaCppHead):
         n_batch: int,
         threads: int,
         n_vocab: int,
+        n_seq: int = 1,
     ) -> None:
         self.layer_ids = tuple(layer_ids)
         self.target_embd = target_embd
@@ -78,6 +80,7 @@ class LlamaCppEagle3Head(LlamaCppHead):
             threads=threads,
             n_vocab=n_vocab,
             owns_weights=True,
+            n_seq=n_seq,
         )
         self.n_embd = int(llama_cpp.llama_model_n_embd(weights))
         for layer in self.layer_ids:
@@ -89,10 +92,17 @@ class LlamaCppEagle3Head(LlamaCppHead):
 
     # -- following the target --------------------------------------------------------
 
-    def target_decoded(self, start: int, tokens: Sequence[int]) -> None:
-        """The target evaluated ``tokens`` at positions from ``start``: keep its features."""
+    def target_decoded(self, start: int, tokens: Sequence[int], first_row: int = 0) -> None:
+        """The target evaluated ``tokens`` at positions from ``start``, rows from
+        ``first_row`` of its batch (a parallel context's holds other sequences' too):
+        keep their features."""
         rows = layer_input_rows(
-            self._target_context, get_layer_input, self.layer_ids, len(tokens), self.target_embd
+            self._target_context,
+            get_layer_input,
+            self.layer_ids,
+            len(tokens),
+            self.target_embd,
+            first_row,
         )
         if rows is None:
             return
@@ -149,7 +159,9 @@ class LlamaCppEagle3Head(LlamaCppHead):
             else:
                 following = kept.tokens[chunk + 1 - kept.start : stop + 1 - kept.start]
             g = self._encode(kept.between(chunk, stop))
-            self._decoder.fill(stop - chunk, chunk, g, following, outputs=[stop - chunk - 1])
+            self._decoder.fill(
+                stop - chunk, chunk, g, following, outputs=[stop - chunk - 1], seq=self.seq
+            )
             rows = self._run(self._decoder, 1 if logits and stop == end else 0)
         self.synced = max(self.synced, end)
         # Rows before the last entry are no longer needed (that one is read again when
@@ -162,8 +174,8 @@ class LlamaCppEagle3Head(LlamaCppHead):
         count = len(features)
         # The encoder reads no positions, but llama.cpp checks that a batch's continue
         # the head's cache, so they are placeholders from its end.
-        after = int(llama_cpp.llama_memory_seq_pos_max(self._memory, 0)) + 1
-        self._encoder.fill(count, after, features, outputs=range(count))
+        after = int(llama_cpp.llama_memory_seq_pos_max(self._memory, self.seq)) + 1
+        self._encoder.fill(count, after, features, outputs=range(count), seq=self.seq)
         self._run(self._encoder, 0, encode=True, what="the EAGLE-3 encoder")
         pointer = llama_cpp_ext.llama_get_embeddings_nextn(self._context)
         if not pointer:

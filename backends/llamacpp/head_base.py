@@ -31,7 +31,8 @@ llama_cpp_ext = importlib.import_module("llama_cpp.llama_cpp_ext")
 class HeadBatch:
     """A ``llama_batch`` with numpy views of its arrays: embeddings per row (``width``
     wide; none with ``width`` 0), and token ids where the head reads them (an array of
-    ours where the rows carry both: llama.cpp allocates either tokens or embeddings)."""
+    ours where the rows carry both: llama.cpp allocates either tokens or embeddings).
+    Every row of a fill belongs to one sequence of the head's context (its ``seq``)."""
 
     def __init__(self, size: int, width: int, *, with_tokens: bool) -> None:
         self.batch = llama_cpp.llama_batch_init(size, width, 1)
@@ -48,6 +49,19 @@ class HeadBatch:
         np.ctypeslib.as_array(self.batch.n_seq_id, shape=(size,))[:] = 1
         for index in range(size):
             self.batch.seq_id[index][0] = 0
+        # Rows [0, _seq_rows) hold sequence _rows_seq: a head of one sequence sets them
+        # once; heads of several (a parallel context's) rewrite them when they change.
+        self._rows_seq = 0
+        self._seq_rows = size
+
+    def _set_sequence(self, count: int, seq: int) -> None:
+        first = 0 if seq != self._rows_seq else self._seq_rows
+        for index in range(first, count):
+            self.batch.seq_id[index][0] = seq
+        if seq != self._rows_seq:
+            self._rows_seq, self._seq_rows = seq, count
+        else:
+            self._seq_rows = max(self._seq_rows, count)
 
     def fill(
         self,
@@ -57,9 +71,11 @@ class HeadBatch:
         tokens: Sequence[int] = (),
         *,
         outputs: Sequence[int] | range,
+        seq: int = 0,
     ) -> None:
-        """Set the first ``count`` rows at positions from ``start`` (``embeddings``
-        None: left as they are)."""
+        """Set the first ``count`` rows at positions from ``start`` of sequence ``seq``
+        (``embeddings`` None: left as they are)."""
+        self._set_sequence(count, seq)
         self.batch.n_tokens = count
         self.positions[:count] = np.arange(start, start + count)
         if embeddings is not None:
@@ -77,16 +93,22 @@ class HeadBatch:
 
 
 def layer_input_rows(
-    target_context: Any, get_layer_input: Any, layer_ids: Sequence[int], count: int, width: int
+    target_context: Any,
+    get_layer_input: Any,
+    layer_ids: Sequence[int],
+    count: int,
+    width: int,
+    first: int = 0,
 ) -> np.ndarray | None:
-    """The inputs of the target's ``layer_ids`` for the ``count`` rows it just decoded,
+    """The inputs of the target's ``layer_ids`` for ``count`` rows of the batch it just
+    decoded, from row ``first`` (llama.cpp hands them out in the batch's order),
     concatenated per row (a copy); None where llama.cpp handed none out."""
     layers = []
     for layer in layer_ids:
         pointer = get_layer_input(target_context, layer)
         if not pointer:
             return None
-        layers.append(np.ctypeslib.as_array(pointer, shape=(count, width)))
+        layers.append(np.ctypeslib.as_array(pointer, shape=(first + count, width))[first:])
     return np.concatenate(layers, axis=1)
 
 
@@ -101,6 +123,7 @@ class LlamaCppHead:
 
     WHAT = "the draft head"  # for messages
     ENTRY_LAG = 0
+    CHAINS = False  # drafts on its own hidden states (an MTP or EAGLE-3 head)
 
     def __init__(
         self,
@@ -114,16 +137,21 @@ class LlamaCppHead:
         n_vocab: int,
         owns_weights: bool,
         context_type: int | None = None,
+        n_seq: int = 1,
     ) -> None:
         self._weights = weights
         self._owns_weights = owns_weights
         self._target_context = target_context
         self.n_vocab = n_vocab
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
+        # A target of several sequences (``n_seq``): one head context holds one head
+        # sequence per target sequence, in one cache (the head's rows need not round
+        # like anything else's: they are drafts), with the weights read once.
+        params.n_ctx = n_ctx * n_seq
         params.n_batch = n_batch
         params.n_ubatch = n_batch  # encoders and block attention read a batch in one ubatch
-        params.n_seq_max = 1
+        params.n_seq_max = n_seq
+        params.kv_unified = n_seq > 1
         params.n_threads = threads
         params.n_threads_batch = threads
         params.no_perf = True
@@ -144,6 +172,8 @@ class LlamaCppHead:
             int(llama_cpp.llama_n_ubatch(self._context)),
         )
         self._batches: list[HeadBatch] = []
+        self.seq = 0  # the head's sequence in its context (its target sequence's)
+        self._is_view = False  # a view of another head's context (for_sequence)
         self._kept = TargetRows(row_width)
         self.synced = 0  # the head's cache holds the target's entries before this position
         self._chain_end = 0  # the position after the last drafting entry
@@ -152,7 +182,34 @@ class LlamaCppHead:
         # one costs ~90 us; see LlamaCppModel._logits_view).
         self._logits_address = 0
         self._logits_view = np.empty((0, n_vocab), dtype=np.float32)
+        # The last output row's hidden state, kept by heads of a shared context: another
+        # sequence's head may decode between a chain's steps.
+        self._hidden: np.ndarray | None = None
         self.decodes = 0  # for tests and measurements
+
+    def for_sequence(self, seq: int) -> LlamaCppHead:
+        """This head for sequence ``seq`` of its target's parallel context: the same
+        weights, context and batches, with its own cache entries (sequence ``seq`` of
+        the head's context) and bookkeeping. Every call on either runs on the runtime
+        thread, one at a time; a view's rows are copies (the next decode, perhaps
+        another sequence's, reuses llama.cpp's buffers). Freed with this head."""
+        view = type(self).__new__(type(self))
+        view.__dict__.update(self.__dict__)
+        view.seq = seq
+        view._is_view = True
+        view._owns_weights = False
+        view._kept = TargetRows(self._kept.rows.shape[1])
+        view.synced = view._chain_end = view._last_output = 0
+        view._logits_address = 0
+        view._logits_view = self._logits_view[:0]
+        view.decodes = 0
+        if self.CHAINS:
+            view._hidden = np.zeros(self._hidden_width(), dtype=np.float32)
+        return view
+
+    def _hidden_width(self) -> int:
+        """The width of the hidden state a chain step reads (heads that chain)."""
+        return int(llama_cpp.llama_model_n_embd(self._weights))
 
     def _new_batch(self, width: int, *, with_tokens: bool) -> HeadBatch:
         batch = HeadBatch(self.n_batch, width, with_tokens=with_tokens)
@@ -169,7 +226,7 @@ class LlamaCppHead:
     def _forget_from(self, position: int) -> None:
         """Drop the head's entries from ``position`` on (and any drafting ones)."""
         if self.synced > position or self._chain_end > self.synced:
-            llama_cpp.llama_memory_seq_rm(self._memory, 0, min(self.synced, position), -1)
+            llama_cpp.llama_memory_seq_rm(self._memory, self.seq, min(self.synced, position), -1)
             self.synced = min(self.synced, position)
         self._chain_end = self.synced
 
@@ -178,11 +235,14 @@ class LlamaCppHead:
     def finish(self) -> None:
         """Drop the drafting entries (a chain on the head's own states, or a block)."""
         if self._chain_end > self.synced:
-            llama_cpp.llama_memory_seq_rm(self._memory, 0, self.synced, -1)
+            llama_cpp.llama_memory_seq_rm(self._memory, self.seq, self.synced, -1)
         self._chain_end = self.synced
 
     def close(self) -> None:
-        """Free the batches, the context and (where owned) the head's weights."""
+        """Free the batches, the context and (where owned) the head's weights (a view's
+        are its head's, freed there)."""
+        if self._is_view:
+            return
         for batch in self._batches:
             batch.free()
         self._batches.clear()
@@ -197,13 +257,13 @@ class LlamaCppHead:
 
     def _chain_step(self, batch: HeadBatch, token: int) -> HostRows:
         """Chain ``token`` on the head's own hidden state at the last output row."""
-        pointer = llama_cpp_ext.llama_get_embeddings_nextn_ith(self._context, self._last_output)
-        if not pointer:
-            raise DecodeError(f"llama.cpp gave no hidden state for {self.WHAT} to chain on")
-        # Copied straight into the batch (no numpy view of llama.cpp's buffer).
         hidden = batch.embeddings
-        ctypes.memmove(hidden.ctypes.data, pointer, hidden.strides[0])
-        batch.fill(1, self._chain_end, tokens=[token], outputs=[0])
+        if self._hidden is not None:
+            hidden[0] = self._hidden
+        else:
+            # Copied straight into the batch (no numpy view of llama.cpp's buffer).
+            ctypes.memmove(hidden.ctypes.data, self._last_hidden(), hidden.strides[0])
+        batch.fill(1, self._chain_end, tokens=[token], outputs=[0], seq=self.seq)
         rows = self._run(batch, 1)
         self._chain_end += 1
         return rows
@@ -224,6 +284,8 @@ class LlamaCppHead:
                 f"{last_llama_error()})"
             )
         self._last_output = int(batch.batch.n_tokens) - 1
+        if self._hidden is not None and not encode:
+            ctypes.memmove(self._hidden.ctypes.data, self._last_hidden(), self._hidden.nbytes)
         if outputs == 0 or encode:
             return HostRows(self._logits_view[:0])
         pointer = llama_cpp.llama_get_logits(self._context)
@@ -231,4 +293,13 @@ class LlamaCppHead:
         if address != self._logits_address or outputs > self._logits_view.shape[0]:
             self._logits_view = np.ctypeslib.as_array(pointer, shape=(outputs, self.n_vocab))
             self._logits_address = address
+        if self._is_view:
+            return HostRows(self._logits_view[:outputs].copy())
         return HostRows(self._logits_view[:outputs])
+
+    def _last_hidden(self) -> Any:
+        """A pointer to the head's own hidden state at the last decode's output row."""
+        pointer = llama_cpp_ext.llama_get_embeddings_nextn_ith(self._context, self._last_output)
+        if not pointer:
+            raise DecodeError(f"llama.cpp gave no hidden state for {self.WHAT} to chain on")
+        return pointer

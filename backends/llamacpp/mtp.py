@@ -55,6 +55,7 @@ class LlamaCppMtpHead(LlamaCppHead):
     """
 
     WHAT = "the MTP head"
+    CHAINS = True
 
     def __init__(
         self,

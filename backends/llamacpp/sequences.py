@@ -20,12 +20,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from backends.base import SequenceState
 from backends.errors import BackendError, ContextOverflowError, DecodeError
 from backends.llamacpp.decode_batcher import DecodeBatcher
+from backends.llamacpp.head_base import LlamaCppHead
 from backends.llamacpp.model import LlamaCppModel
 from backends.runtime_exchange import RuntimeExchange
 
@@ -59,7 +61,10 @@ class LlamaCppSequence(LlamaCppModel):
         view._seq = seq
         view._tokens = []
         view._batch = None
-        view._head = None
+        # A head that reads the target's layers follows this sequence with a head
+        # sequence of its own, fed by the batcher (``decoded``); an MTP head never
+        # comes here (its context holds one sequence).
+        view._head = owner._head.for_sequence(seq) if owner._head is not None else None
         view._recurrent = None
         view._batcher = batcher
         view._exchange = exchange
@@ -121,6 +126,19 @@ class LlamaCppSequence(LlamaCppModel):
         """Put a state saved by a view of this context back, replacing this sequence's."""
         self._exchange.call(lambda: LlamaCppModel.restore_state(self, state))
 
+    def sequence_head(self) -> RuntimeThreadHead | None:
+        """This sequence's state of the head the loaded model drafts with (None: none),
+        its calls run on the runtime thread, as the sequence's decodes are."""
+        if self._head is None:
+            return None
+        return RuntimeThreadHead(self._head, self._exchange)
+
+    def _head_read(self, start: int, tokens: Sequence[int], first_row: int) -> None:
+        """The batcher decoded ``tokens`` from ``start`` for this sequence, from row
+        ``first_row`` of its batch: the head keeps its rows (runtime thread)."""
+        if self._head is not None:
+            self._head.target_decoded(start, tokens, first_row)
+
     def mtp_head(self) -> None:
         """A parallel context drafts with no MTP head (``parallel_refusal``)."""
         return None
@@ -134,6 +152,27 @@ class LlamaCppSequence(LlamaCppModel):
 
     def __del__(self) -> None:
         pass
+
+
+class RuntimeThreadHead:
+    """A sequence's draft head as its drafter sees it: every method called runs on the
+    runtime thread (the head's context is shared with the other sequences' heads, and
+    reads the target's context); attributes are read through."""
+
+    def __init__(self, head: LlamaCppHead, exchange: RuntimeExchange) -> None:
+        self._head = head
+        self._exchange = exchange
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._head, name)
+        if not callable(value):
+            return value
+        exchange = self._exchange
+
+        def on_runtime_thread(*args: Any, **kwargs: Any) -> Any:
+            return exchange.call(lambda: value(*args, **kwargs))
+
+        return on_runtime_thread
 
 
 @dataclass
@@ -157,6 +196,7 @@ def sequence_views(model: LlamaCppModel, exchange: RuntimeExchange) -> SequenceV
     """
     if model.parallel < 2:
         raise ValueError(f"{model.name} was loaded with one sequence; load it with parallel")
+    views: list[LlamaCppSequence] = []
     batcher = DecodeBatcher(
         model._live_context(),
         n_batch=model.n_batch,
@@ -164,8 +204,13 @@ def sequence_views(model: LlamaCppModel, exchange: RuntimeExchange) -> SequenceV
         condition=exchange.condition,
         logits_rows=model._logits_view,
         arriving=lambda: exchange.arriving(),
+        decoded=(
+            (lambda seq, start, tokens, row: views[seq]._head_read(start, tokens, row))
+            if model._head is not None
+            else None
+        ),
     )
-    views = [LlamaCppSequence._of(model, seq, batcher, exchange) for seq in range(model.parallel)]
+    views += [LlamaCppSequence._of(model, seq, batcher, exchange) for seq in range(model.parallel)]
     # The views start empty: drop what the model itself decoded (calibration).
     model.rollback(0)
     exchange.add_batcher(batcher)

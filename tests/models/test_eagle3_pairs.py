@@ -21,6 +21,8 @@ from app.models.pair_download import download_pair
 from app.models.pair_files import resolve_pair
 from app.models.store import ModelStore
 from app.models.user_pairs import use_command_line_pair
+from backends.engine_slots import EngineSlots
+from backends.runtime_exchange import RuntimeExchange
 from tests.models.catalog_texts import MINIMAL
 from tests.models.mlx_head_hub import mlx_head_hub
 from tests.support.draftpen_cli import run_draftpen
@@ -128,3 +130,27 @@ def test_generate_with_your_own_eagle3_head_under_exact_writes_plain_decodings_t
         replies[drafter] = json.loads(result.stdout)
     assert replies["eagle3"]["text"] == replies["none"]["text"]
     assert replies["eagle3"]["stats"]["drafted"] > 0
+
+
+@pytest.mark.real_model
+def test_a_head_pair_serves_several_sequences_each_drafting_with_the_head(tmp_path: Path):
+    """``--parallel 2`` on llama.cpp: both sequences' slots draft with a head state of
+    their own, and nothing says the pair fell back to n-grams."""
+    tokenizer = require_model(SMOLLM2_KEY)
+    target = write_tiny_target(tmp_path / "tiny-llama.gguf", tokenizer, seed=1)
+    head = write_eagle3_head(tmp_path / "tiny-llama-eagle3.gguf", target, seed=2)
+    name = use_command_line_pair(str(target), str(head))
+    messages: list[str] = []
+    engine = load_engine(
+        name, n_ctx=256, runtime="llamacpp", calibrate=False, parallel=2,
+        on_progress=messages.append,
+    )  # fmt: skip
+    slots = EngineSlots(engine, RuntimeExchange())
+    try:
+        assert engine.target.parallel == 2  # type: ignore[attr-defined]
+        assert not any("n-grams instead" in message for message in messages), messages
+        heads = [slots.take([]).drafter_named("eagle3").head for _ in range(2)]
+        assert [head._head.seq for head in heads] == [0, 1]  # type: ignore[attr-defined]
+    finally:
+        slots.close()
+        engine.close()

@@ -218,15 +218,6 @@ def test_a_dspark_head_is_not_drafted_with_under_dflash_s_name(files):
         engine.close()
 
 
-def test_a_head_is_refused_for_several_sequences(files):
-    engine = engine_with_head(files["llama"], None, parallel=2)
-    try:
-        with pytest.raises(BackendError, match="drafts for one sequence; load with parallel 1"):
-            engine.attach_dflash_head(files["llama-dflash"])
-    finally:
-        engine.close()
-
-
 def test_a_head_is_refused_for_a_hybrid_target(files, tmp_path: Path):
     """A hybrid target's recurrent state is not followed by a block head's cache."""
     hybrid = write_tiny_qwen35(tmp_path / "tiny-qwen35.gguf", require_model(SMOLLM2_KEY))
