@@ -3,7 +3,9 @@
 
 One at a time: attaching a head makes the target capture the outputs of the layers the
 head reads (:class:`~backends.mlx.layer_capture.LayerCapture`); each forward of the target
-hands them to the head, and each rollback cuts the head back with it. Mixed into
+hands them to the head, and each rollback cuts the head back with it. A model loaded
+with ``parallel`` attaches its head before its sequences' views are made; each view
+then drafts with a state of the head of its own (backends/mlx/sequence_heads.py). Mixed into
 ``MlxModel``, which sets the attributes declared here and calls :meth:`_feed_head`,
 ``_head.target_rolled_back`` and ``_head.target_replaced``.
 """
@@ -61,8 +63,6 @@ class MlxDraftHeads:
                 f"{self.name} keeps a recurrent state; {what} drafts for attention-only "
                 "targets here. Use --drafter ngram or none."
             )
-        if self.parallel > 1:
-            raise BackendError(f"{what} drafts for one sequence; load with parallel 1")
         if self.splits_layers:
             raise BackendError(
                 f"{self.name} is split across machines, and {what} reads layers other ranks "

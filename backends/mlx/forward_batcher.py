@@ -33,6 +33,8 @@ import mlx.core as mx
 import numpy as np
 
 from backends.mlx.batched_forward import forward_together
+from backends.mlx.layer_capture import LayerCapture
+from backends.mlx.sequence_heads import SequenceHead
 from backends.runtime_exchange import GatheringBatcher, smoothed
 
 # A prompt chunk is about PROMPT_SECONDS' worth of reading at the measured speed (the
@@ -49,13 +51,17 @@ MIN_BESIDE = 16
 @dataclass(eq=False)
 class ForwardRequest:
     """One sequence's ``tokens`` through the model into its ``cache`` (its layers);
-    ``logits``: whether its rows are wanted (a round) or only the cache (a prompt)."""
+    ``logits``: whether its rows are wanted (a round) or only the cache (a prompt);
+    ``head``: the sequence's draft head, fed its rows of the captured layers, which
+    the tokens take from position ``start`` on."""
 
     seq: int
     cache: Sequence[Any]
     tokens: Sequence[int]
     logits: bool
     arrived: float
+    head: SequenceHead | None = None
+    start: int = 0
     rows: np.ndarray | None = None
     error: BaseException | None = None
     done: bool = False
@@ -72,9 +78,13 @@ class ForwardBatcher(GatheringBatcher):
         condition: threading.Condition,
         gathers: bool,
         arriving: Callable[[], bool] | None = None,
+        capture: LayerCapture | None = None,
     ) -> None:
         super().__init__(condition, arriving)
         self._model = model
+        # The layers a draft head reads, recorded at every forward (the model's head's:
+        # backends/mlx/draft_heads.py); each sequence's head gets its own rows of them.
+        self._capture = capture
         self.name = name
         # Whether this model's rounds can share a forward at all (its family's attention
         # runs per sequence, batched_forward.gathers_attention), and whether its rows
@@ -109,11 +119,19 @@ class ForwardBatcher(GatheringBatcher):
         return max(MIN_BESIDE, min(alone, beside))
 
     def forward(
-        self, seq: int, cache: Sequence[Any], tokens: Sequence[int], *, logits: bool
+        self,
+        seq: int,
+        cache: Sequence[Any],
+        tokens: Sequence[int],
+        *,
+        logits: bool,
+        head: SequenceHead | None = None,
+        start: int = 0,
     ) -> np.ndarray | None:
         """Run ``tokens`` into ``cache`` with the others gathered; the float32 logits rows
-        (a host copy) when ``logits``. Raises what the forward raised."""
-        request = ForwardRequest(seq, cache, tokens, logits, time.monotonic())
+        (a host copy) when ``logits``; ``head`` (the sequence's, its cache holding
+        ``start`` positions) is fed the forward's rows. Raises what the forward raised."""
+        request = ForwardRequest(seq, cache, tokens, logits, time.monotonic(), head, start)
         self.hand_over(request)
         return request.rows
 
@@ -187,17 +205,40 @@ class ForwardBatcher(GatheringBatcher):
             request = group[0]
             out = self._model(mx.array([list(request.tokens)], dtype=mx.int32), cache=request.cache)
             states = [layer.state for layer in request.cache]
+            fed = self._head_rows(group)
             if not request.logits:
-                mx.eval(states)  # the output layer is never run for a prompt
+                mx.eval(states, fed)  # the output layer is never run for a prompt
+                self._feed_heads(group, fed)
                 return
             logits = out[0].astype(mx.float32)
-            mx.eval(logits, states)
+            mx.eval(logits, states, fed)
             request.rows = np.array(logits)
+            self._feed_heads(group, fed)
             return
         out = forward_together(
             self._model, [r.cache for r in group], [list(r.tokens) for r in group]
         )
         rows = [out[row, : len(r.tokens)].astype(mx.float32) for row, r in enumerate(group)]
-        mx.eval(rows, [layer.state for r in group for layer in r.cache])
+        fed = self._head_rows(group)
+        mx.eval(rows, [layer.state for r in group for layer in r.cache], fed)
         for request, logits in zip(group, rows, strict=True):
             request.rows = np.array(logits)
+        self._feed_heads(group, fed)
+
+    def _head_rows(self, group: list[ForwardRequest]) -> list[mx.array]:
+        """Each request's rows of the captured layers in the forward just built (lazy,
+        evaluated with it): row ``b`` of the ``[B, L]`` batch, its first
+        ``len(tokens)`` positions (the rest is padding); none without a capture."""
+        taken = self._capture.take() if self._capture is not None else None
+        if taken is None:
+            return []
+        return [taken[row : row + 1, : len(r.tokens)] for row, r in enumerate(group)]
+
+    @staticmethod
+    def _feed_heads(group: list[ForwardRequest], fed: list[mx.array]) -> None:
+        """Hand each sequence's head its rows (only once its forward is evaluated)."""
+        if not fed:
+            return
+        for request, rows in zip(group, fed, strict=True):
+            if request.head is not None:
+                request.head.target_decoded(request.start, request.tokens, rows)

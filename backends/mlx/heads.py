@@ -18,8 +18,9 @@ whole) starts the head's cache afresh at the first position it has rows for.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 import mlx.core as mx
 import numpy as np
@@ -50,11 +51,24 @@ class MlxHead:
         self.capture_layer_ids = loaded.capture_layer_ids
         self.model.bind(target_model)  # shares the target's token embeddings
         self._device_sampling = device_sampling
+        self._start_following()
+
+    def _start_following(self) -> None:
+        """The state that follows one sequence of the target, empty."""
         self._kept = TargetRows(0, empty=mx.zeros((0, 0)), concatenate=_concatenate)
         self._cache: list[Any] = self.model.make_cache()
         self._base = 0  # the position of the cache's first entry
         self.synced = 0  # the head's cache holds the target's entries before this position
         self.decodes = 0  # head forwards, for tests and measurements
+
+    def for_sequence(self) -> Self:
+        """A head over the same loaded weights that follows another sequence of the
+        target (a parallel model's view, backends/mlx/sequence_heads.py): a state of its
+        own, its rows sampled on the host, as the views sample the target's."""
+        other = copy.copy(self)  # the head's model and facts are shared, never changed
+        other._device_sampling = False
+        other._start_following()
+        return other
 
     # -- following the target --------------------------------------------------------
 
@@ -133,10 +147,17 @@ class MlxEagle3Head(MlxHead):
     def __init__(self, loaded: LoadedHead, target_model: Any, *, n_vocab: int, **kwargs: Any):
         super().__init__(loaded, target_model, **kwargs)
         self.n_vocab = n_vocab
-        self._chain_hidden: mx.array | None = None  # h' of the last entry, to chain on
-        self._chain_end = 0
         d2t = self.model.d2t
         self._target_ids = None if d2t is None else mx.arange(d2t.shape[0]) + d2t
+        # Computed now, as the weights are: a lazy array runs on the stream of the thread
+        # that built it, which a parallel model's runtime thread cannot use.
+        if self._target_ids is not None:
+            mx.eval(self._target_ids)
+
+    def _start_following(self) -> None:
+        super()._start_following()
+        self._chain_hidden: mx.array | None = None  # h' of the last entry, to chain on
+        self._chain_end = 0
 
     def start(self, evaluated: int, context: Sequence[int]) -> LogitRows | None:
         """Catch up with the target, which has evaluated ``context[:evaluated]``, up to

@@ -6,8 +6,10 @@ view is a model like any other: its own prompt cache (mlx-lm's, as alone), cache
 tokens, rollback, saved states and chunked prompt reading. Its forwards go through
 the model's :class:`~backends.mlx.forward_batcher.ForwardBatcher`, so the sequences
 generating at once share each forward, and everything else that computes with MLX
-(saving and restoring states) runs on the runtime thread
-(``backends/runtime_exchange.py``): MLX is not evaluated from two threads at once.
+(saving and restoring states, drafting with the model's head) runs on the runtime
+thread (``backends/runtime_exchange.py``): MLX is not evaluated from two threads at once.
+A model with a draft head attached (EAGLE-3, DFlash) gives each view a head state of
+its own, fed that view's rows of each forward (``sequence_heads.py``).
 
 This is the shape of ``backends/llamacpp/sequences.py``; the batching underneath is
 MLX's own (``batched_forward.py``). A hybrid target (recurrent layers, restored by
@@ -31,6 +33,7 @@ from backends.mlx.batched_forward import forward_together, gathers_attention
 from backends.mlx.forward_batcher import ForwardBatcher
 from backends.mlx.model import PREFILL_CHUNK, MlxModel
 from backends.mlx.rollback import cache_rollback
+from backends.mlx.sequence_heads import SequenceHead
 from backends.mlx.state_files import MlxStateFiles
 from backends.runtime_exchange import RuntimeExchange
 
@@ -47,6 +50,7 @@ class MlxSequence(MlxModel):
     _batcher: ForwardBatcher
     _exchange: RuntimeExchange
     _seq: int
+    _head: SequenceHead | None  # type: ignore[assignment]  # the model's head, for this view
 
     def __init__(self) -> None:  # pragma: no cover - made by sequence_views
         raise TypeError("use sequence_views(model, exchange)")
@@ -70,10 +74,22 @@ class MlxSequence(MlxModel):
         view._cache = make_prompt_cache(owner._model)
         view._rollback = cache_rollback(view._cache, recurrent=ArraysCache)
         view._tokens = []
+        # The loaded head's weights, with a state of this sequence's own (made on the
+        # runtime thread: it builds MLX arrays); the capture stays the loaded model's.
+        head = owner._head
+        view._head = (
+            None if head is None else SequenceHead(exchange.call(head.for_sequence), exchange)
+        )
+        view._head_capture = None
         # Rows are sampled on the host: device sampling would compute with MLX on the
         # generation's own thread, beside the runtime thread's forwards.
         view.device_sampling = False
         return view
+
+    def sequence_head(self) -> SequenceHead | None:
+        """This sequence's state of the model's draft head (None: none is attached), its
+        work done on the runtime thread; the slot's head drafter drafts with it."""
+        return self._head
 
     def generating(self, active: bool) -> None:
         """Say whether a generation runs on this sequence (others' forwards wait for it)."""
@@ -92,7 +108,14 @@ class MlxSequence(MlxModel):
             size = PREFILL_CHUNK if self.exact_output else self._batcher.prompt_chunk(self._seq)
             chunk = list(tokens[offset : offset + size])
             self._check_ids(chunk)
-            self._batcher.forward(self._seq, self._cache, chunk, logits=False)
+            self._batcher.forward(
+                self._seq,
+                self._cache,
+                chunk,
+                logits=False,
+                head=self._head,
+                start=len(self._tokens),
+            )
             self._tokens.extend(chunk)
             offset += len(chunk)
 
@@ -107,7 +130,9 @@ class MlxSequence(MlxModel):
             tokens = tokens[-1:]
         chunk = list(tokens)
         self._check_ids(chunk)
-        rows = self._batcher.forward(self._seq, self._cache, chunk, logits=True)
+        rows = self._batcher.forward(
+            self._seq, self._cache, chunk, logits=True, head=self._head, start=len(self._tokens)
+        )
         self._tokens.extend(chunk)
         assert rows is not None
         return rows
@@ -118,7 +143,8 @@ class MlxSequence(MlxModel):
             raise DecodeError(f"token ids must lie in [0, {self.n_vocab}); got {list(tokens)}")
 
     # -- the rest of the MLX work: on the runtime thread ----------------------
-    # (rollback only moves the KV caches' offsets: host bookkeeping, on this thread)
+    # (rollback only moves the KV caches' offsets: host bookkeeping, on this thread;
+    # the head's cut is noted and made on the runtime thread, sequence_heads.py)
 
     def save_state(self) -> SequenceState:
         """A copy of this sequence's cache (any view of the model may restore it)."""
@@ -133,8 +159,10 @@ class MlxSequence(MlxModel):
         return self._exchange.call(lambda: MlxStateFiles.read_state(self, tokens, file, nbytes))
 
     def close(self) -> None:
-        """Nothing of its own to free but the cache: the loaded model owns the weights."""
+        """Nothing of its own to free but the cache and the head's state: the loaded
+        model owns the weights (and the head's)."""
         self._cache = []
+        self._head = None
 
 
 @dataclass
@@ -164,6 +192,7 @@ def sequence_views(model: MlxModel, exchange: RuntimeExchange) -> SequenceViews:
         condition=exchange.condition,
         gathers=plain and gathers_attention(model._model),
         arriving=lambda: exchange.arriving(),
+        capture=model._head_capture,
     )
     if batcher.gathers:
         exact = exchange.call(lambda: rounds_as_alone(model._model))

@@ -247,13 +247,17 @@ def test_a_gguf_a_dspark_head_and_mtp_are_refused_on_mlx(files, llama_engine, tm
         llama_engine.drafter_named("mtp")
 
 
-def test_a_head_is_refused_for_several_sequences(files):
+def test_a_head_attaches_to_a_model_of_several_sequences(files):
+    """Loaded once; each sequence's view drafts with a state of it of its own
+    (tests/runtimes/test_mlx_parallel_heads.py drives them)."""
     from backends.mlx.model import MlxModel
 
     model = MlxModel(files["llama"], n_ctx=CONTEXT, parallel=2)
     try:
-        with pytest.raises(BackendError, match="drafts for one sequence; load with parallel 1"):
-            model.attach_eagle3_file(files["llama-eagle3"])
+        head = model.attach_eagle3_file(files["llama-eagle3"])
+        assert model.parallel == 2 and model._head is head
+        sequence = head.for_sequence()
+        assert sequence.model is head.model and sequence._cache is not head._cache
     finally:
         model.close()
 

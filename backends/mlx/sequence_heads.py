@@ -1,0 +1,101 @@
+"""One sequence's draft head in a parallel MLX model: the loaded head's weights, shared,
+with a state of the sequence's own, worked on the runtime thread.
+
+A parallel model's sequences (``sequences.py``) each follow their own cache, so each
+drafts with a head state of its own (:meth:`~backends.mlx.heads.MlxHead.for_sequence`):
+its cache, its kept target rows, its counters. The rows it reads are its sequence's
+own: the forward batcher (``forward_batcher.py``) takes the captured layers' outputs
+of each forward and hands every sequence its own row of the batch.
+
+MLX must not be evaluated from two threads at once, and a view's generation runs on a
+thread of its own. So :class:`SequenceHead` hands every call that computes with MLX
+(``start``, ``step``, ``draft_block``) to the runtime thread and returns host rows;
+what only follows the target (a rollback, a restored cache, a round's end) is noted on
+the calling thread and done on the runtime thread before the head's next work there,
+which spares the generation a round trip per round for bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+
+from backends.mlx.heads import MlxHead
+from backends.runtime_exchange import RuntimeExchange
+from backends.sampling.rows import LogitRows
+
+# The follow-ups noted until the runtime thread next works on the head, in order.
+_REPLACED = "replaced"  # the target's cache was replaced whole
+_FINISHED = "finished"  # a round's drafting is over
+
+
+class SequenceHead:
+    """A parallel model's head, following one sequence (see the module's docstring).
+
+    The drafters (Eagle3Drafter, BlockDrafter) call it as they call a head; its plain
+    attributes (``kind``, ``max_drafts``, ``decodes``, ...) are the head's own.
+    """
+
+    def __init__(self, head: MlxHead, exchange: RuntimeExchange) -> None:
+        self.head = head
+        self._exchange = exchange
+        self._noted: list[int | str] = []  # rollbacks (positions kept) and the above
+
+    def __getattr__(self, name: str) -> Any:
+        # Only names not found on this object: the head's plain attributes. (Private
+        # names are not read through: the head's state is worked on the runtime thread.)
+        if name.startswith("_") or name == "head":
+            raise AttributeError(name)
+        return getattr(self.head, name)
+
+    # -- drafting: on the runtime thread ------------------------------------------
+
+    def start(self, evaluated: int, context: Sequence[int]) -> LogitRows | None:
+        """An EAGLE-3 head's first row (see :meth:`MlxEagle3Head.start`), on the host."""
+        return self._exchange.call(lambda: self._caught_up().start(evaluated, context))
+
+    def step(self, token: int) -> LogitRows:
+        """An EAGLE-3 head's next row after ``token`` (:meth:`MlxEagle3Head.step`)."""
+        return self._exchange.call(lambda: self._caught_up().step(token))
+
+    def draft_block(self, evaluated: int, context: Sequence[int], drafts: int) -> LogitRows | None:
+        """A DFlash head's block (:meth:`MlxBlockHead.draft_block`), on the host."""
+        return self._exchange.call(
+            lambda: self._caught_up().draft_block(evaluated, context, drafts)
+        )
+
+    def finish(self) -> None:
+        """The round's drafting is over: its entries go before the head's next work."""
+        self._noted.append(_FINISHED)
+
+    # -- following the sequence -------------------------------------------------
+
+    def target_decoded(self, start: int, tokens: Sequence[int], rows: mx.array) -> None:
+        """The sequence's forward of ``tokens`` from ``start`` ran; ``rows``, its own
+        rows of the captured layers (called by the batcher, on the runtime thread)."""
+        self._caught_up().target_decoded(start, tokens, rows)
+
+    def target_rolled_back(self, n_keep: int) -> None:
+        """The sequence forgot positions from ``n_keep`` on (noted; see the module)."""
+        self._noted.append(n_keep)
+
+    def target_replaced(self) -> None:
+        """The sequence's cache was replaced whole (noted; see the module)."""
+        self._noted.append(_REPLACED)
+
+    def _caught_up(self) -> MlxHead:
+        """The head, with what was noted since its last work done (runtime thread).
+
+        The sequence's generation thread waits meanwhile (for this call, or for the
+        forward that feeds the head), so nothing is noted while the notes are read."""
+        noted, self._noted = self._noted, []
+        for note in noted:
+            if note == _FINISHED:
+                self.head.finish()
+            elif note == _REPLACED:
+                self.head.target_replaced()
+            else:
+                self.head.target_rolled_back(int(note))
+        return self.head
