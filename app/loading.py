@@ -10,7 +10,6 @@ import logging
 from collections.abc import Callable
 
 from app.calibration_store import ensure_calibrated
-from app.models.catalog import HEAD_DRAFTERS, head_name
 from app.models.catalog_file import load_catalog
 from app.models.fit import parallel_that_fits
 from app.models.pair_files import ResolvedPair, pair_files, pair_models
@@ -61,22 +60,8 @@ def load_engine(
     resolved = pair_files(pair_name, chosen_runtime)
     report = on_progress or (lambda message: None)
     target_path, draft_path = resolved.target_path, resolved.draft_path
-    # A separate-file head drafts for each sequence on llama.cpp, for one on MLX
-    # (docs/speculation.md): there `--parallel auto` serves one request at a time with
-    # it; an explicit N > 1 runs N at once and drafts with n-grams instead (same
-    # output, less speed-up), and says so.
-    head = resolved.variant.drafter if with_draft else None
-    head = head if head in HEAD_DRAFTERS else None
-    one_sequence_head = head is not None and chosen_runtime not in PARALLEL_HEAD_RUNTIMES
     if parallel is None:
-        parallel = 1 if one_sequence_head else _parallel_that_fits(pair_name, chosen_runtime, n_ctx)
-        if one_sequence_head:
-            report(
-                f"{pair_name} drafts with its {head_name(str(head))}, which drafts for one "
-                "sequence on this runtime: one request at a time (--parallel N serves N at "
-                "once, drafting with n-grams)"
-            )
-    head_fits = not one_sequence_head or parallel == 1
+        parallel = _parallel_that_fits(pair_name, chosen_runtime, n_ctx)
     worker_infos = workers.ask() if workers is not None else ()
     where = f" with workers {workers}" if workers else ""
     if split is not None:
@@ -117,15 +102,7 @@ def load_engine(
         )
         if with_draft and resolved.variant.uses_mtp:
             _use_mtp_head(engine, resolved, report)
-        if not head_fits:
-            _warn(
-                report,
-                f"{pair_name}: its {head_name(str(head))} drafts for one sequence on "
-                f"{chosen_runtime}, and "
-                f"--parallel {parallel} runs {parallel}; drafting with n-grams instead "
-                "(same output, less speed-up). Use --parallel 1 to draft with the head.",
-            )
-        elif with_draft and resolved.eagle3_head_path is not None:
+        if with_draft and resolved.eagle3_head_path is not None:
             report(f"loading EAGLE-3 head {resolved.eagle3_head_path.name}")
             engine.attach_eagle3_head(resolved.eagle3_head_path)
         elif with_draft and resolved.dflash_head_path is not None:
@@ -138,11 +115,6 @@ def load_engine(
         if draft is not None:
             draft.close()
         raise
-
-
-# The runtimes whose file heads (EAGLE-3, DFlash, DSpark) draft for every sequence of
-# a parallel target, each with a head state of its own.
-PARALLEL_HEAD_RUNTIMES = frozenset({"llamacpp"})
 
 
 def _parallel_that_fits(pair_name: str, runtime: str, n_ctx: int) -> int:

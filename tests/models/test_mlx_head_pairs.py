@@ -9,12 +9,14 @@ drafted is asserted, not how well.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
 from app.loading import load_engine
-from backends.errors import BackendError
+from backends.engine_slots import EngineSlots
+from backends.runtime_exchange import RuntimeExchange
 from tests.runtimes.tiny_mlx_pair import mlx_pair_catalog, store_converted
 from tests.support.head_pairs import check_loaded_head_drafts
 
@@ -63,31 +65,28 @@ def store_tiny_head_pair(
 
 
 @pytest.mark.real_model
-def test_a_head_pair_serves_one_request_at_a_time_unless_told_otherwise(
+def test_a_head_pair_serves_several_sequences_each_drafting_with_the_head(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``--parallel auto`` (None) loads a head pair for one sequence, which the head drafts
-    for, and says so; an explicit ``--parallel 2`` runs two, drafting with n-grams, and
-    says why."""
+    """``--parallel 2`` loads a head pair for two sequences, and each slot drafts with a
+    head state of its own (nothing says the pair fell back to n-grams)."""
     store_tiny_head_pair(tmp_path, monkeypatch, "eagle3", "llama")
     messages: list[str] = []
     engine = load_engine(
-        PAIR, n_ctx=256, runtime="mlx", calibrate=False, parallel=None, on_progress=messages.append
-    )
-    try:
-        assert getattr(engine.target, "parallel", 1) == 1
-        assert engine.drafter_named("eagle3") is not None
-        assert any("one request at a time" in message for message in messages), messages
-    finally:
-        engine.close()
-    messages.clear()
-    engine = load_engine(
         PAIR, n_ctx=256, runtime="mlx", calibrate=False, parallel=2, on_progress=messages.append
     )
+    exchange = RuntimeExchange()
+    stop = threading.Event()
+    runtime = threading.Thread(target=exchange.serve, args=(stop,), daemon=True)
+    runtime.start()
+    slots = EngineSlots(engine, exchange)
     try:
         assert engine.target.parallel == 2  # type: ignore[attr-defined]
-        with pytest.raises(BackendError):
-            engine.drafter_named("eagle3")
-        assert any("drafting with n-grams instead" in message for message in messages)
+        assert not any("n-grams instead" in message for message in messages), messages
+        heads = [slots.take([]).drafter_named("eagle3").head for _ in range(2)]
+        assert heads[0].head is not heads[1].head  # type: ignore[attr-defined]
     finally:
+        exchange.stop_serving(stop)
+        runtime.join(timeout=10)
+        slots.close()
         engine.close()
