@@ -20,16 +20,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from backends.base import SequenceState
 from backends.errors import BackendError, ContextOverflowError, DecodeError
 from backends.llamacpp.decode_batcher import DecodeBatcher
-from backends.llamacpp.head_base import LlamaCppHead
 from backends.llamacpp.model import LlamaCppModel
 from backends.runtime_exchange import RuntimeExchange
+from backends.sequence_head import SequenceHead
 
 
 class LlamaCppSequence(LlamaCppModel):
@@ -40,6 +39,7 @@ class LlamaCppSequence(LlamaCppModel):
     _exchange: RuntimeExchange
     _last_logits: np.ndarray
     _remaining: int
+    _head: SequenceHead | None  # type: ignore[assignment]  # the model's head, for this view
 
     def __init__(self) -> None:  # pragma: no cover - made by sequence_views
         raise TypeError("use sequence_views(model, exchange)")
@@ -64,7 +64,8 @@ class LlamaCppSequence(LlamaCppModel):
         # A head that reads the target's layers follows this sequence with a head
         # sequence of its own, fed by the batcher (``decoded``); an MTP head never
         # comes here (its context holds one sequence).
-        view._head = owner._head.for_sequence(seq) if owner._head is not None else None
+        head = owner._head
+        view._head = None if head is None else SequenceHead(head.for_sequence(seq), exchange)
         view._recurrent = None
         view._batcher = batcher
         view._exchange = exchange
@@ -126,12 +127,10 @@ class LlamaCppSequence(LlamaCppModel):
         """Put a state saved by a view of this context back, replacing this sequence's."""
         self._exchange.call(lambda: LlamaCppModel.restore_state(self, state))
 
-    def sequence_head(self) -> RuntimeThreadHead | None:
+    def sequence_head(self) -> SequenceHead | None:
         """This sequence's state of the head the loaded model drafts with (None: none),
-        its calls run on the runtime thread, as the sequence's decodes are."""
-        if self._head is None:
-            return None
-        return RuntimeThreadHead(self._head, self._exchange)
+        its work done on the runtime thread, as the sequence's decodes are."""
+        return self._head
 
     def _head_read(self, start: int, tokens: Sequence[int], first_row: int) -> None:
         """The batcher decoded ``tokens`` from ``start`` for this sequence, from row
@@ -152,27 +151,6 @@ class LlamaCppSequence(LlamaCppModel):
 
     def __del__(self) -> None:
         pass
-
-
-class RuntimeThreadHead:
-    """A sequence's draft head as its drafter sees it: every method called runs on the
-    runtime thread (the head's context is shared with the other sequences' heads, and
-    reads the target's context); attributes are read through."""
-
-    def __init__(self, head: LlamaCppHead, exchange: RuntimeExchange) -> None:
-        self._head = head
-        self._exchange = exchange
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._head, name)
-        if not callable(value):
-            return value
-        exchange = self._exchange
-
-        def on_runtime_thread(*args: Any, **kwargs: Any) -> Any:
-            return exchange.call(lambda: value(*args, **kwargs))
-
-        return on_runtime_thread
 
 
 @dataclass

@@ -5,7 +5,7 @@ One at a time: attaching a head makes the target capture the outputs of the laye
 head reads (:class:`~backends.mlx.layer_capture.LayerCapture`); each forward of the target
 hands them to the head, and each rollback cuts the head back with it. A model loaded
 with ``parallel`` attaches its head before its sequences' views are made; each view
-then drafts with a state of the head of its own (backends/mlx/sequence_heads.py). Mixed into
+then drafts with a state of the head of its own (backends/sequence_head.py). Mixed into
 ``MlxModel``, which sets the attributes declared here and calls :meth:`_feed_head`,
 ``_head.target_rolled_back`` and ``_head.target_replaced``.
 """

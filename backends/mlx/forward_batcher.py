@@ -34,8 +34,8 @@ import numpy as np
 
 from backends.mlx.batched_forward import forward_together
 from backends.mlx.layer_capture import LayerCapture
-from backends.mlx.sequence_heads import SequenceHead
 from backends.runtime_exchange import GatheringBatcher, smoothed
+from backends.sequence_head import SequenceHead
 
 # A prompt chunk is about PROMPT_SECONDS' worth of reading at the measured speed (the
 # others' rounds wait for one chunk at most), within [MIN_PROMPT_CHUNK, MAX_PROMPT_CHUNK].

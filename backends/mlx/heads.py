@@ -63,7 +63,7 @@ class MlxHead:
 
     def for_sequence(self) -> Self:
         """A head over the same loaded weights that follows another sequence of the
-        target (a parallel model's view, backends/mlx/sequence_heads.py): a state of its
+        target (a parallel model's view, backends/sequence_head.py): a state of its
         own, its rows sampled on the host, as the views sample the target's."""
         other = copy.copy(self)  # the head's model and facts are shared, never changed
         other._device_sampling = False

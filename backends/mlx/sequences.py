@@ -9,7 +9,7 @@ generating at once share each forward, and everything else that computes with ML
 (saving and restoring states, drafting with the model's head) runs on the runtime
 thread (``backends/runtime_exchange.py``): MLX is not evaluated from two threads at once.
 A model with a draft head attached (EAGLE-3, DFlash) gives each view a head state of
-its own, fed that view's rows of each forward (``sequence_heads.py``).
+its own, fed that view's rows of each forward (``backends/sequence_head.py``).
 
 This is the shape of ``backends/llamacpp/sequences.py``; the batching underneath is
 MLX's own (``batched_forward.py``). A hybrid target (recurrent layers, restored by
@@ -33,9 +33,9 @@ from backends.mlx.batched_forward import forward_together, gathers_attention
 from backends.mlx.forward_batcher import ForwardBatcher
 from backends.mlx.model import PREFILL_CHUNK, MlxModel
 from backends.mlx.rollback import cache_rollback
-from backends.mlx.sequence_heads import SequenceHead
 from backends.mlx.state_files import MlxStateFiles
 from backends.runtime_exchange import RuntimeExchange
+from backends.sequence_head import SequenceHead
 
 # The probe that measures whether a gathered forward's rows round as alone: two
 # sequences at different positions, one verifying several tokens, one decoding one.
@@ -144,7 +144,7 @@ class MlxSequence(MlxModel):
 
     # -- the rest of the MLX work: on the runtime thread ----------------------
     # (rollback only moves the KV caches' offsets: host bookkeeping, on this thread;
-    # the head's cut is noted and made on the runtime thread, sequence_heads.py)
+    # the head's cut is noted and made on the runtime thread, backends/sequence_head.py)
 
     def save_state(self) -> SequenceState:
         """A copy of this sequence's cache (any view of the model may restore it)."""

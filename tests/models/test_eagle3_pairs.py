@@ -150,7 +150,7 @@ def test_a_head_pair_serves_several_sequences_each_drafting_with_the_head(tmp_pa
         assert engine.target.parallel == 2  # type: ignore[attr-defined]
         assert not any("n-grams instead" in message for message in messages), messages
         heads = [slots.take([]).drafter_named("eagle3").head for _ in range(2)]
-        assert [head._head.seq for head in heads] == [0, 1]  # type: ignore[attr-defined]
+        assert [head.seq for head in heads] == [0, 1]  # type: ignore[attr-defined]
     finally:
         slots.close()
         engine.close()

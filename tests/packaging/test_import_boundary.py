@@ -230,8 +230,17 @@ def test_the_circle_finder_finds_a_circle() -> None:
 
 # The doors every room may stand on (runtime_exchange: how a generation's thread hands
 # a runtime's work to the one thread that runs it; token_prefix: how much of a cache a
-# new context keeps; target_rows: the target's rows a runtime's draft head has yet to read).
-GROUND = {"base", "errors", "generation_events", "runtime_exchange", "token_prefix", "target_rows"}
+# new context keeps; target_rows: the target's rows a runtime's draft head has yet to read;
+# sequence_head: a parallel target's sequence drafting with the head on the runtime thread).
+GROUND = {
+    "base",
+    "errors",
+    "generation_events",
+    "runtime_exchange",
+    "token_prefix",
+    "target_rows",
+    "sequence_head",
+}
 # The rooms each room may import besides itself: sampling imports nothing above it, the
 # loop never a runtime, a runtime never the loop. The doors engine, select and pair_check
 # sit on top and may import any room.

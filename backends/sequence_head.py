@@ -1,30 +1,51 @@
-"""One sequence's draft head in a parallel MLX model: the loaded head's weights, shared,
-with a state of the sequence's own, worked on the runtime thread.
+"""One sequence's draft head in a parallel target: the loaded head's weights, shared,
+with a state of the sequence's own, worked on the runtime thread. Both runtimes' views
+(``backends/llamacpp/sequences.py``, ``backends/mlx/sequences.py``) draft through it.
 
-A parallel model's sequences (``sequences.py``) each follow their own cache, so each
-drafts with a head state of its own (:meth:`~backends.mlx.heads.MlxHead.for_sequence`):
-its cache, its kept target rows, its counters. The rows it reads are its sequence's
-own: the forward batcher (``forward_batcher.py``) takes the captured layers' outputs
-of each forward and hands every sequence its own row of the batch.
+A parallel target's sequences each follow their own cache, so each drafts with a head
+state of its own (the runtime head's ``for_sequence``: its cache entries, its kept
+target rows, its counters). The rows it reads are its sequence's own: the runtime's
+batcher hands every sequence its rows of each batched forward (``target_decoded``).
 
-MLX must not be evaluated from two threads at once, and a view's generation runs on a
-thread of its own. So :class:`SequenceHead` hands every call that computes with MLX
-(``start``, ``step``, ``draft_block``) to the runtime thread and returns host rows;
-what only follows the target (a rollback, a restored cache, a round's end) is noted on
-the calling thread and done on the runtime thread before the head's next work there,
-which spares the generation a round trip per round for bookkeeping.
+A head computes on the runtime (MLX must not be evaluated from two threads at once; a
+llama.cpp head's context reads the target's and is shared by the sequences' heads), and
+a view's generation runs on a thread of its own. So :class:`SequenceHead` hands every
+call that computes (``start``, ``step``, ``draft_block``) to the runtime thread and
+returns host rows; what only follows the target (a rollback, a restored cache, a
+round's end) is noted on the calling thread and done on the runtime thread before the
+head's next work there, which spares the generation a round trip per round for
+bookkeeping.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
-import mlx.core as mx
-
-from backends.mlx.heads import MlxHead
 from backends.runtime_exchange import RuntimeExchange
-from backends.sampling.rows import LogitRows
+
+
+class RuntimeHead(Protocol):
+    """A runtime's draft head of one sequence, as :class:`SequenceHead` drives it."""
+
+    def target_decoded(self, start: int, tokens: Sequence[int], rows: Any) -> None:
+        """The sequence's forward of ``tokens`` from ``start`` ran; ``rows``: its own
+        (a runtime's: its rows of the captured layers, or where in the batch they are)."""
+        ...
+
+    def target_rolled_back(self, n_keep: int) -> None:
+        """The sequence forgot positions from ``n_keep`` on."""
+        ...
+
+    def target_replaced(self) -> None:
+        """The sequence's cache was replaced whole (MLX's; a llama.cpp head is rolled
+        back to 0)."""
+        ...
+
+    def finish(self) -> None:
+        """A round's drafting is over."""
+        ...
+
 
 # The follow-ups noted until the runtime thread next works on the head, in order.
 _REPLACED = "replaced"  # the target's cache was replaced whole
@@ -38,7 +59,7 @@ class SequenceHead:
     attributes (``kind``, ``max_drafts``, ``decodes``, ...) are the head's own.
     """
 
-    def __init__(self, head: MlxHead, exchange: RuntimeExchange) -> None:
+    def __init__(self, head: Any, exchange: RuntimeExchange) -> None:
         self.head = head
         self._exchange = exchange
         self._noted: list[int | str] = []  # rollbacks (positions kept) and the above
@@ -52,16 +73,16 @@ class SequenceHead:
 
     # -- drafting: on the runtime thread ------------------------------------------
 
-    def start(self, evaluated: int, context: Sequence[int]) -> LogitRows | None:
-        """An EAGLE-3 head's first row (see :meth:`MlxEagle3Head.start`), on the host."""
+    def start(self, evaluated: int, context: Sequence[int]) -> Any:
+        """A chain head's first row (an EAGLE-3 head's ``start``), on the host."""
         return self._exchange.call(lambda: self._caught_up().start(evaluated, context))
 
-    def step(self, token: int) -> LogitRows:
-        """An EAGLE-3 head's next row after ``token`` (:meth:`MlxEagle3Head.step`)."""
+    def step(self, token: int) -> Any:
+        """A chain head's next row after ``token`` (its ``step``), on the host."""
         return self._exchange.call(lambda: self._caught_up().step(token))
 
-    def draft_block(self, evaluated: int, context: Sequence[int], drafts: int) -> LogitRows | None:
-        """A DFlash head's block (:meth:`MlxBlockHead.draft_block`), on the host."""
+    def draft_block(self, evaluated: int, context: Sequence[int], drafts: int) -> Any:
+        """A block head's rows (a DFlash head's ``draft_block``), on the host."""
         return self._exchange.call(
             lambda: self._caught_up().draft_block(evaluated, context, drafts)
         )
@@ -72,9 +93,9 @@ class SequenceHead:
 
     # -- following the sequence -------------------------------------------------
 
-    def target_decoded(self, start: int, tokens: Sequence[int], rows: mx.array) -> None:
+    def target_decoded(self, start: int, tokens: Sequence[int], rows: Any) -> None:
         """The sequence's forward of ``tokens`` from ``start`` ran; ``rows``, its own
-        rows of the captured layers (called by the batcher, on the runtime thread)."""
+        (called by the batcher, on the runtime thread)."""
         self._caught_up().target_decoded(start, tokens, rows)
 
     def target_rolled_back(self, n_keep: int) -> None:
@@ -85,7 +106,7 @@ class SequenceHead:
         """The sequence's cache was replaced whole (noted; see the module)."""
         self._noted.append(_REPLACED)
 
-    def _caught_up(self) -> MlxHead:
+    def _caught_up(self) -> RuntimeHead:
         """The head, with what was noted since its last work done (runtime thread).
 
         The sequence's generation thread waits meanwhile (for this call, or for the
