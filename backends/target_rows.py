@@ -20,7 +20,10 @@ class TargetRows:
     cache has read them (a prompt's rows are read a batch at a time).
 
     Rows are numpy arrays by default; a runtime whose rows stay on its device gives its
-    own empty array and ``concatenate`` (MLX's).
+    own empty array and ``concatenate`` (MLX's). ``keep_behind`` rows before the position
+    :meth:`drop_before` is given are kept too: a head whose entry reads the row before
+    its position rebuilds an entry a rollback dropped from them (a new turn of a chat
+    cuts back a few positions), where without them it would start afresh.
     """
 
     def __init__(
@@ -29,7 +32,9 @@ class TargetRows:
         *,
         empty: Any = None,
         concatenate: Callable[[Sequence[Any]], Any] = np.concatenate,
+        keep_behind: int = 0,
     ) -> None:
+        self.keep_behind = keep_behind
         self.start = 0
         self.tokens: list[int] = []
         self.rows = np.empty((0, width), dtype=np.float32) if empty is None else empty
@@ -65,8 +70,8 @@ class TargetRows:
             self.rows = self.rows[:kept]
 
     def drop_before(self, position: int) -> None:
-        """Rows before ``position`` are no longer needed."""
-        drop = max(0, position - self.start)
+        """Rows before ``position`` are no longer needed (but ``keep_behind`` of them)."""
+        drop = max(0, position - self.keep_behind - self.start)
         if drop:
             self.start += drop
             self.tokens = self.tokens[drop:]

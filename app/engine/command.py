@@ -45,6 +45,7 @@ from app.engine.worker_options import (
     workers_from,
 )
 from app.errors import DraftpenError
+from app.models.catalog_file import command_line_pairs
 from app.models.fit import DEFAULT_PARALLEL
 from app.options import add_model_options
 
@@ -287,6 +288,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 prefix_cache_bytes=prefix_bytes,
                 history=history,
                 worker_timeout=worker_timeout,
+                command_line_pairs=command_line_pairs(),
             ),
             preload=(args.pair, defaults) if args.pair else None,
             record_path=runtime_record_path(socket_path),

@@ -97,6 +97,17 @@ def add_command_line_pair(models: tuple[ModelEntry, ...], pair: PairEntry) -> No
     )
 
 
+def command_line_pairs() -> tuple[Catalog, ...]:
+    """The pairs :func:`add_command_line_pair` added in this process (picklable: a
+    runtime process started for them adds them with :func:`restore_command_line_pairs`)."""
+    return tuple(_command_line_pairs)
+
+
+def restore_command_line_pairs(pairs: tuple[Catalog, ...]) -> None:
+    """Make ``pairs`` (another process's :func:`command_line_pairs`) this process's too."""
+    _command_line_pairs[:] = list(pairs)
+
+
 def forget_command_line_pairs() -> None:
     """Drop the pairs :func:`add_command_line_pair` added (tests, and a long-lived process)."""
     _command_line_pairs.clear()

@@ -145,11 +145,8 @@ class LlamaCppBlockHead(LlamaCppHead):
         then sees less context, which costs acceptance, never correctness.
         """
         kept = self._kept
-        first = max(self.synced, kept.start)
+        first = self._readable_from(max(self.synced, kept.start))
         end = min(end, kept.end)
-        if first > self.synced and self.synced > 0:
-            # llama.cpp's cache takes positions that continue it: begin afresh after a gap.
-            self._forget_from(0)
         for chunk in range(first, end, self.n_batch):
             stop = min(chunk + self.n_batch, end)
             self._inject.fill(

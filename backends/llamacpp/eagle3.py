@@ -54,6 +54,7 @@ class LlamaCppEagle3Head(LlamaCppHead):
     WHAT = "the EAGLE-3 head"
     ENTRY_LAG = 1  # entry p reads the token at p + 1
     CHAINS = True
+    KEEP_BEHIND = 64  # a new turn of a chat cuts back a few positions
 
     def __init__(
         self,
@@ -150,7 +151,7 @@ class LlamaCppEagle3Head(LlamaCppHead):
         costs acceptance, never correctness. With ``logits``, the last entry's row.
         """
         kept = self._kept
-        first = max(self.synced, kept.start)
+        first = self._readable_from(max(self.synced, kept.start))
         rows = HostRows(np.empty((0, self.n_vocab), dtype=np.float32))
         for chunk in range(first, end, self.n_batch):
             stop = min(chunk + self.n_batch, end)

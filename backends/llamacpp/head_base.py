@@ -124,6 +124,9 @@ class LlamaCppHead:
     WHAT = "the draft head"  # for messages
     ENTRY_LAG = 0
     CHAINS = False  # drafts on its own hidden states (an MTP or EAGLE-3 head)
+    # Target rows kept behind the head's entries (TargetRows.keep_behind): a head whose
+    # entry reads the row before its position needs the row before a rollback's cut.
+    KEEP_BEHIND = 0
 
     def __init__(
         self,
@@ -174,7 +177,7 @@ class LlamaCppHead:
         self._batches: list[HeadBatch] = []
         self.seq = 0  # the head's sequence in its context (its target sequence's)
         self._is_view = False  # a view of another head's context (for_sequence)
-        self._kept = TargetRows(row_width)
+        self._kept = TargetRows(row_width, keep_behind=self.KEEP_BEHIND)
         self.synced = 0  # the head's cache holds the target's entries before this position
         self._chain_end = 0  # the position after the last drafting entry
         self._last_output = 0  # the batch index of the last decode's (last) output row
@@ -198,7 +201,7 @@ class LlamaCppHead:
         view.seq = seq
         view._is_view = True
         view._owns_weights = False
-        view._kept = TargetRows(self._kept.rows.shape[1])
+        view._kept = TargetRows(self._kept.rows.shape[1], keep_behind=self.KEEP_BEHIND)
         view.synced = view._chain_end = view._last_output = 0
         view._logits_address = 0
         view._logits_view = self._logits_view[:0]
@@ -229,6 +232,16 @@ class LlamaCppHead:
             llama_cpp.llama_memory_seq_rm(self._memory, self.seq, min(self.synced, position), -1)
             self.synced = min(self.synced, position)
         self._chain_end = self.synced
+
+    def _readable_from(self, first: int) -> int:
+        """``first``, the first position the head can read next; where it lies past the
+        head's entries (their rows are gone: a state restored whole, a rollback deeper
+        than the rows kept behind), the head starts afresh, since llama.cpp's cache
+        takes only positions that continue it: it then sees less context, which costs
+        acceptance, never correctness."""
+        if first > self.synced and self.synced > 0:
+            self._forget_from(0)
+        return first
 
     # -- drafting ---------------------------------------------------------------------
 

@@ -56,6 +56,7 @@ class LlamaCppMtpHead(LlamaCppHead):
 
     WHAT = "the MTP head"
     CHAINS = True
+    KEEP_BEHIND = 64  # entry p reads h_{p-1}: a new turn of a chat cuts back a few
 
     def __init__(
         self,
@@ -144,7 +145,7 @@ class LlamaCppMtpHead(LlamaCppHead):
         acceptance, never correctness.
         """
         kept = self._kept
-        first = max(self.synced, kept.start + 1 if kept.start > 0 else 0)
+        first = self._readable_from(max(self.synced, kept.start + 1 if kept.start > 0 else 0))
         end = min(end, kept.end)
         for chunk in range(first, end, self.n_batch):
             stop = min(chunk + self.n_batch, end)

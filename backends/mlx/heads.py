@@ -43,6 +43,10 @@ class MlxHead:
     (EAGLE-3's entry ``p`` reads the token at ``p + 1``).
     """
 
+    # Target rows kept behind the head's entries (TargetRows.keep_behind): a head whose
+    # entry reads the row before its position needs the row before a rollback's cut.
+    KEEP_BEHIND = 0
+
     ENTRY_LAG = 0
 
     def __init__(self, loaded: LoadedHead, target_model: Any, *, device_sampling: bool) -> None:
@@ -55,7 +59,9 @@ class MlxHead:
 
     def _start_following(self) -> None:
         """The state that follows one sequence of the target, empty."""
-        self._kept = TargetRows(0, empty=mx.zeros((0, 0)), concatenate=_concatenate)
+        self._kept = TargetRows(
+            0, empty=mx.zeros((0, 0)), concatenate=_concatenate, keep_behind=self.KEEP_BEHIND
+        )
         self._cache: list[Any] = self.model.make_cache()
         self._base = 0  # the position of the cache's first entry
         self.synced = 0  # the head's cache holds the target's entries before this position
@@ -141,6 +147,8 @@ class MlxEagle3Head(MlxHead):
     """An EAGLE-3 head over an MLX target: follows it and drafts a chain (mlx-vlm's
     ``Eagle3DraftModel``: the encoder ``fc`` over the target's features, its decoder
     block, a vocabulary of its own mapped to the target's by ``d2t``)."""
+
+    KEEP_BEHIND = 64  # entry p reads t_{p+1}: a new turn of a chat cuts back a few
 
     ENTRY_LAG = 1  # entry p reads the token at p + 1
 

@@ -178,3 +178,42 @@ def test_after_a_prefix_loaded_from_disk_the_head_drafts_and_changes_nothing(
     assert cached >= 2 * BLOCK_TOKENS
     assert tokens(loaded) == tokens(read)
     assert any(event.drafter == head for event in loaded), "the head never drafted"
+
+
+@pytest.mark.parametrize(("runtime", "head"), HEADS)
+def test_one_conversation_after_another_the_head_follows_and_changes_nothing(files, runtime, head):
+    """On one engine, as a server or the chat app runs it: a reply, then another chat
+    that shares only the template's opening with it (the target is cut back deep, past
+    the rows the head keeps), then that chat's next turn (cut back a few positions):
+    each reply is plain decoding's, the head drafts in each, and the next turn keeps
+    the head's entries of the conversation so far (no fresh start)."""
+    other = [ChatMessage("user", "Name three rivers in Europe.")]
+    plain_engine = engine_for(files, runtime, None)
+    engine = engine_for(files, runtime, head)
+    try:
+        target = plain_engine.target
+        second = plain_engine.chat_prompt(other)
+        answer = "".join(
+            target.token_text(token) for token in tokens(reply(plain_engine, second, "none"))
+        )
+        turn = [*other, ChatMessage("assistant", answer), ChatMessage("user", "And in Asia?")]
+        prompts = [plain_engine.chat_prompt(PROMPT), second, plain_engine.chat_prompt(turn)]
+        starts = []
+        for prompt in prompts:
+            plain = tokens(reply(plain_engine, prompt, "none"))
+            drafted = reply(engine, prompt, head)
+            assert tokens(drafted) == plain
+            assert any(event.drafter == head and event.draft_length for event in drafted)
+            starts.append(first_entry(engine, runtime, head))
+        assert starts[2] == starts[1], "the next turn started the head afresh"
+    finally:
+        engine.close()
+        plain_engine.close()
+
+
+def first_entry(engine: Engine, runtime: str, head: str) -> int:
+    """The position of the first entry in ``engine``'s head's cache."""
+    state = engine.drafter_named(head).head  # type: ignore[attr-defined]
+    if runtime == "mlx":
+        return int(state._base)
+    return int(llamacpp.llama_cpp.llama_memory_seq_pos_min(state._memory, state.seq))

@@ -68,13 +68,17 @@ class RunningServer:
             raise
 
 
-def start_server(home: Path, socket_path: Path, *options: str, pair: str = PAIR) -> RunningServer:
-    """Start ``draftpen serve --pair smollm2`` (or ``pair``) and wait until it listens."""
+def start_server(
+    home: Path, socket_path: Path, *options: str, pair: str | None = PAIR
+) -> RunningServer:
+    """Start ``draftpen serve --pair smollm2`` (or ``pair``; None: ``options`` name the
+    models, ``--target``/``--draft``) and wait until it listens."""
     if pair == PAIR:
         require_model(SMOLLM2_KEY)
     log_path = home / f"serve-{socket_path.stem}.log"
     with log_path.open("w") as log:
-        command = [sys.executable, "-m", "app.main", "serve", "--pair", pair]
+        command = [sys.executable, "-m", "app.main", "serve"]
+        command += ["--pair", pair] if pair is not None else []
         process = subprocess.Popen(
             [*command, "--socket", str(socket_path), *options],
             cwd=REPO,
