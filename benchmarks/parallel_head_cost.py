@@ -10,7 +10,7 @@ copies.
 
 Writes, with tests/support/ (SmolLM2's tokenizer, random weights): the tiny llama target
 of tiny_eagle3.py (4 layers, 64 wide), an EAGLE-3 head and a DFlash head for it. After a
-40-token prompt, each round is timed ``--calls`` times:
+40-token prompt, each round is timed ``--calls`` times, the two ways alternated:
 
 - EAGLE-3: ``start`` and three chain steps (four drafts), then ``finish``;
 - DFlash: one block of 7 drafts, then ``finish``;
@@ -103,13 +103,7 @@ def measure(folder: Path, calls: int, threads: int) -> Iterator[tuple[str, list[
             alone = exchange.call(load_alone)
             prompt = alone.chat_prompt(PROMPT)[:40]
             exchange.call(lambda alone=alone, prompt=prompt: alone.target.prefill(prompt))
-            head = alone.drafter_named(name).head  # type: ignore[attr-defined]
-            whole = _round(name, head, prompt)
-            yield (
-                f"{name}: one sequence, one call a round",
-                timed(lambda whole=whole: exchange.call(whole), calls),
-            )
-            exchange.call(alone.close)
+            whole = _round(name, alone.drafter_named(name).head, prompt)  # type: ignore[attr-defined]
 
             def load_parallel(attach: str = attach, path: Path = path) -> Engine:
                 engine = Engine(
@@ -123,10 +117,17 @@ def measure(folder: Path, calls: int, threads: int) -> Iterator[tuple[str, list[
             slots.take([])
             slot = slots.take([])
             slot.target.prefill(prompt)
-            head = slot.drafter_named(name).head  # type: ignore[attr-defined]
-            yield f"{name}: sequence 1 of 2, a hop a call", timed(_round(name, head, prompt), calls)
+            hops = _round(name, slot.drafter_named(name).head, prompt)  # type: ignore[attr-defined]
+            # Alternated round by round, so that the machine's drift falls on both alike.
+            times: tuple[list[float], list[float]] = ([], [])
+            for _ in range(calls):
+                times[0].extend(timed(lambda whole=whole: exchange.call(whole), 1))
+                times[1].extend(timed(hops, 1))
+            yield f"{name}: one sequence, one call a round", times[0]
+            yield f"{name}: sequence 1 of 2, a hop a call", times[1]
             slots.close()
             exchange.call(engine.close)
+            exchange.call(alone.close)
     finally:
         exchange.stop_serving(stop)
         runtime.join(timeout=10)
