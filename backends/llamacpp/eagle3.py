@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from backends.errors import DecodeError
-from backends.llamacpp.eagle3_files import get_layer_input, set_layer_input
-from backends.llamacpp.head_base import LlamaCppHead, layer_input_rows, llama_cpp_ext
+from backends.llamacpp.eagle3_files import set_layer_input
+from backends.llamacpp.head_base import LlamaCppHead, llama_cpp_ext
 from backends.llamacpp.library import llama_cpp
 from backends.sampling.rows import HostRows
 
@@ -97,17 +97,8 @@ class LlamaCppEagle3Head(LlamaCppHead):
         """The target evaluated ``tokens`` at positions from ``start``, rows from
         ``first_row`` of its batch (a parallel context's holds other sequences' too):
         keep their features."""
-        rows = layer_input_rows(
-            self._target_context,
-            get_layer_input,
-            self.layer_ids,
-            len(tokens),
-            self.target_embd,
-            first_row,
-        )
-        if rows is None:
+        if not self._keep_layer_inputs(start, tokens, first_row):
             return
-        self._kept.add(start, tokens, rows)
         if self._kept.end - 1 - self.synced > EAGER_SYNC_ROWS:
             # Entry p reads t_{p+1}: the last row waits for the token after it.
             self._sync(self._kept.end - 1)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from backends.errors import DecodeError, ModelLoadError
+from backends.llamacpp.eagle3_files import get_layer_input
 from backends.llamacpp.library import last_llama_error, llama_cpp, note_decoding_thread
 from backends.sampling.rows import HostRows
 from backends.target_rows import TargetRows
@@ -232,6 +233,21 @@ class LlamaCppHead:
             llama_cpp.llama_memory_seq_rm(self._memory, self.seq, min(self.synced, position), -1)
             self.synced = min(self.synced, position)
         self._chain_end = self.synced
+
+    def _keep_layer_inputs(self, start: int, tokens: Sequence[int], first_row: int) -> bool:
+        """Keep the target's inputs of the head's layers (``layer_ids``, each
+        ``target_embd`` wide: EAGLE-3 and DFlash heads) for ``tokens``, evaluated at
+        positions from ``start``, rows from ``first_row`` of the target's batch (a
+        parallel context's holds other sequences' too); False where none were handed out."""
+        layer_ids: Sequence[int] = self.layer_ids  # type: ignore[attr-defined]
+        width: int = self.target_embd  # type: ignore[attr-defined]
+        rows = layer_input_rows(
+            self._target_context, get_layer_input, layer_ids, len(tokens), width, first_row
+        )
+        if rows is None:
+            return False
+        self._kept.add(start, tokens, rows)
+        return True
 
     def _readable_from(self, first: int) -> int:
         """``first``, the first position the head can read next; where it lies past the

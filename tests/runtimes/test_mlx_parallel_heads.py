@@ -12,7 +12,6 @@ the same context alone.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,11 @@ import numpy as np
 import pytest
 
 from backends.engine import Engine, GenerationRequest
-from backends.engine_slots import EngineSlots, generate_on_slot
+from backends.engine_slots import EngineSlots
 from backends.runtime_exchange import RuntimeExchange
 from backends.sampling.filters import SamplingParams
 from backends.speculation.cost_model import CostModel
+from tests.support.slot_runs import reply_tokens, run_on_slots, serving_exchange
 from tests.support.tiny_mlx_heads import (
     DFLASH_BLOCK,
     write_dflash_head,
@@ -104,15 +104,10 @@ def alone(files: dict[str, Path]) -> dict[str, list[int]]:
 def served(files: dict[str, Path], request: pytest.FixtureRequest) -> Iterator[Any]:
     """A parallel engine with a head, its slots, and a runtime thread serving them."""
     head, drafter = request.param
-    exchange = RuntimeExchange()
-    stop = threading.Event()
-    runtime = threading.Thread(target=exchange.serve, args=(stop,), daemon=True)
-    runtime.start()
-    engine = _engine(files, head, len(PROMPTS))
-    slots = EngineSlots(engine, exchange)
-    yield engine, slots, head, drafter
-    exchange.stop_serving(stop)
-    runtime.join(timeout=10)
+    with serving_exchange() as exchange:
+        engine = _engine(files, head, len(PROMPTS))
+        slots = EngineSlots(engine, exchange)
+        yield engine, slots, head, drafter
     slots.close()
     engine.close()
 
@@ -121,26 +116,10 @@ def _run_together(
     slots: EngineSlots, engine: Engine, prompts: tuple[str, ...], drafter: str
 ) -> dict[str, tuple[Engine, list[int], list[Any]]]:
     """Each prompt's slot, reply and events, generated at once on the slots."""
-    done: dict[str, tuple[Engine, list[int], list[Any]]] = {}
-    errors: list[BaseException] = []
-    taken = [slots.take(engine.text_prompt(prompt)) for prompt in prompts]
-
-    def run(slot: Engine, prompt: str) -> None:
-        try:
-            events = list(generate_on_slot(slot, _request(slot, prompt, drafter)))
-            done[prompt] = (slot, [t for event in events for t in event.tokens], events)
-        except BaseException as error:  # re-raised by the test
-            errors.append(error)
-        finally:
-            slots.give_back(slot)
-
-    threads = [threading.Thread(target=run, args=pair) for pair in zip(taken, prompts, strict=True)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=300)
-    assert not errors, errors
-    return done
+    done = run_on_slots(slots, {prompt: _request(engine, prompt, drafter) for prompt in prompts})
+    return {
+        str(prompt): (slot, reply_tokens(events), events) for prompt, (slot, events) in done.items()
+    }
 
 
 def _head_rows(head: Any, drafter: str, context: list[int], evaluated: int) -> np.ndarray:
@@ -210,36 +189,37 @@ def test_after_replies_side_by_side_each_head_reads_what_a_fresh_one_alone_would
 def test_each_view_of_a_model_with_a_head_has_a_state_of_its_own(files: dict[str, Path]) -> None:
     from backends.mlx.sequences import sequence_views
 
-    exchange = RuntimeExchange()
-    stop = threading.Event()
-    runtime = threading.Thread(target=exchange.serve, args=(stop,), daemon=True)
-    runtime.start()
-    engine = _engine(files, "llama-dflash", 2)
-    views = sequence_views(engine.target, exchange)  # type: ignore[arg-type]
-    try:
-        heads = [view.sequence_head() for view in views.views]
-        assert heads[0] is not None and heads[1] is not None
-        assert heads[0].head is not heads[1].head
-        owner = engine.target._head  # type: ignore[attr-defined]
-        assert heads[0].head.model is owner.model  # the weights are loaded once
-        assert heads[0].kind == "dflash" and heads[0].max_drafts == DFLASH_BLOCK - 1
-        views.views[0].prefill(engine.text_prompt(PROMPTS[0]))
-        assert heads[0].head._kept.end > 0 and heads[1].head._kept.end == 0
-        views.views[0].rollback(2)  # noted here, made on the runtime thread's next work
-        assert heads[0].head._kept.end > 2
-        exchange.call(heads[0]._caught_up)
-        assert heads[0].head._kept.end == 2
-        views.views[0].prefill(engine.text_prompt(PROMPTS[1])[:3])
-        assert heads[0].head._kept.end == 5
-        # A state restored whole: the head's rows start afresh from the next forward's.
-        views.views[0].restore_state(views.views[0].save_state())
-        exchange.call(heads[0]._caught_up)
-        assert heads[0].head._kept.end == 0
-        views.views[0].prefill([7, 8])
-        assert (heads[0].head._kept.start, heads[0].head._kept.end) == (5, 7)
-        assert heads[1].head._kept.end == 0  # the other view's head read none of it
-    finally:
-        views.close()
-        exchange.stop_serving(stop)
-        runtime.join(timeout=10)
-        engine.close()
+    with serving_exchange() as exchange:
+        engine = _engine(files, "llama-dflash", 2)
+        views = sequence_views(engine.target, exchange)  # type: ignore[arg-type]
+        try:
+            _check_states_of_their_own(engine, views, exchange)
+        finally:
+            views.close()
+    engine.close()
+
+
+def _check_states_of_their_own(engine: Engine, views: Any, exchange: RuntimeExchange) -> None:
+    """Two views' head states over one loaded head: each reads its own view's rows, a
+    rollback is noted and made on the runtime thread, a restored state starts afresh."""
+    heads = [view.sequence_head() for view in views.views]
+    assert heads[0] is not None and heads[1] is not None
+    assert heads[0].head is not heads[1].head
+    owner = engine.target._head  # type: ignore[attr-defined]
+    assert heads[0].head.model is owner.model  # the weights are loaded once
+    assert heads[0].kind == "dflash" and heads[0].max_drafts == DFLASH_BLOCK - 1
+    views.views[0].prefill(engine.text_prompt(PROMPTS[0]))
+    assert heads[0].head._kept.end > 0 and heads[1].head._kept.end == 0
+    views.views[0].rollback(2)  # noted here, made on the runtime thread's next work
+    assert heads[0].head._kept.end > 2
+    exchange.call(heads[0]._caught_up)
+    assert heads[0].head._kept.end == 2
+    views.views[0].prefill(engine.text_prompt(PROMPTS[1])[:3])
+    assert heads[0].head._kept.end == 5
+    # A state restored whole: the head's rows start afresh from the next forward's.
+    views.views[0].restore_state(views.views[0].save_state())
+    exchange.call(heads[0]._caught_up)
+    assert heads[0].head._kept.end == 0
+    views.views[0].prefill([7, 8])
+    assert (heads[0].head._kept.start, heads[0].head._kept.end) == (5, 7)
+    assert heads[1].head._kept.end == 0  # the other view's head read none of it

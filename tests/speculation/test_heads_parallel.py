@@ -9,7 +9,6 @@ back round after round beside the others'.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,12 +17,13 @@ import pytest
 
 from backends.base import ChatMessage
 from backends.engine import Engine, GenerationRequest
-from backends.engine_slots import EngineSlots, generate_on_slot
+from backends.engine_slots import EngineSlots
 from backends.runtime_exchange import RuntimeExchange
 from backends.sampling.filters import SamplingParams
 from backends.speculation.cost_model import CostModel
 from tests.support.draft_distribution import check_head_drafts_are_exact
 from tests.support.model_files import SMOLLM2_KEY, require_model
+from tests.support.slot_runs import reply_tokens, run_on_slots, serving_exchange
 from tests.support.tiny_dflash import write_dflash_head
 from tests.support.tiny_eagle3 import write_eagle3_head, write_tiny_target
 
@@ -85,7 +85,7 @@ def alone(files: dict[str, Path]) -> dict[str, list[int]]:
     engine = _engine(files, None, 1)
     try:
         return {
-            text: [t for e in engine.generate(_request(engine, text, "none")) for t in e.tokens]
+            text: reply_tokens(list(engine.generate(_request(engine, text, "none"))))
             for text in PROMPTS
         }
     finally:
@@ -95,42 +95,17 @@ def alone(files: dict[str, Path]) -> dict[str, list[int]]:
 @pytest.fixture
 def exchange() -> Iterator[RuntimeExchange]:
     """A runtime thread serving the exchange, as the engine's server runs one."""
-    exchange = RuntimeExchange()
-    stop = threading.Event()
-    runtime = threading.Thread(target=exchange.serve, args=(stop,), daemon=True)
-    runtime.start()
-    yield exchange
-    exchange.stop_serving(stop)
-    runtime.join(timeout=10)
+    with serving_exchange() as exchange:
+        yield exchange
 
 
 def _run_together(
     engine: Engine, slots: EngineSlots, drafter: str
 ) -> tuple[dict[str, list[int]], dict[str, list]]:
     """Every prompt on a slot of its own, generated at once: replies and events."""
-    replies: dict[str, list[int]] = {}
-    events: dict[str, list] = {}
-    errors: list[BaseException] = []
-    requests = {text: _request(engine, text, drafter) for text in PROMPTS}
-    taken = {text: slots.take(request.prompt_tokens) for text, request in requests.items()}
-
-    def run(text: str) -> None:
-        slot = taken[text]
-        try:
-            events[text] = list(generate_on_slot(slot, requests[text]))
-            replies[text] = [token for event in events[text] for token in event.tokens]
-        except BaseException as error:  # re-raised by the test
-            errors.append(error)
-        finally:
-            slots.give_back(slot)
-
-    threads = [threading.Thread(target=run, args=(text,)) for text in PROMPTS]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=300)
-    assert not errors, errors
-    return replies, events
+    done = run_on_slots(slots, {text: _request(engine, text, drafter) for text in PROMPTS})
+    events = {str(text): slot_events for text, (_, slot_events) in done.items()}
+    return {text: reply_tokens(e) for text, e in events.items()}, events
 
 
 @pytest.mark.parametrize("drafter", ["eagle3", "dflash"])

@@ -1,0 +1,60 @@
+"""Generations at once on a parallel engine's slots, as the engine's server runs them:
+a runtime thread serving the exchange, and each request on a thread of its own."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from backends.engine import Engine, GenerationRequest
+from backends.engine_slots import EngineSlots, generate_on_slot
+from backends.runtime_exchange import RuntimeExchange
+
+
+@contextmanager
+def serving_exchange() -> Iterator[RuntimeExchange]:
+    """A runtime exchange with a thread serving it until the block ends."""
+    exchange = RuntimeExchange()
+    stop = threading.Event()
+    runtime = threading.Thread(target=exchange.serve, args=(stop,), daemon=True)
+    runtime.start()
+    try:
+        yield exchange
+    finally:
+        exchange.stop_serving(stop)
+        runtime.join(timeout=10)
+
+
+def run_on_slots(
+    slots: EngineSlots, requests: Mapping[Hashable, GenerationRequest], timeout: float = 300
+) -> dict[Hashable, tuple[Engine, list[Any]]]:
+    """Every request on a slot of its own (the one sharing most of its prompt), all
+    generated at once: each one's slot and events. Raises the first error any raised."""
+    done: dict[Hashable, tuple[Engine, list[Any]]] = {}
+    errors: list[BaseException] = []
+    taken = {key: slots.take(request.prompt_tokens) for key, request in requests.items()}
+
+    def run(key: Hashable) -> None:
+        slot = taken[key]
+        try:
+            done[key] = (slot, list(generate_on_slot(slot, requests[key])))
+        except BaseException as error:  # re-raised below, on the test's thread
+            errors.append(error)
+        finally:
+            slots.give_back(slot)
+
+    threads = [threading.Thread(target=run, args=(key,)) for key in requests]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    if errors:
+        raise errors[0]
+    return done
+
+
+def reply_tokens(events: list[Any]) -> list[int]:
+    """The tokens of a reply's events, in order."""
+    return [token for event in events for token in event.tokens]
