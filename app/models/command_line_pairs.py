@@ -77,8 +77,8 @@ def share_command_line_pair(name: str, target: str, draft: str | None) -> Catalo
             return existing
         raise PairInputError(
             f"This engine already serves another --target pair called {name!r} "
-            f"({_describe(held)}). Give your target file another name, or stop that "
-            "engine first (draftpen engine stop)."
+            f"({_describe(held)}). Give your target file another name, or restart that "
+            "engine (it forgets --target pairs when it stops)."
         )
     if name in load_catalog().pair_names():
         # The client's name avoids its own catalog's names; this engine's catalog may

@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 
 from app.client import EngineClient, EngineRequestError, ensure_engine
+from app.errors import PairInputError
+from app.models.catalog_file import forget_command_line_pairs
+from app.models.command_line_pairs import command_line_pair_files, share_command_line_pair
 from app.settings import Settings
 from tests.support.engine_fixtures import wait_until
 from tests.support.engine_process import short_socket, stop_engine
@@ -129,3 +132,23 @@ def test_a_load_may_not_hide_a_catalog_pair_under_a_target_file(
     with pytest.raises(EngineRequestError) as refused:
         engine.load("smollm2", files=(file, None))
     assert "catalog has a pair called 'smollm2'" in str(refused.value)
+
+
+@pytest.mark.real_model
+def test_the_same_files_again_are_the_same_pair_and_other_files_are_refused_its_name(
+    tmp_path: Path,
+) -> None:
+    tokenizer = require_model(SMOLLM2_KEY)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = write_tiny_target(tmp_path / "a" / "tiny-llama.gguf", tokenizer, seed=1)
+    other = write_tiny_target(tmp_path / "b" / "tiny-llama.gguf", tokenizer, seed=3)
+    try:
+        shared = share_command_line_pair(PAIR, str(first), None)
+        # A chat app loading again (a pair switch back, a new engine) sends the files again.
+        assert share_command_line_pair(PAIR, str(first), None) is shared
+        assert command_line_pair_files(PAIR) == (first, None)
+        with pytest.raises(PairInputError, match=f"another --target pair called '{PAIR}'"):
+            share_command_line_pair(PAIR, str(other), None)
+    finally:
+        forget_command_line_pairs()
