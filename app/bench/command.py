@@ -227,12 +227,7 @@ def _run_through_engine(
     """Run the suite through the engine (started if none runs), as its clients see it."""
     from app.bench.through_engine import EngineDecoder
     from app.client import ensure_engine
-
-    if args.target or args.draft:
-        raise DraftpenError(
-            "bench --engine runs a pair the engine serves; add yours with draftpen models "
-            "add, then name it with --pair (or leave out --engine)."
-        )
+    from app.models.command_line_pairs import command_line_pair_files
 
     def note(text: str) -> None:
         print(f"draftpen bench: {text}", file=sys.stderr, flush=True)
@@ -246,6 +241,8 @@ def _run_through_engine(
             on_progress=lambda text: note(f"  {text}"),
             context_length=args.context,
             exact=args.exact,
+            # A --target/--draft pair is this process's: the engine learns it from its files.
+            files=command_line_pair_files(pair),
         )
         health = client.health()
         modes = bench_modes(

@@ -139,13 +139,17 @@ def _events_from_engine(
         Waiting,
         ensure_engine,
     )
+    from app.models.command_line_pairs import command_line_pair_files
 
     if args.raw:
         raise DraftpenError("--engine answers chat prompts only; leave out --raw.")
     pair = args.pair or settings.default_pair
     client = ensure_engine(settings, on_status=_note)
-    if args.context is not None:
-        client.load(pair, on_progress=_note, context_length=args.context)
+    # A --target/--draft pair is this process's: the engine learns it from its files
+    # with a load, before the chat names it.
+    files = command_line_pair_files(pair)
+    if args.context is not None or files is not None:
+        client.load(pair, on_progress=_note, context_length=args.context, files=files)
     messages = [ChatMessage("user", prompt)]
     if args.system:
         messages.insert(0, ChatMessage("system", args.system))

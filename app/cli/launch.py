@@ -33,6 +33,7 @@ from app.client import EngineClient, EngineLost, ensure_engine, find_engine
 from app.client.api_key import API_KEY_ENV, engine_api_key
 from app.client.wire import default_socket_path
 from app.errors import DraftpenError
+from app.models.command_line_pairs import command_line_pair_files
 from app.settings import load_settings
 
 # What a shell says for a command it cannot find: launch says the same for a missing CLI.
@@ -194,7 +195,10 @@ def prepare_engine(
         context = held[pair]
     else:
         report(f"loading '{pair}' with a {context}-token context")
-        context = client.load(pair, on_progress=report, context_length=context).context_length
+        files = command_line_pair_files(pair)  # a --target pair: the engine never saw it
+        context = client.load(
+            pair, on_progress=report, context_length=context, files=files
+        ).context_length
     return client, Endpoint(url, key.value, pair, context)
 
 

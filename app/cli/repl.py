@@ -33,6 +33,7 @@ from app.client import (
     ensure_engine,
 )
 from app.errors import DraftpenError
+from app.models.command_line_pairs import command_line_pair_files
 from app.settings import Settings
 from backends.base import ChatMessage
 from backends.generation_events import SpeculativeStats
@@ -91,6 +92,8 @@ class EngineSession:
             on_progress=lambda text: _say(f"  {text}"),
             context_length=self.settings.context_length,
             exact=self.settings.exact_output,
+            # A --target/--draft pair is this process's: the engine learns it from its files.
+            files=command_line_pair_files(self.pair),
         )
         self.client = client
         return client

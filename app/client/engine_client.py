@@ -32,7 +32,7 @@ from app.client.errors import (
     EngineRequestError,
     EngineRuntimeRestartedError,
 )
-from app.client.wire import HealthReport, LoadedPairReport, LoadRequest, PairCard
+from app.client.wire import HealthReport, LoadedPairReport, LoadRequest, PairCard, PairFiles
 
 # No line for this long on a stream the engine keeps alive (it sends a comment every
 # second while a request waits) means the engine is stuck or gone.
@@ -78,6 +78,7 @@ class EngineClient:
         context_length: int | None = None,
         exact: bool | None = None,
         workers: list[str] | None = None,
+        files: tuple[Path, Path | None] | None = None,
     ) -> LoadedPairReport:
         """Make the engine load ``pair_name`` (or reload it with other settings).
 
@@ -85,9 +86,21 @@ class EngineClient:
         loaded once it is. Raises :class:`EngineRequestError` when the pair cannot be
         loaded (not downloaded, a broken file, a worker gone), with the engine's message.
         ``workers``: HOST:PORT of each worker to split the target over ([]: none).
+        ``files``: the target's and draft's paths of a pair this process made from
+        ``--target``/``--draft`` (``command_line_pair_files``), which the engine
+        registers under ``pair_name`` before it loads it.
         """
+        shared = None
+        if files is not None:
+            target, draft = files
+            draft_text = str(draft.absolute()) if draft is not None else None
+            shared = PairFiles(target=str(target.absolute()), draft=draft_text)
         body = LoadRequest(
-            pair=pair_name, context_length=context_length, exact=exact, workers=workers
+            pair=pair_name,
+            files=shared,
+            context_length=context_length,
+            exact=exact,
+            workers=workers,
         )
         report = on_progress or (lambda text: None)
         for payload in self._stream("/draftpen/load", body.model_dump(exclude_none=True)):

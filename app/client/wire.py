@@ -88,10 +88,23 @@ class DraftpenRequestOptions(_Strict):
     client: ClientKind = Field("agent", description="what the request is, in queue notices")
 
 
+class PairFiles(_Strict):
+    """The files of a pair given on a client's command line (``--target``/``--draft``):
+    absolute paths on the engine's machine (hub files already pulled there)."""
+
+    target: str = Field(min_length=1)
+    draft: str | None = None
+
+
 class LoadRequest(_Strict):
-    """``POST /draftpen/load``: load a pair, or reload it with other settings."""
+    """``POST /draftpen/load``: load a pair, or reload it with other settings.
+
+    With ``files``, ``pair`` names a pair the client made from ``--target``/``--draft``:
+    the engine makes those files a pair of that name first (the engine never saw the
+    client's command line)."""
 
     pair: str = Field(min_length=1)
+    files: PairFiles | None = None
     context_length: int | None = Field(None, ge=16)
     exact: bool | None = None
     # HOST:PORT of each worker to split the target over ([]: none, this machine alone);

@@ -313,11 +313,18 @@ class AgentApi:
             raise ApiError(
                 400,
                 f"Invalid load request: {param}: {first['msg']}. Send "
-                '{"pair": NAME, "context_length": N, "exact": true|false, "workers": '
-                '["HOST:PORT", ...]} (all but the pair optional).',
+                '{"pair": NAME, "files": {"target": PATH, "draft": PATH}, "context_length": '
+                'N, "exact": true|false, "workers": ["HOST:PORT", ...]} (all but the pair '
+                "optional).",
                 param=param,
                 code="invalid_value",
             ) from None
+        shared = None
+        if wanted.files is not None:  # a client's --target/--draft: this engine never saw it
+            files = wanted.files
+            shared = await asyncio.to_thread(
+                self.pairs.share, wanted.pair, files.target, files.draft
+            )
         await asyncio.to_thread(self.pairs.check, wanted.pair)
         options = None
         changes = (wanted.context_length, wanted.exact, wanted.workers)
@@ -335,6 +342,7 @@ class AgentApi:
             kind="load",
             loop=asyncio.get_running_loop(),
             load_options=options,
+            command_line_pair=shared,
         )
         self._submit(job)
         return self.responses.load_progress(job)

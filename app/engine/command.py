@@ -288,8 +288,10 @@ def run_serve(args: argparse.Namespace) -> int:
                 prefix_cache_bytes=prefix_bytes,
                 history=history,
                 worker_timeout=worker_timeout,
-                command_line_pairs=command_line_pairs(),
             ),
+            # The runtime process is spawned: it knows serve's --target/--draft pair
+            # only from here.
+            command_line_pairs=command_line_pairs(),
             preload=(args.pair, defaults) if args.pair else None,
             record_path=runtime_record_path(socket_path),
             log_path=Path(args.log_file).expanduser().absolute() if args.log_file else None,

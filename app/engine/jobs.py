@@ -9,12 +9,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.client.wire import LoadedPairReport, QueueNotice, waiting_label
 from app.engine.generation_run import END
 from app.engine.scheduler import LoadOptions
 from backends.engine import Engine, GenerationRequest
+
+if TYPE_CHECKING:
+    from app.models.catalog import Catalog
 
 
 class QueueFullError(Exception):
@@ -84,6 +87,8 @@ class EngineJob:
     prepare: Preparer | None = None
     load_options: LoadOptions | None = None
     inspect: Callable[[Engine], Any] | None = None
+    # A load's pair made from a client's --target/--draft: a runtime process is told it.
+    command_line_pair: Catalog | None = None
     cancel_event: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = ""
     submitted: float = field(default_factory=time.monotonic)

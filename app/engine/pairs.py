@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from app.engine.crash_record import load_watched
 from app.engine.scheduler import LoadOptions, PairLoader
@@ -20,7 +20,11 @@ from app.errors import DraftpenError
 from backends.caches.draft_history import HistorySettings
 from backends.caches.prefix_store import PrefixStore
 from backends.engine import Engine
+from backends.errors import BackendError
 from backends.select import RankSplit
+
+if TYPE_CHECKING:
+    from app.models.catalog import Catalog
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,11 @@ class PairDirectory(Protocol):
 
     def check(self, name: str) -> None:
         """Nothing if ``name`` can be loaded; else an :class:`ApiError` (404) naming the fix."""
+        ...
+
+    def share(self, name: str, target: str, draft: str | None) -> Catalog:
+        """Make a client's ``--target``/``--draft`` files pair ``name`` here; its catalog
+        (for the runtime process). An :class:`ApiError` (400) naming the fix when not."""
         ...
 
 
@@ -90,6 +99,16 @@ class CatalogPairs:
                     "(GET /v1/models lists them; draftpen models list shows every pair)."
                 ) from None
             raise model_not_found(f"{error} Downloaded pairs: {known}.") from None
+
+    def share(self, name: str, target: str, draft: str | None) -> Catalog:
+        """The client's files become command-line pair ``name`` of this engine, checked
+        as the client checked them (``command_line_pairs``)."""
+        from app.models.command_line_pairs import share_command_line_pair
+
+        try:
+            return share_command_line_pair(name, target, draft)
+        except (DraftpenError, BackendError) as error:  # a missing file, a clash, a vocabulary
+            raise ApiError(400, str(error), param="files", code="invalid_value") from None
 
 
 def catalog_loader(
@@ -154,6 +173,16 @@ class FixedPairs:
                 f"The model '{name}' is not served here; this engine serves '{self.name}' "
                 "(see GET /v1/models)."
             )
+
+    def share(self, name: str, target: str, draft: str | None) -> Catalog:
+        """Refused: this engine serves its one pair."""
+        raise ApiError(
+            400,
+            f"This engine serves the one model '{self.name}' it was given; it cannot load "
+            f"{target} as '{name}'.",
+            param="files",
+            code="invalid_value",
+        )
 
     def loader(self, name: str, options: LoadOptions, report: Callable[[str], None]) -> Engine:
         """A fixed pair cannot be loaded again once it has been unloaded."""

@@ -51,6 +51,7 @@ from app.engine.runtime_wire import (
 )
 from app.engine.scheduler import PairScheduler
 from app.engine.schema import ApiError
+from app.models.catalog_file import remember_command_line_pair, restore_command_line_pairs
 from backends.engine import Engine
 from backends.generation_events import GenerationEvent
 
@@ -78,6 +79,8 @@ def run_runtime(connection: Connection, spec: RuntimeSpec) -> None:
         follow_log(spec.log_path)
     if spec.record_path is not None:
         crash_record.start_recording(spec.record_path, spec.runtime)
+    # Spawned, this process has none of the front's --target/--draft pairs.
+    restore_command_line_pairs(spec.command_line_pairs)
     scheduler = spec.build(spec)
     scheduler.remember(spec.remembered)
     queue = GenerationQueue(scheduler, max_waiting=_UNBOUNDED)
@@ -116,6 +119,9 @@ def _serve(
             logger.warning("unreadable message from the engine's front: %r", error)
             continue
         if isinstance(message, SubmitJob):
+            if message.command_line_pair is not None:
+                # Before the job waits in the queue: its load then finds the pair.
+                remember_command_line_pair(message.command_line_pair)
             job = RuntimeJob.of(message, outbox, jobs)
             jobs[job.id] = job
             queue.submit(job)  # type: ignore[arg-type]  # an EngineJob to the queue

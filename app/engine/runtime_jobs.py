@@ -47,6 +47,7 @@ class TrackedJob:
             generation=generation,
             load_options=job.load_options,
             inspect=job.inspect,
+            command_line_pair=job.command_line_pair,
         )
 
     def deliver(self, item: object) -> None:

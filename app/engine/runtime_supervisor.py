@@ -56,6 +56,7 @@ from app.engine.runtime_wire import (
 )
 from app.engine.scheduler import LoadOptions, SchedulerSnapshot
 from app.errors import DraftpenError
+from app.models.catalog_file import command_line_pairs
 
 logger = logging.getLogger("draftpen.server")
 
@@ -273,13 +274,18 @@ class RuntimeSupervisor:
         return runtime
 
     def _next_spec(self) -> RuntimeSpec:
-        """The spec of the next runtime: the pair the last one held, and its options."""
+        """The spec of the next runtime: the pair the last one held, and its options,
+        and every --target/--draft pair this front knows (clients' loads added some)."""
         latest = self._latest
+        # The front's own list (serve's pair, and those clients' loads added): a pair a
+        # client shared must outlive the runtime that loaded it, or the next would not
+        # find the pair it preloads or a chat names.
+        spec = dataclasses.replace(self.spec, command_line_pairs=command_line_pairs())
         if latest is None:
-            return self.spec
+            return spec
         preload = latest.held if latest.loading is None else None
         remembered = {**self.spec.remembered, **latest.remembered}
-        return dataclasses.replace(self.spec, preload=preload, remembered=remembered)
+        return dataclasses.replace(spec, preload=preload, remembered=remembered)
 
     def _send(self, runtime: RuntimeLink, message: object) -> None:
         """Send ``message`` to ``runtime`` (lock held: one writer at a time)."""

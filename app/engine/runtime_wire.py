@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.engine.jobs import QueueState
 from app.engine.scheduler import LoadOptions, SchedulerSnapshot
+from app.models.catalog import Catalog
 
 if TYPE_CHECKING:
     from app.engine.scheduler import PairScheduler
@@ -42,7 +43,9 @@ class RuntimeSpec:
     :class:`~app.engine.scheduler.PairScheduler` in the child from this spec (and its
     ``setup``, the builder's own options); ``preload`` is loaded before the runtime
     says it is ready (``serve --pair``, or the pair held when the last runtime died);
-    ``remembered`` are explicit loads' options, kept across restarts.
+    ``remembered`` are explicit loads' options, kept across restarts;
+    ``command_line_pairs`` the pairs made from ``--target``/``--draft`` (``serve``'s own,
+    and those clients sent with a load), which the runtime adds to its catalog first.
     ``record_path``: where the runtime keeps its crash record (``<path>.activity``,
     ``<path>.fatal``); ``log_path``: the engine's log file, which the runtime follows
     when the front rotates it.
@@ -55,6 +58,7 @@ class RuntimeSpec:
     setup: Any = None
     preload: tuple[str, LoadOptions] | None = None
     remembered: dict[str, LoadOptions] = field(default_factory=dict)
+    command_line_pairs: tuple[Catalog, ...] = ()
     record_path: Path | None = None
     log_path: Path | None = None
 
@@ -76,6 +80,9 @@ class SubmitJob:
     generation: Callable[[Engine], Any] | None = None
     load_options: LoadOptions | None = None
     inspect: Callable[[Engine], Any] | None = None
+    # A load's pair made from a client's --target/--draft files: the runtime adds it
+    # (if it has no pair of that name) before it takes the job.
+    command_line_pair: Catalog | None = None
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,6 @@ from app.engine.worker_options import (
     watch_for_hung_workers,
     watch_runtime_aborts,
 )
-from app.models.catalog import Catalog
-from app.models.catalog_file import restore_command_line_pairs
 
 if TYPE_CHECKING:
     from backends.caches.draft_history import HistorySettings
@@ -41,9 +39,6 @@ class CatalogRuntime:
     prefix_cache_bytes: int
     history: HistorySettings | None
     worker_timeout: float
-    # The pairs `serve --target/--draft` made in the front, which the runtime process
-    # (spawned: it starts without them) loads by name.
-    command_line_pairs: tuple[Catalog, ...] = ()
 
 
 def build_catalog_runtime(spec: RuntimeSpec) -> PairScheduler:
@@ -53,7 +48,6 @@ def build_catalog_runtime(spec: RuntimeSpec) -> PairScheduler:
     from app.engine.pairs import catalog_loader
 
     setup: CatalogRuntime = spec.setup
-    restore_command_line_pairs(setup.command_line_pairs)
     if setup.runtime == "llamacpp":
         watch_llamacpp(setup.worker_timeout)
     loader = catalog_loader(

@@ -6,7 +6,8 @@ does this pair use on this machine" in one call; ``downloads`` pulls a pair from
 ``sources/`` (hub, PyPI mirror, GGUF-to-MLX conversion) and ``pair_download`` tracks that
 for a UI; ``fit`` and ``overview`` say what suits this machine, and ``recommend`` which
 pair suits it best, and why. ``user_pairs`` makes your own files a pair (GGUFs via
-``gguf_header``; MLX directories via ``mlx_directory`` and ``own_mlx_pairs``).
+``gguf_header``; MLX directories via ``mlx_directory`` and ``own_mlx_pairs``), and
+``command_line_pairs`` shares a ``--target``/``--draft`` pair with the engine (its files).
 
 May import: ``app.settings``, ``app.errors``, ``app.rates``, ``backends``. Never a front end.
 """

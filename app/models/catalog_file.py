@@ -90,11 +90,29 @@ def merge_catalogs(base: Catalog, extra: Catalog) -> Catalog:
 _command_line_pairs: list[Catalog] = []
 
 
-def add_command_line_pair(models: tuple[ModelEntry, ...], pair: PairEntry) -> None:
-    """Make ``pair`` (built from ``--target``/``--draft``) a catalog pair for this run."""
-    _command_line_pairs.append(
-        Catalog(models=models, pairs=(pair,), origin="the command line (--target/--draft)")
-    )
+def add_command_line_pair(models: tuple[ModelEntry, ...], pair: PairEntry) -> Catalog:
+    """Make ``pair`` (built from ``--target``/``--draft``) a catalog pair for this run;
+    returns the catalog of that one pair (picklable: what another process adds with
+    :func:`remember_command_line_pair`)."""
+    catalog = Catalog(models=models, pairs=(pair,), origin="the command line (--target/--draft)")
+    _command_line_pairs.append(catalog)
+    return catalog
+
+
+def command_line_pair(name: str) -> Catalog | None:
+    """The catalog of command-line pair ``name`` in this process, or ``None``."""
+    for catalog in _command_line_pairs:
+        if name in catalog.pair_names():
+            return catalog
+    return None
+
+
+def remember_command_line_pair(catalog: Catalog) -> None:
+    """Add another process's command-line pair (one :func:`add_command_line_pair`
+    returned) unless this process has a pair of that name already: the engine's runtime
+    is told of a pair with every load of it."""
+    if all(command_line_pair(name) is None for name in catalog.pair_names()):
+        _command_line_pairs.append(catalog)
 
 
 def command_line_pairs() -> tuple[Catalog, ...]:

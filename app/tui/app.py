@@ -22,6 +22,7 @@ from app.chats.history import History
 from app.client import EngineClient, EngineLost, EngineRequestError, ensure_engine
 from app.client.wire import LoadedPairReport
 from app.errors import DraftpenError
+from app.models.command_line_pairs import command_line_pair_files
 from app.settings import Settings, load_settings, save_settings
 from app.tui.models_service import ModelsService
 from app.tui.screens.chat import ChatScreen
@@ -142,6 +143,9 @@ class DraftpenApp(App[None]):
                     on_progress=progress,
                     context_length=settings.context_length,
                     exact=settings.exact_output,
+                    # A --target/--draft pair is this process's: the engine (a new one
+                    # after a restart too) learns it from its files.
+                    files=command_line_pair_files(pair_name),
                 )
             except EngineLost as error:
                 self.call_from_thread(self.forget_engine)

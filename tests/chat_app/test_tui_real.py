@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable, Label
 
-from app.chats.history import COMPLETE, INTERRUPTED, STOPPED
-from app.models.user_pairs import add_user_pair
+from app.chats.history import COMPLETE, INTERRUPTED, STOPPED, History
+from app.models.catalog_file import forget_command_line_pairs
+from app.models.user_pairs import add_user_pair, use_command_line_pair
 from app.tui.app import DraftpenApp
 from app.tui.models_service import ModelsService
 from app.tui.screens.models import ModelsScreen
@@ -46,7 +47,8 @@ from tests.support.real_engine_app import (
     replies,
     wait_for,
 )
-from tests.support.tui_helpers import run, send
+from tests.support.tiny_eagle3 import write_tiny_target
+from tests.support.tui_helpers import FakeModelsService, run, send
 
 pytestmark = pytest.mark.real_model
 
@@ -139,6 +141,36 @@ def test_the_app_starts_an_engine_replies_stops_switches_pairs_and_survives_its_
             assert messages[-1].content.strip()
 
     run(body)
+
+
+def test_the_app_loads_a_target_pair_through_the_engine_that_never_saw_it(
+    engines: StartedEngines, tmp_path: Path
+) -> None:
+    target = write_tiny_target(tmp_path / "tiny-llama.gguf", require_model(SMOLLM2_KEY), seed=1)
+    name = use_command_line_pair(str(target), None)  # `draftpen chat --target` does this
+    try:
+        app = DraftpenApp(
+            connect=engines.connect,
+            models_service=FakeModelsService,
+            history=History(tmp_path / "history.sqlite3"),
+            settings=chat_settings(default_pair=name, max_tokens=12),
+            pair_name=name,
+        )
+
+        async def body() -> None:
+            async with app.run_test(size=(120, 40)) as pilot:
+                await wait_for(pilot, lambda: app.ready, "the --target pair to load", 180)
+                assert stats_text(app).startswith(f"Ready: {name}")
+                health = engines.client().health()
+                assert [pair.pair for pair in health.loaded] == [name]
+                await send(pilot, "Name three colours.")
+                await wait_for(pilot, lambda: app.chat_screen.reply is None, "the reply", 120)
+                stored = app.history.messages(app.chat_screen.chat_id)
+                assert stored[-1].role == "assistant" and stored[-1].state == COMPLETE
+
+        run(body)
+    finally:
+        forget_command_line_pairs()
 
 
 def test_a_chat_waits_behind_an_agent_on_one_engine_and_both_answer_as_alone(

@@ -24,6 +24,8 @@ from app.client import EngineClient
 from app.engine.pairs import PairEntryInfo, model_not_found
 from app.engine.runner import AgentServer
 from app.engine.scheduler import LoadOptions, PairScheduler
+from app.engine.schema import ApiError
+from app.models.catalog import Catalog
 from app.settings import Settings
 from backends.engine import Engine, GenerationRequest
 from backends.generation_events import GenerationEvent
@@ -73,6 +75,10 @@ class ScriptedPairs:
                 f"The model '{name}' is not a draftpen pair. Downloaded pairs: "
                 f"{', '.join(self.names)}."
             )
+
+    def share(self, name: str, target: str, draft: str | None) -> Catalog:
+        """Scripted pairs are made by the test, never from a client's files."""
+        raise ApiError(400, f"Scripted pairs only; not {target}.", param="files")
 
 
 @dataclass
