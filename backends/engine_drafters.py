@@ -47,6 +47,11 @@ class EngineDrafters:
             return self._model_drafter
         raise ValueError(f"unknown drafter {name!r}")
 
+    def head_names(self) -> list[str]:
+        """The drafters over the heads this engine's target drafts with ("mtp",
+        "eagle3", "dflash", "dspark"; none: an empty list), for what a front end shows."""
+        return [head.name for head in self._draft_heads()]
+
     def _draft_heads(self) -> list[Drafter]:
         """The heads this engine's target drafts with (its MTP head, the head attached
         from a file), for ``auto``."""

@@ -134,6 +134,9 @@ class LoadedPairReport(_Lenient):
     target: str
     draft: str | None
     context_length: int
+    # The target's draft heads ("mtp", "eagle3", "dflash", "dspark"), where it drafts
+    # with one instead of (or beside) a draft model.
+    heads: list[str] = []
     exact: bool
     idle_seconds: float
     # Seconds until keep-alive unloads it while idle; None: it stays.

@@ -205,6 +205,7 @@ class PairScheduler:
             pair=loaded.name,
             target=engine.target.name,
             draft=engine.draft.name if engine.draft is not None else None,
+            heads=engine.head_names(),
             context_length=engine.target.n_ctx,
             exact=loaded.options.exact,
             idle_seconds=round(idle, 3),

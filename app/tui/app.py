@@ -187,7 +187,8 @@ class DraftpenApp(App[None]):
         if pair_name != self.pair_name:  # a newer load was asked for meanwhile
             return
         self.loaded = loaded
-        draft = loaded.draft or "n-gram drafts only"
+        heads = " + ".join(f"{head} head" for head in loaded.heads)
+        draft = loaded.draft or heads or "n-gram drafts only"
         self._set_engine_status(f"Ready: {pair_name} ({loaded.target} + {draft})")
 
     def _engine_failed(self, message: str, *, missing: bool = False) -> None:

@@ -47,7 +47,7 @@ from tests.support.real_engine_app import (
     replies,
     wait_for,
 )
-from tests.support.tiny_eagle3 import write_tiny_target
+from tests.support.tiny_eagle3 import write_eagle3_head, write_tiny_target
 from tests.support.tui_helpers import FakeModelsService, run, send
 
 pytestmark = pytest.mark.real_model
@@ -147,7 +147,8 @@ def test_the_app_loads_a_target_pair_through_the_engine_that_never_saw_it(
     engines: StartedEngines, tmp_path: Path
 ) -> None:
     target = write_tiny_target(tmp_path / "tiny-llama.gguf", require_model(SMOLLM2_KEY), seed=1)
-    name = use_command_line_pair(str(target), None)  # `draftpen chat --target` does this
+    head = write_eagle3_head(tmp_path / "tiny-llama-eagle3.gguf", target, seed=2)
+    name = use_command_line_pair(str(target), str(head))  # `draftpen chat --target` does this
     try:
         app = DraftpenApp(
             connect=engines.connect,
@@ -160,9 +161,10 @@ def test_the_app_loads_a_target_pair_through_the_engine_that_never_saw_it(
         async def body() -> None:
             async with app.run_test(size=(120, 40)) as pilot:
                 await wait_for(pilot, lambda: app.ready, "the --target pair to load", 180)
-                assert stats_text(app).startswith(f"Ready: {name}")
+                # The pair drafts with its head, and says so (not "n-gram drafts only").
+                assert stats_text(app).startswith(f"Ready: {name} ({name} + eagle3 head)")
                 health = engines.client().health()
-                assert [pair.pair for pair in health.loaded] == [name]
+                assert [(pair.pair, pair.heads) for pair in health.loaded] == [(name, ["eagle3"])]
                 await send(pilot, "Name three colours.")
                 await wait_for(pilot, lambda: app.chat_screen.reply is None, "the reply", 120)
                 stored = app.history.messages(app.chat_screen.chat_id)
