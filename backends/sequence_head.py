@@ -14,15 +14,19 @@ call that computes (``start``, ``step``, ``draft_block``) to the runtime thread 
 returns host rows; what only follows the target (a rollback, a restored cache, a
 round's end) is noted on the calling thread and done on the runtime thread before the
 head's next work there, which spares the generation a round trip per round for
-bookkeeping.
+bookkeeping. A chain drafter hands its whole chain over in one trip (``within``): the
+start, every step and the sampling between them, one hop a round rather than one a
+drafted token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from backends.runtime_exchange import RuntimeExchange
+
+T = TypeVar("T")
 
 
 class RuntimeHead(Protocol):
@@ -80,6 +84,12 @@ class SequenceHead:
     def step(self, token: int) -> Any:
         """A chain head's next row after ``token`` (its ``step``), on the host."""
         return self._exchange.call(lambda: self._caught_up().step(token))
+
+    def within(self, work: Callable[[Any], T]) -> T:
+        """``work(head)`` on the runtime thread, in one trip: a whole chain (its start,
+        its steps and the sampling between them) costs one hop there, not one a step.
+        ``work`` calls the runtime's head itself, so it must not wait on the runtime."""
+        return self._exchange.call(lambda: work(self._caught_up()))
 
     def draft_block(self, evaluated: int, context: Sequence[int], drafts: int) -> Any:
         """A block head's rows (a DFlash head's ``draft_block``), on the host."""

@@ -16,8 +16,9 @@ of tiny_eagle3.py (4 layers, 64 wide), an EAGLE-3 head and a DFlash head for it.
 - DFlash: one block of 7 drafts, then ``finish``;
 
 on the head of a one-sequence target (the whole round handed to the runtime thread in
-one call), and on sequence 1's head of a two-sequence target (each call handed over
-from this thread, as a slot's generation does). One runtime thread computes all of it.
+one call), and on sequence 1's head of a two-sequence target: each call handed over
+from this thread, and, for EAGLE-3, the whole chain handed over in one trip
+(``SequenceHead.within``, as the chain drafter does since). One runtime thread computes all of it.
 Random weights say nothing about acceptance; a call's cost depends on shapes. One
 llama.cpp thread. Medians (and fastest), with the one-minute load average.
 
@@ -117,14 +118,24 @@ def measure(folder: Path, calls: int, threads: int) -> Iterator[tuple[str, list[
             slots.take([])
             slot = slots.take([])
             slot.target.prefill(prompt)
-            hops = _round(name, slot.drafter_named(name).head, prompt)  # type: ignore[attr-defined]
-            # Alternated round by round, so that the machine's drift falls on both alike.
-            times: tuple[list[float], list[float]] = ([], [])
+            sequence_head = slot.drafter_named(name).head  # type: ignore[attr-defined]
+            ways = {
+                f"{name}: one sequence, one call a round": lambda whole=whole: exchange.call(whole),
+                f"{name}: sequence 1 of 2, a hop a call": _round(name, sequence_head, prompt),
+            }
+            if name == "eagle3":
+                # As the chain drafter hands a sequence's chain over (SequenceHead.within).
+                ways[f"{name}: sequence 1 of 2, the chain in one hop"] = (
+                    lambda sequence_head=sequence_head, prompt=prompt: sequence_head.within(
+                        lambda head: _round("eagle3", head, prompt)()
+                    )
+                )
+            # Alternated round by round, so that the machine's drift falls on all alike.
+            times: dict[str, list[float]] = {what: [] for what in ways}
             for _ in range(calls):
-                times[0].extend(timed(lambda whole=whole: exchange.call(whole), 1))
-                times[1].extend(timed(hops, 1))
-            yield f"{name}: one sequence, one call a round", times[0]
-            yield f"{name}: sequence 1 of 2, a hop a call", times[1]
+                for what, way in ways.items():
+                    times[what].extend(timed(way, 1))
+            yield from times.items()
             slots.close()
             exchange.call(engine.close)
             exchange.call(alone.close)
@@ -148,8 +159,10 @@ def report(results: list[tuple[str, list[float]]], loads: list[float], args) -> 
     )
     yield ""
     yield f"{'round':<48} {'ms':>17} {'x alone':>8}"
-    for index, (what, times) in enumerate(results):
-        alone = statistics.median(results[index - index % 2][1])
+    alone = 0.0
+    for what, times in results:
+        if "one sequence" in what:
+            alone = statistics.median(times)
         cell = f"{statistics.median(times):.3f} ({min(times):.3f})"
         yield f"{what:<48} {cell:>17} {statistics.median(times) / alone:8.2f}"
 

@@ -25,7 +25,7 @@ from backends.output.constraints import GrammarState
 from backends.sampling.filters import SamplingParams
 from backends.sampling.penalties import TokenCounts
 from backends.sampling.rows import LogitRows
-from backends.speculation.draft_chain import draft_chain
+from backends.speculation.draft_chain import DraftChain, draft_chain
 from backends.speculation.proposal import EMPTY_PROPOSAL, DraftProposal
 from backends.token_prefix import common_prefix_length
 
@@ -99,15 +99,16 @@ class MtpDrafter:
         evaluated = len(self.target.cached_tokens)
         if common_prefix_length(self.target.cached_tokens, context) < evaluated:
             return EMPTY_PROPOSAL
-        started = time.perf_counter()
-        rows = self.head.start(evaluated, context)
-        first_seconds = time.perf_counter() - started
-        if rows is None:
-            return EMPTY_PROPOSAL
-        try:
+
+        def draft(head: DraftHead) -> tuple[DraftChain, float] | None:
+            started = time.perf_counter()
+            rows = head.start(evaluated, context)
+            first_seconds = time.perf_counter() - started
+            if rows is None:
+                return None
             chain = draft_chain(
                 rows,
-                self.head.step,
+                head.step,
                 max_tokens=max_tokens,
                 params=params,
                 rng=rng,
@@ -117,8 +118,22 @@ class MtpDrafter:
                 record_confidence=self.record_confidence,
                 is_end=self.target.is_end_of_generation,
             )
+            return chain, first_seconds
+
+        # A sequence of a parallel target works its head on the runtime thread
+        # (backends/sequence_head.py): the whole chain, its sampling included, goes
+        # there in one trip rather than one a step. Not under a grammar: its masks are
+        # computed on this thread, so that other sequences' forwards go on meanwhile.
+        within = getattr(self.head, "within", None)
+        try:
+            drafted = (
+                within(draft) if within is not None and constraint is None else draft(self.head)
+            )
         finally:
             self.head.finish()
+        if drafted is None:
+            return EMPTY_PROPOSAL
+        chain, first_seconds = drafted
         # The first step also caught the head up with what the target accepted; the
         # chain's one-token steps are its cost per drafted token.
         step_times = chain.step_seconds or [first_seconds]

@@ -228,3 +228,67 @@ def test_a_sequence_s_head_drafts_as_its_q_and_verified_tokens_follow_p(
     finally:
         slots.close()
         engine.close()
+
+
+class _StepByStep:
+    """A sequence's head as the drafter saw it before ``within``: a trip to the runtime
+    thread for each call that computes."""
+
+    def __init__(self, head: object) -> None:
+        self._head = head
+
+    def start(self, evaluated: int, context: list[int]) -> object:
+        return self._head.start(evaluated, context)  # type: ignore[attr-defined]
+
+    def step(self, token: int) -> object:
+        return self._head.step(token)  # type: ignore[attr-defined]
+
+    def finish(self) -> None:
+        self._head.finish()  # type: ignore[attr-defined]
+
+
+def test_a_sequence_s_eagle3_chain_is_one_trip_to_the_runtime_and_drafts_the_same(
+    files: dict[str, Path], exchange: RuntimeExchange
+) -> None:
+    """On a sequence of a parallel target, an EAGLE-3 round's chain (start, steps and
+    the sampling between them) goes to the runtime thread in one trip, and drafts the
+    tokens and q a trip per step drafts."""
+    from backends.speculation.eagle3_drafter import Eagle3Drafter
+
+    engine = _engine(files, "eagle3", 2)
+    slots = EngineSlots(engine, exchange)
+    trips: list[int] = []
+    submit = exchange.submit
+
+    def counting(work):  # type: ignore[no-untyped-def]
+        trips.append(1)
+        return submit(work)
+
+    try:
+        slots.take([])
+        slot = slots.take([])
+        prompt = slot.chat_prompt([ChatMessage("user", PROMPTS[1])])
+        slot.target.prefill(prompt[:-1])
+        drafter = slot.drafter_named("eagle3")
+        assert isinstance(drafter, Eagle3Drafter)
+        stepwise = Eagle3Drafter(slot.target, _StepByStep(drafter.head))  # type: ignore[arg-type]
+        params = SamplingParams(temperature=0.7)
+        proposals = []
+        exchange.submit = counting  # type: ignore[method-assign]
+        for each in (drafter, stepwise):
+            trips.clear()
+            proposal = each.propose(prompt, 5, params, np.random.default_rng(7))
+            proposals.append((proposal, len(trips)))
+        (whole, whole_trips), (steps, step_trips) = proposals
+        assert len(whole.tokens) == 5
+        assert whole_trips == 1
+        assert step_trips == 5  # the start and four steps
+        assert whole.tokens == steps.tokens
+        assert whole.distributions is not None and steps.distributions is not None
+        for ours, theirs in zip(whole.distributions, steps.distributions, strict=True):
+            np.testing.assert_array_equal(ours.ids, theirs.ids)
+            np.testing.assert_allclose(ours.probs, theirs.probs, rtol=1e-5)
+    finally:
+        exchange.submit = submit  # type: ignore[method-assign]
+        slots.close()
+        engine.close()
