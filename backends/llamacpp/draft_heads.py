@@ -37,6 +37,7 @@ class DraftHeads:
     gpu_offload: bool
     recurrent: bool
     parallel: int
+    one_cache: bool
 
     def _live_context(self) -> Any:
         if not self._context:
@@ -131,6 +132,9 @@ class DraftHeads:
             threads=self.n_threads,
             n_vocab=self.n_vocab,
             owns_weights=owns_weights,
+            n_seq=self.parallel,
+            # As the target's cache is laid out: Gemma 4's assistant shares it.
+            one_cache=self.one_cache,
         )
 
     def _close_head(self) -> None:

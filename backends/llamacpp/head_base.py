@@ -142,6 +142,7 @@ class LlamaCppHead:
         owns_weights: bool,
         context_type: int | None = None,
         n_seq: int = 1,
+        one_cache: bool = True,
     ) -> None:
         self._weights = weights
         self._owns_weights = owns_weights
@@ -150,12 +151,15 @@ class LlamaCppHead:
         params = llama_cpp.llama_context_default_params()
         # A target of several sequences (``n_seq``): one head context holds one head
         # sequence per target sequence, in one cache (the head's rows need not round
-        # like anything else's: they are drafts), with the weights read once.
+        # like anything else's: they are drafts), with the weights read once; or, with
+        # ``one_cache`` False, a stream each, as the target's context keeps them (a head
+        # that reads the target's cache, Gemma 4's assistant, must lay it out alike:
+        # llama.cpp shares the target's cells with it).
         params.n_ctx = n_ctx * n_seq
         params.n_batch = n_batch
         params.n_ubatch = n_batch  # encoders and block attention read a batch in one ubatch
         params.n_seq_max = n_seq
-        params.kv_unified = n_seq > 1
+        params.kv_unified = n_seq > 1 and one_cache
         params.n_threads = threads
         params.n_threads_batch = threads
         params.no_perf = True
@@ -313,7 +317,8 @@ class LlamaCppHead:
                 f"{last_llama_error()})"
             )
         self._last_output = int(batch.batch.n_tokens) - 1
-        if self._hidden is not None and not encode:
+        # (A decode that only catches the head's cache up outputs no row to chain on.)
+        if self._hidden is not None and not encode and batch.wants[self._last_output]:
             ctypes.memmove(self._hidden.ctypes.data, self._last_hidden(), self._hidden.nbytes)
         if outputs == 0 or encode:
             return HostRows(self._logits_view[:0])

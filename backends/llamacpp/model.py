@@ -120,19 +120,21 @@ class LlamaCppModel(TreeDecoding, DraftHeads, LlamaCppTokens):
         self.recurrent = holds_recurrent_state(self._model)
         self.mtp_layers = int(llama_cpp.llama_model_n_layer_nextn(self._model)) if load_mtp else 0
 
-        # A recurrent state or an MTP head keeps one sequence's extra state beside the
-        # KV cache; those sequences run one at a time (see parallel_refusal).
-        self.parallel_refusal = parallel_refusal(self.recurrent, self.mtp_layers, parallel)
+        # A recurrent state is rolled back per sequence by replay: such a model's
+        # sequences run one at a time (see parallel_refusal).
+        self.parallel_refusal = parallel_refusal(self.recurrent, parallel)
         self.parallel = 1 if self.parallel_refusal else max(1, parallel)
         threads = n_threads or physical_cores()
         snapshots = DEFAULT_SNAPSHOTS if rollback_snapshots is None else rollback_snapshots
         # Scratch sequence ids for draft trees (tree_batch.py), in the one KV stream a
         # lone sequence keeps in position order anyway.
         self._tree_seqs = tree_sequences(self.recurrent, self.parallel)
+        # One KV cache for all sequences, or a stream each (see context_params).
+        self.one_cache = not exact_kernels or self.parallel == 1
         settings = context_params(
             n_ctx=n_ctx * self.parallel,
             n_seq=self.parallel + self._tree_seqs,
-            one_cache=not exact_kernels or self.parallel == 1,
+            one_cache=self.one_cache,
             n_batch=n_batch,
             threads=threads,
             recurrent_snapshots=snapshots if self.recurrent else None,

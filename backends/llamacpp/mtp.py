@@ -23,6 +23,14 @@ A target rollback drops the rows and the MTP entries from the cut on. The draft'
 ``q`` is the head's own distribution (its logits, filtered like the target's), so the
 loop accepts by exact rejection sampling.
 
+Gemma 4's MTP head (its "assistant", a separate ``gemma4-assistant`` GGUF) keeps no
+cache of its own: llama.cpp links its context to the target's and its layers read the
+target's keys and values (its cache's writes and cuts do nothing). So it has nothing
+to catch up with: it reads ``(t_n, h_{n-1})`` at ``n`` and chains every step at that
+same position, as its publisher's loop (and llama.cpp's) runs it. Its hidden state is
+projected back to the target's width (``n_embd_out``), which is what it reads and hands
+on; its own layers are narrower.
+
 This module and ``backends/llamacpp*.py`` are the only ones that import ``llama_cpp``.
 """
 
@@ -68,9 +76,12 @@ class LlamaCppMtpHead(LlamaCppHead):
         threads: int,
         n_vocab: int,
         owns_weights: bool = False,
+        n_seq: int = 1,
+        one_cache: bool = True,
     ) -> None:
         self.layers = int(llama_cpp.llama_model_n_layer_nextn(weights))
-        self.n_embd = int(llama_cpp.llama_model_n_embd(weights))
+        # The width of the hidden states it reads and hands on: the target's.
+        self.n_embd = int(llama_cpp.llama_model_n_embd_out(weights))
         super().__init__(
             target_context,
             weights,
@@ -81,7 +92,13 @@ class LlamaCppMtpHead(LlamaCppHead):
             n_vocab=n_vocab,
             owns_weights=owns_weights,
             context_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP,
+            n_seq=n_seq,
+            one_cache=one_cache,
         )
+        # A head that reads the target's cache (Gemma 4's assistant): llama.cpp links
+        # its context to the target's, as the head needs, and to no other head's.
+        linked = llama_cpp_ext.llama_get_ctx_other(self._context)
+        self.shares_target_cache = bool(linked) and linked == target_context
         # The target hands over its hidden state at every position (all rows: a
         # prompt's too), the head its own at the rows it outputs (for chaining).
         llama_cpp_ext.llama_set_embeddings_nextn(target_context, True, False)
@@ -91,14 +108,15 @@ class LlamaCppMtpHead(LlamaCppHead):
 
     # -- following the target --------------------------------------------------------
 
-    def target_decoded(self, start: int, tokens: Sequence[int]) -> None:
-        """The target evaluated ``tokens`` at positions from ``start``: keep its rows."""
+    def target_decoded(self, start: int, tokens: Sequence[int], first_row: int = 0) -> None:
+        """The target evaluated ``tokens`` at positions from ``start``, rows from
+        ``first_row`` of its batch (a parallel context's holds other sequences' too, in
+        the batch's order): keep their hidden states."""
         pointer = llama_cpp_ext.llama_get_embeddings_nextn(self._target_context)
         if not pointer:
             return
-        self._kept.add(
-            start, tokens, np.ctypeslib.as_array(pointer, shape=(len(tokens), self.n_embd))
-        )
+        rows = np.ctypeslib.as_array(pointer, shape=(first_row + len(tokens), self.n_embd))
+        self._kept.add(start, tokens, rows[first_row:])
         if self._kept.end - self.synced > EAGER_SYNC_ROWS:
             self._sync(self._kept.end)
 
@@ -114,9 +132,13 @@ class LlamaCppMtpHead(LlamaCppHead):
         # The pending token's entry from an earlier proposal, or a chain left over.
         self._forget_from(min(self.synced, evaluated))
         self._sync(evaluated)
-        self._batch.fill(1, evaluated, self._row(evaluated - 1), [context[evaluated]], outputs=[0])
+        self._batch.fill(
+            1, evaluated, self._row(evaluated - 1), [context[evaluated]], outputs=[0], seq=self.seq
+        )
         rows = self._run(self._batch, 1)
-        self.synced = evaluated + 1  # (t_n, h_{n-1}) is final: kept
+        # (t_n, h_{n-1}) is final: kept (a head on the target's cache keeps nothing, and
+        # chains at n).
+        self.synced = evaluated if self.shares_target_cache else evaluated + 1
         self._chain_end = self.synced
         for token in context[evaluated + 1 :]:
             rows = self.step(token)
@@ -124,9 +146,14 @@ class LlamaCppMtpHead(LlamaCppHead):
 
     def step(self, token: int) -> HostRows:
         """Chain one token after the last: the row for the token after it."""
+        if self.shares_target_cache:
+            self._chain_end = self.synced  # every step at the pending token's position
         return self._chain_step(self._batch, token)
 
     # -- internals ------------------------------------------------------------------
+
+    def _hidden_width(self) -> int:
+        return self.n_embd
 
     def _has_row(self, position: int) -> bool:
         return position < 0 or self._kept.holds(position)
@@ -145,6 +172,11 @@ class LlamaCppMtpHead(LlamaCppHead):
         acceptance, never correctness.
         """
         kept = self._kept
+        if self.shares_target_cache:
+            # Nothing to catch up with: only the last row is read.
+            self.synced = max(self.synced, min(end, kept.end))
+            kept.drop_before(self.synced - 1)
+            return
         first = self._readable_from(max(self.synced, kept.start + 1 if kept.start > 0 else 0))
         end = min(end, kept.end)
         for chunk in range(first, end, self.n_batch):
@@ -156,7 +188,7 @@ class LlamaCppMtpHead(LlamaCppHead):
                 if chunk > 0
                 else np.vstack([self._row(-1), kept.rows[: stop - chunk - 1]])
             )
-            self._batch.fill(stop - chunk, chunk, hidden, tokens, outputs=[])
+            self._batch.fill(stop - chunk, chunk, hidden, tokens, outputs=[], seq=self.seq)
             self._run(self._batch, 0)
         self.synced = max(self.synced, end)
         # Rows before the last synced position are no longer needed.
@@ -173,9 +205,20 @@ def load_mtp_weights(path: Path, target: Any, target_name: str, *, gpu_layers: i
     weights = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
     if not weights:
         raise ModelLoadError(f"llama.cpp could not load the MTP head {path}")
-    if llama_cpp.llama_model_n_layer_nextn(weights) <= 0 or llama_cpp.llama_model_n_embd(
-        weights
-    ) != llama_cpp.llama_model_n_embd(target):
+    if llama_cpp.llama_model_n_layer_nextn(weights) <= 0:
         llama_cpp.llama_model_free(weights)
-        raise ModelLoadError(f"{path} holds no MTP head for {target_name}")
+        raise ModelLoadError(
+            f"{path} holds no MTP head (no nextn layers). Use the MTP GGUF published for "
+            f"{target_name}, or --drafter ngram."
+        )
+    # A head reads (and hands on) hidden states of its target's width: Gemma 4's
+    # assistant is narrower inside but declares the target's as its output width.
+    head_width = llama_cpp.llama_model_n_embd_out(weights)
+    target_width = llama_cpp.llama_model_n_embd_out(target)
+    if head_width != target_width:
+        llama_cpp.llama_model_free(weights)
+        raise ModelLoadError(
+            f"{path} is an MTP head for a model of hidden size {head_width}, not "
+            f"{target_name} ({target_width}): use the head published for {target_name}."
+        )
     return weights

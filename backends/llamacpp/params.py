@@ -35,14 +35,12 @@ def model_params(*, placement: Placement, load_mtp: bool, exact_kernels: bool) -
     return params
 
 
-def parallel_refusal(recurrent: bool, mtp_layers: int, parallel: int) -> str | None:
+def parallel_refusal(recurrent: bool, parallel: int) -> str | None:
     """Why a model cannot decode ``parallel`` sequences at once (None: it can)."""
     if parallel <= 1:
         return None
     if recurrent:
         return "a recurrent state (hybrid model) is rolled back per sequence; runs in turn"
-    if mtp_layers:
-        return "the MTP head drafts for one sequence; runs in turn"
     return None
 
 

@@ -27,6 +27,7 @@ from backends.base import SequenceState
 from backends.errors import BackendError, ContextOverflowError, DecodeError
 from backends.llamacpp.decode_batcher import DecodeBatcher
 from backends.llamacpp.model import LlamaCppModel
+from backends.llamacpp.mtp import LlamaCppMtpHead
 from backends.runtime_exchange import RuntimeExchange
 from backends.sequence_head import SequenceHead
 
@@ -61,9 +62,8 @@ class LlamaCppSequence(LlamaCppModel):
         view._seq = seq
         view._tokens = []
         view._batch = None
-        # A head that reads the target's layers follows this sequence with a head
-        # sequence of its own, fed by the batcher (``decoded``); an MTP head never
-        # comes here (its context holds one sequence).
+        # The loaded model's draft head (an MTP, EAGLE-3 or DFlash head) follows this
+        # sequence with a head sequence of its own, fed by the batcher (``decoded``).
         head = owner._head
         view._head = None if head is None else SequenceHead(head.for_sequence(seq), exchange)
         view._recurrent = None
@@ -138,13 +138,18 @@ class LlamaCppSequence(LlamaCppModel):
         if self._head is not None:
             self._head.target_decoded(start, tokens, first_row)
 
-    def mtp_head(self) -> None:
-        """A parallel context drafts with no MTP head (``parallel_refusal``)."""
-        return None
+    def mtp_head(self) -> SequenceHead | None:  # type: ignore[override]
+        """This sequence's state of the loaded model's MTP head (None: it drafts with
+        none), its work done on the runtime thread."""
+        head = self._head
+        return head if head is not None and isinstance(head.head, LlamaCppMtpHead) else None
 
     def attach_mtp_file(self, path: str | Path) -> None:  # type: ignore[override]
-        """Refused: see :meth:`mtp_head`."""
-        raise BackendError("an MTP head drafts for one sequence; load the pair with parallel 1")
+        """Refused: a head is attached to the loaded model, which hands each of its
+        sequences a state of it."""
+        raise BackendError(
+            f"{self.name}: attach the MTP head to the loaded model, not to one of its sequences"
+        )
 
     def close(self) -> None:
         """Nothing of its own to free: the loaded model owns the context."""

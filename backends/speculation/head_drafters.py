@@ -93,7 +93,7 @@ def no_head_reason(target: Model, name: str) -> str:
     if not hasattr(target, attach):
         return (
             f"{target.name}: this runtime cannot draft with {head} here (llama.cpp runs "
-            "every head; MLX runs EAGLE-3 and DFlash heads, for one sequence at a time). "
+            "every head; MLX runs EAGLE-3 and DFlash heads). "
             "Use --drafter ngram, model or none."
         )
     return f"{target.name} {missing}"

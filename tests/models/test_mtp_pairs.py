@@ -6,7 +6,8 @@ must never be loaded as a draft model; and where the runtime has no MTP drafter 
 still loads and drafts with n-grams, saying so. The target here is the real SmolLM2 file
 (its catalog entry claims an MTP layer: nothing reads it until a drafter does); the
 separate head is a GGUF header with no weights, which llama.cpp could not load as a
-model, so loading it by mistake fails the test.
+model, so loading it by mistake fails the test. A Gemma 4 pair laid out as the
+catalog's is loaded for real (tests/support/tiny_gemma4.py).
 """
 
 from __future__ import annotations
@@ -21,10 +22,15 @@ from app.loading import load_engine
 from app.models.pair_download import check_pair_tokenizers
 from app.models.pair_files import pair_files
 from app.settings import user_catalog_path
-from backends.engine import Engine
+from backends.base import ChatMessage
+from backends.engine import Engine, GenerationRequest
 from backends.engine_drafters import EngineDrafters
+from backends.engine_slots import EngineSlots
+from backends.sampling.filters import SamplingParams
 from tests.models.gguf_files import write_gguf
 from tests.support.model_files import SMOLLM2_KEY, require_model
+from tests.support.slot_runs import reply_tokens, run_on_slots, serving_exchange
+from tests.support.tiny_gemma4 import write_tiny_gemma4, write_tiny_gemma4_assistant
 
 MY_MODELS = """
 [models.small-with-head]
@@ -160,3 +166,89 @@ def test_a_head_inside_the_target_needs_nothing_more_where_the_runtime_drafts_wi
         assert not any("MTP" in message for message in messages)
     finally:
         engine.target.close()
+
+
+GEMMA4_PAIR = """
+[models.tiny-gemma4]
+name = "A tiny Gemma 4"
+format = "gguf"
+architecture = "gemma4"
+size_bytes = {target_size}
+
+[models.tiny-gemma4.sources.local]
+path = "{target}"
+
+[models.tiny-gemma4-assistant]
+name = "Its assistant (MTP) head"
+format = "gguf"
+architecture = "gemma4-assistant"
+size_bytes = {head_size}
+mtp_layers = 2
+
+[models.tiny-gemma4-assistant.sources.local]
+path = "{head}"
+
+[pairs.tiny-gemma4]
+description = "Gemma 4 with its assistant head, as the catalog's gemma4-12b pairs them."
+
+[pairs.tiny-gemma4.llamacpp]
+target = "tiny-gemma4"
+draft = "tiny-gemma4-assistant"
+drafter = "mtp"
+"""
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_gemma4_pair_loads_and_drafts_with_its_assistant_head(
+    tmp_path: Path, parallel: int
+) -> None:
+    """A pair laid out as the catalog's ``gemma4-12b`` (a Gemma 4 target, its assistant
+    head as the draft, ``drafter = "mtp"``) loads and drafts with the head, alone and
+    with several sequences (a head draftpen refused once failed the whole load)."""
+    tokenizer = require_model(SMOLLM2_KEY)
+    target = write_tiny_gemma4(tmp_path / "tiny-gemma4.gguf", tokenizer, seed=1)
+    head = write_tiny_gemma4_assistant(tmp_path / "tiny-gemma4-assistant.gguf", tokenizer, seed=2)
+    path = user_catalog_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        GEMMA4_PAIR.format(
+            target=target,
+            target_size=target.stat().st_size,
+            head=head,
+            head_size=head.stat().st_size,
+        )
+    )
+    messages: list[str] = []
+    engine = load_engine(
+        "tiny-gemma4",
+        n_ctx=512,
+        runtime="llamacpp",
+        calibrate=False,
+        on_progress=messages.append,
+        parallel=parallel,
+    )
+    try:
+        assert "loading MTP head tiny-gemma4-assistant.gguf" in messages
+        assert engine.draft is None and engine.head_names() == ["mtp"]
+        assert engine.target.parallel == parallel  # type: ignore[attr-defined]
+        request = GenerationRequest(
+            tuple(engine.chat_prompt([ChatMessage("user", "Write a short poem, please.")])),
+            params=SamplingParams(temperature=0.0),
+            max_tokens=16,
+            drafter="mtp",
+            draft_tokens=3,
+        )
+        if parallel == 1:
+            events = list(engine.generate(request))
+        else:
+            with serving_exchange() as exchange:
+                slots = EngineSlots(engine, exchange)
+                try:
+                    events = run_on_slots(slots, {"one": request})["one"][1]
+                finally:
+                    slots.close()
+        assert len(reply_tokens(events)) == 16
+        assert any(event.drafter == "mtp" and event.draft_length for event in events)
+    finally:
+        engine.close()
