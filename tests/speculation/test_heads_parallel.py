@@ -23,7 +23,13 @@ from backends.sampling.filters import SamplingParams
 from backends.speculation.cost_model import CostModel
 from tests.support.draft_distribution import check_head_drafts_are_exact
 from tests.support.model_files import SMOLLM2_KEY, require_model
-from tests.support.slot_runs import reply_tokens, run_on_slots, serving_exchange
+from tests.support.slot_runs import (
+    greedy_chat_request,
+    record_shared_decodes,
+    reply_tokens,
+    run_on_slots,
+    serving_exchange,
+)
 from tests.support.tiny_dflash import write_dflash_head
 from tests.support.tiny_eagle3 import write_eagle3_head, write_tiny_target
 
@@ -69,14 +75,7 @@ def _engine(files: dict[str, Path], drafter: str | None, parallel: int) -> Engin
 
 
 def _request(engine: Engine, text: str, drafter: str) -> GenerationRequest:
-    return GenerationRequest(
-        tuple(engine.chat_prompt([ChatMessage("user", text)])),
-        params=SamplingParams(temperature=0.0),
-        max_tokens=MAX_TOKENS,
-        drafter=drafter,
-        draft_tokens=2,
-        exact=True,
-    )
+    return greedy_chat_request(engine, text, drafter, max_tokens=MAX_TOKENS, draft_tokens=2)
 
 
 @pytest.fixture(scope="module")
@@ -117,15 +116,7 @@ def test_each_sequence_drafts_with_its_head_and_writes_its_reply_alone(
     assert len({tuple(reply) for reply in alone.values()}) == len(PROMPTS)
     engine = _engine(files, drafter, len(PROMPTS))
     slots = EngineSlots(engine, exchange)
-    batcher = slots._target_views.batcher
-    shared: list[int] = []  # how many sequences each decode carried
-    decode = batcher._decode
-
-    def recording(group: list) -> None:
-        shared.append(len({request.seq for request in group}))
-        decode(group)
-
-    batcher._decode = recording  # type: ignore[method-assign]
+    shared = record_shared_decodes(slots)  # how many sequences each decode carried
     try:
         assert slots.count == len(PROMPTS)
         replies, events = _run_together(engine, slots, drafter)

@@ -33,7 +33,13 @@ from backends.sampling.filters import SamplingParams
 from backends.speculation.cost_model import CostModel
 from tests.support.draft_distribution import check_head_drafts_are_exact
 from tests.support.model_files import SMOLLM2_KEY, require_model
-from tests.support.slot_runs import reply_tokens, run_on_slots, serving_exchange
+from tests.support.slot_runs import (
+    greedy_chat_request,
+    record_shared_decodes,
+    reply_tokens,
+    run_on_slots,
+    serving_exchange,
+)
 from tests.support.tiny_gemma4 import write_tiny_gemma4, write_tiny_gemma4_assistant
 from tests.support.tiny_glm4moe import write_tiny_glm4moe
 
@@ -77,14 +83,7 @@ def _engine(files: dict[str, Path], target: str, parallel: int, *, head: bool = 
 
 
 def _request(engine: Engine, text: str, drafter: str) -> GenerationRequest:
-    return GenerationRequest(
-        tuple(engine.chat_prompt([ChatMessage("user", text)])),
-        params=SamplingParams(temperature=0.0),
-        max_tokens=MAX_TOKENS,
-        drafter=drafter,
-        draft_tokens=3,
-        exact=True,
-    )
+    return greedy_chat_request(engine, text, drafter, max_tokens=MAX_TOKENS, draft_tokens=3)
 
 
 @pytest.fixture(scope="module")
@@ -160,15 +159,7 @@ def test_each_sequence_drafts_with_its_mtp_head_and_writes_its_reply_alone(
     engine = _engine(files, target, len(PROMPTS))
     assert engine.target.parallel == len(PROMPTS)
     slots = EngineSlots(engine, exchange)
-    batcher = slots._target_views.batcher
-    shared: list[int] = []
-    decode = batcher._decode
-
-    def recording(group: list) -> None:
-        shared.append(len({request.seq for request in group}))
-        decode(group)
-
-    batcher._decode = recording  # type: ignore[method-assign]
+    shared = record_shared_decodes(slots)  # how many sequences each decode carried
     try:
         requests = {text: _request(engine, text, "mtp") for text in PROMPTS}
         done = run_on_slots(slots, requests)

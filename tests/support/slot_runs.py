@@ -8,9 +8,11 @@ from collections.abc import Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from backends.base import ChatMessage
 from backends.engine import Engine, GenerationRequest
 from backends.engine_slots import EngineSlots, generate_on_slot
 from backends.runtime_exchange import RuntimeExchange
+from backends.sampling.filters import SamplingParams
 
 
 @contextmanager
@@ -58,3 +60,32 @@ def run_on_slots(
 def reply_tokens(events: list[Any]) -> list[int]:
     """The tokens of a reply's events, in order."""
     return [token for event in events for token in event.tokens]
+
+
+def greedy_chat_request(
+    engine: Engine, text: str, drafter: str, *, max_tokens: int, draft_tokens: int
+) -> GenerationRequest:
+    """A greedy, ``--exact`` reply to the user message ``text``, drafted by ``drafter``."""
+    return GenerationRequest(
+        tuple(engine.chat_prompt([ChatMessage("user", text)])),
+        params=SamplingParams(temperature=0.0),
+        max_tokens=max_tokens,
+        drafter=drafter,
+        draft_tokens=draft_tokens,
+        exact=True,
+    )
+
+
+def record_shared_decodes(slots: EngineSlots) -> list[int]:
+    """From now on, how many sequences each of the slots' target decodes carries (a
+    llama.cpp context's batcher), appended to the list returned."""
+    batcher = slots._target_views.batcher
+    shared: list[int] = []
+    decode = batcher._decode
+
+    def recording(group: list) -> None:
+        shared.append(len({request.seq for request in group}))
+        decode(group)
+
+    batcher._decode = recording  # type: ignore[method-assign]
+    return shared
