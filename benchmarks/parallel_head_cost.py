@@ -9,16 +9,19 @@ to a round's drafting: the hop to the runtime thread and back, per call, and the
 copies.
 
 Writes, with tests/support/ (SmolLM2's tokenizer, random weights): the tiny llama target
-of tiny_eagle3.py (4 layers, 64 wide), an EAGLE-3 head and a DFlash head for it. After a
-40-token prompt, each round is timed ``--calls`` times, the two ways alternated:
+of tiny_eagle3.py (4 layers, 64 wide), an EAGLE-3 head and a DFlash head for it, and
+the tiny GLM-4.5-style target of tiny_glm4moe.py (2 layers, 128 wide) with its own MTP
+block. After a 40-token prompt, each round is timed ``--calls`` times, the ways
+alternated:
 
-- EAGLE-3: ``start`` and three chain steps (four drafts), then ``finish``;
+- EAGLE-3 and MTP: ``start`` and three chain steps (four drafts), then ``finish``;
 - DFlash: one block of 7 drafts, then ``finish``;
 
 on the head of a one-sequence target (the whole round handed to the runtime thread in
 one call), and on sequence 1's head of a two-sequence target: each call handed over
-from this thread, and, for EAGLE-3, the whole chain handed over in one trip
-(``SequenceHead.within``, as the chain drafter does since). One runtime thread computes all of it.
+from this thread, and, for the chains, the whole chain handed over in one trip
+(``SequenceHead.within``, as the chain drafter does). One runtime thread computes all
+of it.
 Random weights say nothing about acceptance; a call's cost depends on shapes. One
 llama.cpp thread. Medians (and fastest), with the one-minute load average.
 
@@ -43,6 +46,7 @@ from benchmarks.hybrid_loop_cost import machine_line
 from tests.support.model_files import SMOLLM2_KEY, require_model
 from tests.support.tiny_dflash import write_dflash_head
 from tests.support.tiny_eagle3 import write_eagle3_head, write_tiny_target
+from tests.support.tiny_glm4moe import write_tiny_glm4moe
 
 PROMPT = [ChatMessage("user", "Write a Python function that reverses a list, please.")]
 
@@ -51,7 +55,7 @@ def _round(name: str, head: Any, prompt: list[int]) -> Callable[[], None]:
     """One round's drafting with ``head`` after ``prompt`` (a token pending)."""
     context = [*prompt, prompt[-1]]
     evaluated = len(prompt)
-    if name == "eagle3":
+    if name != "dflash":  # a chain: EAGLE-3's, an MTP head's
 
         def chain() -> None:
             head.start(evaluated, context)
@@ -76,16 +80,21 @@ def measure(folder: Path, calls: int, threads: int) -> Iterator[tuple[str, list[
     from backends.runtime_exchange import RuntimeExchange
 
     tokenizer = require_model(SMOLLM2_KEY)
-    target_path = write_tiny_target(folder / "target.gguf", tokenizer, seed=1)
-    heads = {
+    llama = write_tiny_target(folder / "target.gguf", tokenizer, seed=1)
+    # drafter -> (its target, the engine's attach method and the head's file; None: the
+    # head is inside the target)
+    heads: dict[str, tuple[Path, str | None, Path | None]] = {
         "eagle3": (
+            llama,
             "attach_eagle3_head",
-            write_eagle3_head(folder / "e3.gguf", target_path, seed=2),
+            write_eagle3_head(folder / "e3.gguf", llama, seed=2),
         ),
         "dflash": (
+            llama,
             "attach_dflash_head",
-            write_dflash_head(folder / "df.gguf", target_path, seed=2),
+            write_dflash_head(folder / "df.gguf", llama, seed=2),
         ),
+        "mtp": (write_tiny_glm4moe(folder / "glm.gguf", tokenizer, seed=1), None, None),
     }
     # One runtime thread computes everything, as in the engine's process (llama.cpp's
     # threads slow down once a second thread of the process computes).
@@ -94,11 +103,12 @@ def measure(folder: Path, calls: int, threads: int) -> Iterator[tuple[str, list[
     runtime = threading.Thread(target=exchange.serve, args=(stop,), daemon=True)
     runtime.start()
     try:
-        for name, (attach, path) in heads.items():
+        for name, (target_path, attach, path) in heads.items():
 
-            def load_alone(attach: str = attach, path: Path = path) -> Engine:
+            def load_alone(target_path=target_path, attach=attach, path=path) -> Engine:  # type: ignore[no-untyped-def]
                 alone = Engine(LlamaCppModel(target_path, n_ctx=512, n_threads=threads))
-                getattr(alone, attach)(path)
+                if attach is not None:
+                    getattr(alone, attach)(path)
                 return alone
 
             alone = exchange.call(load_alone)
@@ -106,11 +116,12 @@ def measure(folder: Path, calls: int, threads: int) -> Iterator[tuple[str, list[
             exchange.call(lambda alone=alone, prompt=prompt: alone.target.prefill(prompt))
             whole = _round(name, alone.drafter_named(name).head, prompt)  # type: ignore[attr-defined]
 
-            def load_parallel(attach: str = attach, path: Path = path) -> Engine:
+            def load_parallel(target_path=target_path, attach=attach, path=path) -> Engine:  # type: ignore[no-untyped-def]
                 engine = Engine(
                     LlamaCppModel(target_path, n_ctx=512, n_threads=threads, parallel=2)
                 )
-                getattr(engine, attach)(path)
+                if attach is not None:
+                    getattr(engine, attach)(path)
                 return engine
 
             engine = exchange.call(load_parallel)
@@ -123,7 +134,7 @@ def measure(folder: Path, calls: int, threads: int) -> Iterator[tuple[str, list[
                 f"{name}: one sequence, one call a round": lambda whole=whole: exchange.call(whole),
                 f"{name}: sequence 1 of 2, a hop a call": _round(name, sequence_head, prompt),
             }
-            if name == "eagle3":
+            if name != "dflash":
                 # As the chain drafter hands a sequence's chain over (SequenceHead.within).
                 ways[f"{name}: sequence 1 of 2, the chain in one hop"] = (
                     lambda sequence_head=sequence_head, prompt=prompt: sequence_head.within(
@@ -155,7 +166,8 @@ def report(results: list[tuple[str, list[float]]], loads: list[float], args) -> 
     yield (
         "RANDOM WEIGHTS: nothing here says anything about acceptance. Shapes: target llama "
         "4 x 64; EAGLE-3 head 1 x 64 (4 drafts: start + 3 steps), DFlash head 2 x 64 (7 "
-        "drafts, one block); both borrow the 49,152-token LM head."
+        "drafts, one block); both borrow the 49,152-token LM head. MTP: target glm4moe "
+        "2 x 128, its nextn block 1 x 128 with 4 experts (4 drafts: start + 3 steps)."
     )
     yield ""
     yield f"{'round':<48} {'ms':>17} {'x alone':>8}"
