@@ -46,7 +46,8 @@ def add_pair_file_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATH|DIR|REPO:FILE",
         help="your own draft model for --target (same tokenizer family), or a head for it: "
-        "an EAGLE-3/DFlash/DSpark GGUF, or an EAGLE-3/DFlash head's directory on MLX",
+        "an EAGLE-3/DFlash/DSpark GGUF, an MTP head's own GGUF (Gemma 4's assistant), or "
+        "an EAGLE-3/DFlash head's directory on MLX",
     )
 
 

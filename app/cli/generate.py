@@ -90,9 +90,9 @@ def run_generate(args: argparse.Namespace) -> int:
         args.pair or settings.default_pair,
         n_ctx=args.context or settings.context_length,
         runtime=args.runtime,
-        # A head (EAGLE-3, DFlash, DSpark) is loaded with the pair's other files (it is
-        # no draft model).
-        with_draft=args.drafter in ("auto", "model", "eagle3", "dflash", "dspark"),
+        # A head (EAGLE-3, DFlash, DSpark, or an MTP head in a file of its own, as Gemma
+        # 4's assistant) is loaded with the pair's other files (it is no draft model).
+        with_draft=args.drafter in ("auto", "model", "mtp", "eagle3", "dflash", "dspark"),
         calibrate=args.drafter == "auto",
         exact_output=args.exact_output,
     )

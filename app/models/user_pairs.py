@@ -16,15 +16,17 @@ vocabulary rule on the two headers (on two configs, their vocabulary sizes). A t
 alone is always allowed (n-gram drafts). A GGUF draft whose architecture is ``eagle3``
 is an EAGLE-3 head: the pair drafts with it (``drafter = "eagle3"``); one whose
 architecture is ``dflash`` is a DFlash or DSpark head (``drafter = "dflash"``; loading
-reads which of the two the file holds). An MLX draft directory's config says whether it
-is an EAGLE-3 or DFlash head.
+reads which of the two the file holds); one that holds an MTP head alone (Gemma 4's
+``gemma4-assistant``, or every block a nextn block) is the target's MTP head
+(``drafter = "mtp"``). An MLX draft directory's config says whether it is an EAGLE-3
+or DFlash head.
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -186,14 +188,42 @@ def build_pair(
         )
         return models, PairEntry(key=name, description=description, variants=(variant,))
     _refuse_if_incompatible(target, draft, "the target")
-    # An EAGLE-3 or DFlash/DSpark head (llama.cpp's eagle3 or dflash GGUF) is not a
-    # model that runs alone: the target feeds it, so the pair drafts with it as its head
-    # (a DSpark file is a dflash one too; loading tells them apart and says so).
-    architecture = draft.entry.architecture if draft is not None else None
-    head = architecture if architecture in ("eagle3", "dflash") else None
+    # An EAGLE-3 or DFlash/DSpark head (llama.cpp's eagle3 or dflash GGUF), or a file
+    # holding only an MTP head, is not a model that runs alone: the target feeds it, so
+    # the pair drafts with it as its head (a DSpark file is a dflash one too; loading
+    # tells them apart and says so).
+    head = draft_head_kind(draft.header) if draft is not None else None
+    if head == "mtp":
+        assert draft is not None and draft.header is not None
+        layers = mtp_only_layers(draft.header)
+        draft = OwnModel(replace(draft.entry, mtp_layers=layers), draft.header)
+        models = (target.entry, draft.entry)
     variant = PairVariant(RUNTIME, target.entry.key, draft.entry.key if draft else None, head)
     pair = PairEntry(key=name, description=description, variants=(variant,))
     return models, pair
+
+
+def mtp_only_layers(header: GGUFHeader) -> int:
+    """How many MTP (nextn) blocks a GGUF declares; 0 for none."""
+    arch = header.architecture
+    return int(header.metadata.get(f"{arch}.nextn_predict_layers", 0) or 0)
+
+
+def draft_head_kind(header: GGUFHeader | None) -> str | None:
+    """The head a draft GGUF is, by its header: "eagle3" or "dflash" (a DFlash or DSpark
+    head), "mtp" for a file that holds an MTP head alone (Gemma 4's assistant, or a file
+    whose every block is a nextn block); None for a model that runs alone (or a hub
+    file not here yet)."""
+    if header is None:
+        return None
+    arch = header.architecture
+    if arch in ("eagle3", "dflash"):
+        return arch
+    blocks = int(header.metadata.get(f"{arch}.block_count", 0) or 0)
+    nextn = mtp_only_layers(header)
+    if arch == "gemma4-assistant" or (nextn > 0 and nextn >= blocks):
+        return "mtp"
+    return None
 
 
 def add_user_pair(
@@ -231,7 +261,7 @@ def add_user_pair(
     runtime_table = {"target": variant.target}
     if variant.draft is not None:
         runtime_table["draft"] = variant.draft
-    if variant.drafter in ("eagle3", "dflash"):
+    if variant.drafter in ("eagle3", "dflash", "mtp"):
         runtime_table["drafter"] = variant.drafter
     pairs[name] = {"description": pair.description, variant.runtime: runtime_table}
     _write_document(path, document)
@@ -302,6 +332,8 @@ def _model_table(entry: ModelEntry) -> dict[str, Any]:
         table["kv_bytes_per_token"] = entry.kv_bytes_per_token
     if entry.vocab_size:
         table["vocab_size"] = entry.vocab_size
+    if entry.mtp_layers:
+        table["mtp_layers"] = entry.mtp_layers
     if entry.sources.local is not None:
         table["sources"] = {"local": {"path": str(entry.sources.local.path)}}
     else:

@@ -12,6 +12,7 @@ catalog's is loaded for real (tests/support/tiny_gemma4.py).
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -19,8 +20,10 @@ import pytest
 
 import app.loading
 from app.loading import load_engine
+from app.models.catalog_file import load_catalog
 from app.models.pair_download import check_pair_tokenizers
 from app.models.pair_files import pair_files
+from app.models.user_pairs import add_user_pair, use_command_line_pair
 from app.settings import user_catalog_path
 from backends.base import ChatMessage
 from backends.engine import Engine, GenerationRequest
@@ -28,6 +31,8 @@ from backends.engine_drafters import EngineDrafters
 from backends.engine_slots import EngineSlots
 from backends.sampling.filters import SamplingParams
 from tests.models.gguf_files import write_gguf
+from tests.support.draftpen_cli import run_draftpen
+from tests.support.head_pairs import check_loaded_head_drafts
 from tests.support.model_files import SMOLLM2_KEY, require_model
 from tests.support.slot_runs import reply_tokens, run_on_slots, serving_exchange
 from tests.support.tiny_gemma4 import write_tiny_gemma4, write_tiny_gemma4_assistant
@@ -252,3 +257,32 @@ def test_a_gemma4_pair_loads_and_drafts_with_its_assistant_head(
         assert any(event.drafter == "mtp" and event.draft_length for event in events)
     finally:
         engine.close()
+
+
+@pytest.mark.real_model
+def test_your_own_gemma4_and_its_assistant_load_as_a_pair_that_drafts_with_it(
+    tmp_path: Path,
+) -> None:
+    """``--target GEMMA4 --draft ASSISTANT``: the assistant's header makes it the pair's
+    MTP head (never a draft model); ``models add`` keeps it so; ``draftpen generate
+    --drafter mtp`` drafts with it (it once loaded no head and said the target had none)."""
+    tokenizer = require_model(SMOLLM2_KEY)
+    target = write_tiny_gemma4(tmp_path / "tiny-gemma4.gguf", tokenizer, seed=1)
+    head = write_tiny_gemma4_assistant(tmp_path / "tiny-gemma4-assistant.gguf", tokenizer, seed=2)
+    name = use_command_line_pair(str(target), str(head))
+    messages: list[str] = []
+    engine = load_engine(
+        name, n_ctx=256, runtime="llamacpp", calibrate=False, on_progress=messages.append
+    )
+    check_loaded_head_drafts(engine, messages, "loading MTP head", "mtp")
+
+    kept = add_user_pair("my-gemma4", str(target), str(head))
+    assert kept.variants[0].drafter == "mtp"
+    assert load_catalog().model(kept.variants[0].draft).mtp_layers == 2  # type: ignore[arg-type]
+
+    result = run_draftpen(
+        "generate", "--target", str(target), "--draft", str(head), "--drafter", "mtp",
+        "--max-tokens", "16", "--json", "-p", "The sea is",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["stats"]["drafted"] > 0
