@@ -137,8 +137,8 @@ def measure(folder: Path, calls: int, threads: int) -> Iterator[tuple[str, list[
             if name != "dflash":
                 # As the chain drafter hands a sequence's chain over (SequenceHead.within).
                 ways[f"{name}: sequence 1 of 2, the chain in one hop"] = (
-                    lambda sequence_head=sequence_head, prompt=prompt: sequence_head.within(
-                        lambda head: _round("eagle3", head, prompt)()
+                    lambda sequence_head=sequence_head, prompt=prompt, name=name: (
+                        sequence_head.within(lambda head: _round(name, head, prompt)())
                     )
                 )
             # Alternated round by round, so that the machine's drift falls on all alike.

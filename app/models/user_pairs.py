@@ -16,8 +16,8 @@ vocabulary rule on the two headers (on two configs, their vocabulary sizes). A t
 alone is always allowed (n-gram drafts). A GGUF draft whose architecture is ``eagle3``
 is an EAGLE-3 head: the pair drafts with it (``drafter = "eagle3"``); one whose
 architecture is ``dflash`` is a DFlash or DSpark head (``drafter = "dflash"``; loading
-reads which of the two the file holds); one that holds an MTP head alone (Gemma 4's
-``gemma4-assistant``, or every block a nextn block) is the target's MTP head
+reads which of the two the file holds); one that holds an MTP head alone (every block a
+nextn block, as in Gemma 4's ``gemma4-assistant``) is the target's MTP head
 (``drafter = "mtp"``). An MLX draft directory's config says whether it is an EAGLE-3
 or DFlash head.
 """
@@ -211,9 +211,9 @@ def mtp_only_layers(header: GGUFHeader) -> int:
 
 def draft_head_kind(header: GGUFHeader | None) -> str | None:
     """The head a draft GGUF is, by its header: "eagle3" or "dflash" (a DFlash or DSpark
-    head), "mtp" for a file that holds an MTP head alone (Gemma 4's assistant, or a file
-    whose every block is a nextn block); None for a model that runs alone (or a hub
-    file not here yet)."""
+    head), "mtp" for a file that holds an MTP head alone: every block a nextn block (as
+    llama.cpp's converter writes Gemma 4's assistant); None for a model that runs alone
+    (or a hub file not here yet)."""
     if header is None:
         return None
     arch = header.architecture
@@ -221,9 +221,7 @@ def draft_head_kind(header: GGUFHeader | None) -> str | None:
         return arch
     blocks = int(header.metadata.get(f"{arch}.block_count", 0) or 0)
     nextn = mtp_only_layers(header)
-    if arch == "gemma4-assistant" or (nextn > 0 and nextn >= blocks):
-        return "mtp"
-    return None
+    return "mtp" if nextn > 0 and nextn >= blocks else None
 
 
 def add_user_pair(

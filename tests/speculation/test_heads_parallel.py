@@ -25,6 +25,7 @@ from tests.support.draft_distribution import check_head_drafts_are_exact
 from tests.support.model_files import SMOLLM2_KEY, require_model
 from tests.support.slot_runs import (
     greedy_chat_request,
+    head_rows,
     record_shared_decodes,
     reply_tokens,
     run_on_slots,
@@ -130,31 +131,6 @@ def test_each_sequence_drafts_with_its_head_and_writes_its_reply_alone(
         engine.close()
 
 
-def _head_rows(
-    engine: Engine, drafter: str, context: list[int], between: Engine | None = None
-) -> list[np.ndarray]:
-    """The first draft's row of ``engine``'s head after the target's cache, with
-    ``context``'s last token pending (an EAGLE-3 head's start, a block's first slot);
-    for an EAGLE-3 head, also the next row of its chain, after ``between``'s head (a
-    sequence of the same context) drafted in the meantime."""
-    head = engine.drafter_named(drafter).head  # type: ignore[attr-defined]
-    evaluated = len(engine.target.cached_tokens)
-    try:
-        if drafter != "eagle3":
-            rows = head.draft_block(evaluated, context, 1)
-            assert rows is not None
-            return [np.array(rows.row(0), dtype=np.float32)]
-        first = head.start(evaluated, context)
-        assert first is not None
-        first = np.array(first.row(0), dtype=np.float32)
-        if between is not None:
-            _head_rows(between, drafter, [*between.target.cached_tokens, first.argmax()])
-        second = np.array(head.step(int(np.argmax(first))).row(0), dtype=np.float32)
-        return [first, second]
-    finally:
-        head.finish()
-
-
 @pytest.mark.parametrize("drafter", ["eagle3", "dflash"])
 def test_a_sequence_s_head_reads_its_own_sequence_only(
     files: dict[str, Path], exchange: RuntimeExchange, drafter: str
@@ -176,12 +152,12 @@ def test_a_sequence_s_head_reads_its_own_sequence_only(
             other = slots.take(list(_request(engine, PROMPTS[index - 1], drafter).prompt_tokens))
             evaluated = len(slot.target.cached_tokens)
             assert list(slot.target.cached_tokens) == context[:evaluated]
-            rows = _head_rows(slot, drafter, context[: evaluated + 1], between=other)
+            rows = head_rows(slot, drafter, context[: evaluated + 1], between=other)
             slots.give_back(other)
             slots.give_back(slot)
             fresh.target.rollback(0)
             fresh.target.prefill(context[:evaluated])
-            alone = _head_rows(fresh, drafter, context[: evaluated + 1])
+            alone = head_rows(fresh, drafter, context[: evaluated + 1])
             for row, row_alone in zip(rows, alone, strict=True):
                 assert int(np.argmax(row)) == int(np.argmax(row_alone))
                 # Rounding differs with how the rows were batched (3e-3 seen in logits

@@ -35,6 +35,7 @@ from tests.support.draft_distribution import check_head_drafts_are_exact
 from tests.support.model_files import SMOLLM2_KEY, require_model
 from tests.support.slot_runs import (
     greedy_chat_request,
+    head_rows,
     record_shared_decodes,
     reply_tokens,
     run_on_slots,
@@ -292,20 +293,6 @@ def test_an_assistant_for_another_target_is_refused_with_the_reason(
         engine.close()
 
 
-def _head_rows(engine: Engine, context: list[int]) -> list[np.ndarray]:
-    """The MTP head's first row after the target's cache, with ``context``'s last token
-    pending, and its chain's next row (after the first row's likeliest token)."""
-    head = engine.drafter_named("mtp").head  # type: ignore[attr-defined]
-    try:
-        first = head.start(len(engine.target.cached_tokens), context)
-        assert first is not None
-        first = np.array(first.row(0), dtype=np.float32)
-        second = np.array(head.step(int(np.argmax(first))).row(0), dtype=np.float32)
-        return [first, second]
-    finally:
-        head.finish()
-
-
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_sequence_s_mtp_head_reads_its_own_sequence_only(
     files: dict[str, Path], exchange: RuntimeExchange, target: str
@@ -326,11 +313,11 @@ def test_a_sequence_s_mtp_head_reads_its_own_sequence_only(
             slot = slots.take(context)
             evaluated = len(slot.target.cached_tokens)
             assert list(slot.target.cached_tokens) == context[:evaluated]
-            rows = _head_rows(slot, context[: evaluated + 1])
+            rows = head_rows(slot, "mtp", context[: evaluated + 1])
             slots.give_back(slot)
             fresh.target.rollback(0)
             fresh.target.prefill(context[:evaluated])
-            alone = _head_rows(fresh, context[: evaluated + 1])
+            alone = head_rows(fresh, "mtp", context[: evaluated + 1])
             for row, row_alone in zip(rows, alone, strict=True):
                 assert int(np.argmax(row)) == int(np.argmax(row_alone))
                 # Rounding differs with how the rows were batched.

@@ -8,6 +8,8 @@ from collections.abc import Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
+
 from backends.base import ChatMessage
 from backends.engine import Engine, GenerationRequest
 from backends.engine_slots import EngineSlots, generate_on_slot
@@ -89,3 +91,28 @@ def record_shared_decodes(slots: EngineSlots) -> list[int]:
 
     batcher._decode = recording  # type: ignore[method-assign]
     return shared
+
+
+def head_rows(
+    engine: Engine, drafter: str, context: list[int], between: Engine | None = None
+) -> list[np.ndarray]:
+    """The first draft's row of ``engine``'s head after the target's cache, with
+    ``context``'s last token pending (a chain head's start, a block's first slot); for a
+    chain head (EAGLE-3, MTP), also the next row of its chain, after ``between``'s head
+    (a sequence of the same context), if given, drafted in the meantime."""
+    head = engine.drafter_named(drafter).head  # type: ignore[attr-defined]
+    evaluated = len(engine.target.cached_tokens)
+    try:
+        if drafter not in ("eagle3", "mtp"):
+            rows = head.draft_block(evaluated, context, 1)
+            assert rows is not None
+            return [np.array(rows.row(0), dtype=np.float32)]
+        first = head.start(evaluated, context)
+        assert first is not None
+        first = np.array(first.row(0), dtype=np.float32)
+        if between is not None:
+            head_rows(between, drafter, [*between.target.cached_tokens, int(first.argmax())])
+        second = np.array(head.step(int(np.argmax(first))).row(0), dtype=np.float32)
+        return [first, second]
+    finally:
+        head.finish()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.support.tiny_hybrid import finish_gguf
+from tests.support.tiny_hybrid import finish_gguf, passthrough_nextn
 
 ARCH = "glm4moe"
 N_EMBD = 128
@@ -98,15 +98,10 @@ def tiny_glm4moe_tensors(n_vocab: int, *, seed: int) -> dict[str, np.ndarray]:
     prefix = f"blk.{TRUNK_LAYERS}"
     tensors.update(_attention(rng, prefix))
     tensors.update(_expert_ffn(rng, prefix))
-    # A head that mostly passes the token's embedding through (that half of eh_proj
-    # near identity, the block's own outputs small), so its q overlaps the target's p
-    # (fully random weights give disjoint supports: every draft rejected).
-    projection = _normal(rng, (N_EMBD, 2 * N_EMBD), 0.05)
-    projection[:, :N_EMBD] += np.eye(N_EMBD, dtype=np.float32)
-    tensors[f"{prefix}.nextn.eh_proj.weight"] = projection
+    # A head that mostly passes the token's embedding through, its own outputs small
+    # (its experts' already are), so that its q overlaps the target's p.
+    tensors.update(passthrough_nextn(rng, prefix, N_EMBD))
     tensors[f"{prefix}.attn_output.weight"] *= 0.2
-    tensors[f"{prefix}.nextn.enorm.weight"] = np.ones(N_EMBD, dtype=np.float32)
-    tensors[f"{prefix}.nextn.hnorm.weight"] = np.ones(N_EMBD, dtype=np.float32)
     tensors[f"{prefix}.nextn.shared_head_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
     return tensors
 

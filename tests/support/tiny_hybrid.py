@@ -131,19 +131,26 @@ def tiny_qwen35_tensors(
         prefix = f"blk.{layer}"
         tensors.update(_block_common(rng, prefix))
         tensors.update(_attention_block(rng, prefix))
-        # A head that mostly passes the token's embedding through (that half of
-        # eh_proj near identity, the block's own outputs small). The random target's
-        # next-token distribution leans on its last token too, so the head's q
-        # overlaps the target's p (fully random weights give disjoint supports, where
-        # every draft is rejected and the accept step is never put to the test).
-        projection = _normal(rng, (N_EMBD, 2 * N_EMBD), 0.05)
-        projection[:, :N_EMBD] += np.eye(N_EMBD, dtype=np.float32)
-        tensors[f"{prefix}.nextn.eh_proj.weight"] = projection
+        tensors.update(passthrough_nextn(rng, prefix, N_EMBD))
         tensors[f"{prefix}.attn_output.weight"] *= 0.2
         tensors[f"{prefix}.ffn_down.weight"] *= 0.2
-        tensors[f"{prefix}.nextn.enorm.weight"] = np.ones(N_EMBD, dtype=np.float32)
-        tensors[f"{prefix}.nextn.hnorm.weight"] = np.ones(N_EMBD, dtype=np.float32)
     return tensors
+
+
+def passthrough_nextn(rng: np.random.Generator, prefix: str, width: int) -> dict[str, np.ndarray]:
+    """A nextn block's own tensors for a head that mostly passes the token's embedding
+    through (that half of eh_proj near identity; the caller keeps the block's own
+    outputs small). The random target's next-token distribution leans on its last token
+    too, so the head's q overlaps the target's p (fully random weights give disjoint
+    supports, where every draft is rejected and the accept step is never put to the
+    test)."""
+    projection = _normal(rng, (width, 2 * width), 0.05)
+    projection[:, :width] += np.eye(width, dtype=np.float32)
+    return {
+        f"{prefix}.nextn.eh_proj.weight": projection,
+        f"{prefix}.nextn.enorm.weight": np.ones(width, dtype=np.float32),
+        f"{prefix}.nextn.hnorm.weight": np.ones(width, dtype=np.float32),
+    }
 
 
 def perturbed(tensors: dict[str, np.ndarray], *, seed: int, scale: float) -> dict[str, np.ndarray]:
