@@ -103,12 +103,20 @@ def start_server(
 
 
 def start_starter_server(
-    tmp_path_factory: pytest.TempPathFactory, home_name: str, *options: str
+    tmp_path_factory: pytest.TempPathFactory,
+    home_name: str,
+    *options: str,
+    exact_output: bool = False,
 ) -> Iterator[RunningServer]:
-    """``draftpen serve --pair starter OPTIONS`` in a new home, for a module's fixture."""
+    """``draftpen serve --pair starter OPTIONS`` in a new home, for a module's fixture;
+    ``exact_output``: the home's settings load exact kernels, so that one greedy request
+    sent twice gets one reply (the fastest kernels may round a near-tie either way)."""
     require_model(TARGET_KEY)
     require_model(DRAFT_KEY)
     home = tmp_path_factory.mktemp(home_name)
+    if exact_output:
+        (home / "config").mkdir()
+        (home / "config" / "settings.toml").write_text("exact_output = true\n")
     running = start_server(home, home / "starter.sock", *options, pair="starter")
     yield running
     running.stop()
