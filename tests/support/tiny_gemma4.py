@@ -135,14 +135,37 @@ def write_tiny_gemma4(path: Path, tokenizer_source: Path, *, seed: int = 0) -> P
     for layer in range(layers):
         keys = layer < layers - SHARED_KV_LAYERS
         tensors.update(_layer(rng, f"blk.{layer}", N_EMBD, N_FF, keys=keys))
-    writer = gguf.GGUFWriter(str(path), TARGET_ARCH)
+    # Written in float, then quantized to ``path`` (see _quantize_q8_0).
+    unquantized = path.with_name(f"{path.stem}-f32.gguf")
+    writer = gguf.GGUFWriter(str(unquantized), TARGET_ARCH)
     writer.add_name(path.stem)
     _add_shape(
         writer, TARGET_ARCH, N_EMBD, layers, N_FF, TARGET_PATTERN, shared_kv_layers=SHARED_KV_LAYERS
     )
     writer.add_uint32(f"{TARGET_ARCH}.embedding_length_per_layer_input", 0)
     finish_gguf(writer, reader, tensors)
+    _quantize_q8_0(unquantized, path)
+    unquantized.unlink()
     return path
+
+
+def _quantize_q8_0(source: Path, path: Path) -> None:
+    """Quantize ``source`` to Q8_0 at ``path``, with the installed llama.cpp.
+
+    Why: with float weights llama.cpp multiplies a batch of rows with other kernels
+    than one row, and the tiny Gemma 4's norms carried that rounding to 2.5e-3-0.02 in
+    a logit (measured), enough to flip a near-tie of its random weights; in Q8_0 (and
+    Q4_K) its verify batches of 2-8 rows round like one-token decoding bit for bit
+    under exact kernels, as the quantized models people run do, so greedy output is
+    held to plain decoding's without luck.
+    """
+    from backends.llamacpp.library import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(path).encode(), params)
+    if status != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {source} (status {status})")
 
 
 def write_tiny_gemma4_assistant(
