@@ -77,6 +77,7 @@ def _interrupt_sets(cancel: threading.Event) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     """``draftpen generate``: stream one answer to stdout, statistics to stderr."""
     from app.loading import load_engine
+    from app.models.catalog import DRAFTER_KINDS
     from app.settings import load_settings
 
     settings = load_settings()
@@ -92,7 +93,7 @@ def run_generate(args: argparse.Namespace) -> int:
         runtime=args.runtime,
         # A head (EAGLE-3, DFlash, DSpark, or an MTP head in a file of its own, as Gemma
         # 4's assistant) is loaded with the pair's other files (it is no draft model).
-        with_draft=args.drafter in ("auto", "model", "mtp", "eagle3", "dflash", "dspark"),
+        with_draft=args.drafter in ("auto", *DRAFTER_KINDS),
         calibrate=args.drafter == "auto",
         exact_output=args.exact_output,
     )

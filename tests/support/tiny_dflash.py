@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.support.tiny_eagle3 import N_HEAD, N_HEAD_KV, _add_block_shape
-from tests.support.tiny_hybrid import finish_gguf
+from tests.support.tiny_hybrid import finish_gguf, normal_weights
 
 HEAD_LAYERS = 2
 HEAD_N_FF = 96
@@ -32,10 +32,6 @@ READ_LAYERS = (1, 2, 3)
 BLOCK_SIZE = 8
 MASK_TOKEN = 3  # a special token of SmolLM2's that replies never hold
 MARKOV_RANK = 8
-
-
-def _normal(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
-    return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
 def dflash_head_tensors(
@@ -47,7 +43,7 @@ def dflash_head_tensors(
     head_dim = n_embd // N_HEAD
     ones = np.ones(n_embd, dtype=np.float32)
     tensors = {
-        "fc.weight": _normal(rng, (n_embd, read_layers * n_embd), 0.1),
+        "fc.weight": normal_weights(rng, (n_embd, read_layers * n_embd), 0.1),
         "enc.output_norm.weight": ones,
         "output_norm.weight": ones,
     }
@@ -55,20 +51,20 @@ def dflash_head_tensors(
         prefix = f"blk.{layer}"
         tensors |= {
             f"{prefix}.attn_norm.weight": ones,
-            f"{prefix}.attn_q.weight": _normal(rng, (head_dim * N_HEAD, n_embd), 0.1),
-            f"{prefix}.attn_k.weight": _normal(rng, (head_dim * N_HEAD_KV, n_embd), 0.1),
-            f"{prefix}.attn_v.weight": _normal(rng, (head_dim * N_HEAD_KV, n_embd), 0.1),
-            f"{prefix}.attn_output.weight": _normal(rng, (n_embd, head_dim * N_HEAD), 0.05),
+            f"{prefix}.attn_q.weight": normal_weights(rng, (head_dim * N_HEAD, n_embd), 0.1),
+            f"{prefix}.attn_k.weight": normal_weights(rng, (head_dim * N_HEAD_KV, n_embd), 0.1),
+            f"{prefix}.attn_v.weight": normal_weights(rng, (head_dim * N_HEAD_KV, n_embd), 0.1),
+            f"{prefix}.attn_output.weight": normal_weights(rng, (n_embd, head_dim * N_HEAD), 0.05),
             f"{prefix}.attn_q_norm.weight": np.ones(head_dim, dtype=np.float32),
             f"{prefix}.attn_k_norm.weight": np.ones(head_dim, dtype=np.float32),
             f"{prefix}.ffn_norm.weight": ones,
-            f"{prefix}.ffn_gate.weight": _normal(rng, (HEAD_N_FF, n_embd), 0.1),
-            f"{prefix}.ffn_up.weight": _normal(rng, (HEAD_N_FF, n_embd), 0.1),
-            f"{prefix}.ffn_down.weight": _normal(rng, (n_embd, HEAD_N_FF), 0.05),
+            f"{prefix}.ffn_gate.weight": normal_weights(rng, (HEAD_N_FF, n_embd), 0.1),
+            f"{prefix}.ffn_up.weight": normal_weights(rng, (HEAD_N_FF, n_embd), 0.1),
+            f"{prefix}.ffn_down.weight": normal_weights(rng, (n_embd, HEAD_N_FF), 0.05),
         }
     if markov:
-        tensors["markov_w1.weight"] = _normal(rng, (n_vocab, MARKOV_RANK), 0.3)
-        tensors["markov_w2.weight"] = _normal(rng, (n_vocab, MARKOV_RANK), 0.3)
+        tensors["markov_w1.weight"] = normal_weights(rng, (n_vocab, MARKOV_RANK), 0.3)
+        tensors["markov_w2.weight"] = normal_weights(rng, (n_vocab, MARKOV_RANK), 0.3)
     return tensors
 
 

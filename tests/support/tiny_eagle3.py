@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.support.tiny_hybrid import finish_gguf
+from tests.support.tiny_hybrid import finish_gguf, normal_weights
 
 N_EMBD = 64
 N_HEAD = 4
@@ -34,10 +34,6 @@ READ_LAYERS = (1, 2, 3)
 HEAD_N_FF = 96
 FAVOURED_FIRST = 300  # SmolLM2's ids from here on are common English word pieces
 FAVOURED_TOKENS = 64
-
-
-def _normal(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
-    return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
 def _ones(size: int) -> np.ndarray:
@@ -54,11 +50,11 @@ def tiny_target_tensors(
     """
     rng = np.random.default_rng(seed)
     head_dim = n_embd // N_HEAD
-    output = _normal(rng, (n_vocab, n_embd), 0.05)
+    output = normal_weights(rng, (n_vocab, n_embd), 0.05)
     favoured = slice(FAVOURED_FIRST, min(n_vocab, FAVOURED_FIRST + FAVOURED_TOKENS))
-    output[favoured] = _normal(rng, output[favoured].shape, 0.5)
+    output[favoured] = normal_weights(rng, output[favoured].shape, 0.5)
     tensors = {
-        "token_embd.weight": _normal(rng, (n_vocab, n_embd), 0.5),
+        "token_embd.weight": normal_weights(rng, (n_vocab, n_embd), 0.5),
         "output_norm.weight": _ones(n_embd),
         "output.weight": output,
     }
@@ -66,14 +62,14 @@ def tiny_target_tensors(
         prefix = f"blk.{layer}"
         tensors |= {
             f"{prefix}.attn_norm.weight": _ones(n_embd),
-            f"{prefix}.attn_q.weight": _normal(rng, (head_dim * N_HEAD, n_embd), 0.1),
-            f"{prefix}.attn_k.weight": _normal(rng, (head_dim * N_HEAD_KV, n_embd), 0.1),
-            f"{prefix}.attn_v.weight": _normal(rng, (head_dim * N_HEAD_KV, n_embd), 0.1),
-            f"{prefix}.attn_output.weight": _normal(rng, (n_embd, head_dim * N_HEAD), 0.1),
+            f"{prefix}.attn_q.weight": normal_weights(rng, (head_dim * N_HEAD, n_embd), 0.1),
+            f"{prefix}.attn_k.weight": normal_weights(rng, (head_dim * N_HEAD_KV, n_embd), 0.1),
+            f"{prefix}.attn_v.weight": normal_weights(rng, (head_dim * N_HEAD_KV, n_embd), 0.1),
+            f"{prefix}.attn_output.weight": normal_weights(rng, (n_embd, head_dim * N_HEAD), 0.1),
             f"{prefix}.ffn_norm.weight": _ones(n_embd),
-            f"{prefix}.ffn_gate.weight": _normal(rng, (N_FF, n_embd), 0.1),
-            f"{prefix}.ffn_up.weight": _normal(rng, (N_FF, n_embd), 0.1),
-            f"{prefix}.ffn_down.weight": _normal(rng, (n_embd, N_FF), 0.1),
+            f"{prefix}.ffn_gate.weight": normal_weights(rng, (N_FF, n_embd), 0.1),
+            f"{prefix}.ffn_up.weight": normal_weights(rng, (N_FF, n_embd), 0.1),
+            f"{prefix}.ffn_down.weight": normal_weights(rng, (n_embd, N_FF), 0.1),
         }
         if qk_norm:
             tensors[f"{prefix}.attn_q_norm.weight"] = _ones(head_dim)
@@ -94,21 +90,21 @@ def eagle3_head_tensors(
     rng = np.random.default_rng(seed)
     n_embd = int(target["output_norm.weight"].shape[0])
     head_dim = n_embd // N_HEAD
-    fc = _normal(rng, (n_embd, len(READ_LAYERS) * n_embd), 0.02)
+    fc = normal_weights(rng, (n_embd, len(READ_LAYERS) * n_embd), 0.02)
     fc[:, -n_embd:] += np.eye(n_embd, dtype=np.float32)
     tensors = {
         "fc.weight": fc,
         "output_norm.weight": _ones(n_embd),
         "blk.0.attn_norm.weight": _ones(n_embd),
         "blk.0.attn_norm_2.weight": _ones(n_embd),
-        "blk.0.attn_q.weight": _normal(rng, (head_dim * N_HEAD, 2 * n_embd), 0.1),
-        "blk.0.attn_k.weight": _normal(rng, (head_dim * N_HEAD_KV, 2 * n_embd), 0.1),
-        "blk.0.attn_v.weight": _normal(rng, (head_dim * N_HEAD_KV, 2 * n_embd), 0.1),
-        "blk.0.attn_output.weight": _normal(rng, (n_embd, head_dim * N_HEAD), 0.02),
+        "blk.0.attn_q.weight": normal_weights(rng, (head_dim * N_HEAD, 2 * n_embd), 0.1),
+        "blk.0.attn_k.weight": normal_weights(rng, (head_dim * N_HEAD_KV, 2 * n_embd), 0.1),
+        "blk.0.attn_v.weight": normal_weights(rng, (head_dim * N_HEAD_KV, 2 * n_embd), 0.1),
+        "blk.0.attn_output.weight": normal_weights(rng, (n_embd, head_dim * N_HEAD), 0.02),
         "blk.0.ffn_norm.weight": _ones(n_embd),
-        "blk.0.ffn_gate.weight": _normal(rng, (HEAD_N_FF, n_embd), 0.1),
-        "blk.0.ffn_up.weight": _normal(rng, (HEAD_N_FF, n_embd), 0.1),
-        "blk.0.ffn_down.weight": _normal(rng, (n_embd, HEAD_N_FF), 0.02),
+        "blk.0.ffn_gate.weight": normal_weights(rng, (HEAD_N_FF, n_embd), 0.1),
+        "blk.0.ffn_up.weight": normal_weights(rng, (HEAD_N_FF, n_embd), 0.1),
+        "blk.0.ffn_down.weight": normal_weights(rng, (n_embd, HEAD_N_FF), 0.02),
     }
     if own_vocabulary:
         tensors["token_embd.weight"] = target["token_embd.weight"].copy()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.support.tiny_hybrid import finish_gguf
+from tests.support.tiny_hybrid import finish_gguf, normal_weights
 
 TARGET_ARCH = "gemma4"
 HEAD_ARCH = "gemma4-assistant"
@@ -44,10 +44,6 @@ FAVOURED_FIRST = 300  # SmolLM2's ids from 300 on are common English word pieces
 FAVOURED_TOKENS = 24
 
 
-def _normal(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
-    return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-
 def _ones(size: int) -> np.ndarray:
     return np.ones(size, dtype=np.float32)
 
@@ -60,20 +56,24 @@ def _layer(
     projects queries only."""
     tensors = {
         f"{prefix}.attn_norm.weight": _ones(width),
-        f"{prefix}.attn_q.weight": _normal(rng, (HEAD_DIM * N_HEAD, width), 0.05),
+        f"{prefix}.attn_q.weight": normal_weights(rng, (HEAD_DIM * N_HEAD, width), 0.05),
         f"{prefix}.attn_q_norm.weight": _ones(HEAD_DIM),
-        f"{prefix}.attn_output.weight": _normal(rng, (width, HEAD_DIM * N_HEAD), 0.05),
+        f"{prefix}.attn_output.weight": normal_weights(rng, (width, HEAD_DIM * N_HEAD), 0.05),
         f"{prefix}.post_attention_norm.weight": _ones(width),
         f"{prefix}.layer_output_scale.weight": _ones(1),
         f"{prefix}.ffn_norm.weight": _ones(width),
-        f"{prefix}.ffn_gate.weight": _normal(rng, (n_ff, width), 0.05),
-        f"{prefix}.ffn_up.weight": _normal(rng, (n_ff, width), 0.05),
-        f"{prefix}.ffn_down.weight": _normal(rng, (width, n_ff), 0.05),
+        f"{prefix}.ffn_gate.weight": normal_weights(rng, (n_ff, width), 0.05),
+        f"{prefix}.ffn_up.weight": normal_weights(rng, (n_ff, width), 0.05),
+        f"{prefix}.ffn_down.weight": normal_weights(rng, (width, n_ff), 0.05),
         f"{prefix}.post_ffw_norm.weight": _ones(width),
     }
     if keys:
-        tensors[f"{prefix}.attn_k.weight"] = _normal(rng, (HEAD_DIM * N_HEAD_KV, width), 0.05)
-        tensors[f"{prefix}.attn_v.weight"] = _normal(rng, (HEAD_DIM * N_HEAD_KV, width), 0.05)
+        tensors[f"{prefix}.attn_k.weight"] = normal_weights(
+            rng, (HEAD_DIM * N_HEAD_KV, width), 0.05
+        )
+        tensors[f"{prefix}.attn_v.weight"] = normal_weights(
+            rng, (HEAD_DIM * N_HEAD_KV, width), 0.05
+        )
         tensors[f"{prefix}.attn_k_norm.weight"] = _ones(HEAD_DIM)
     return tensors
 
@@ -83,9 +83,9 @@ def _favouring(rng: np.random.Generator, n_vocab: int, width: int) -> np.ndarray
     dimension, which every token's embedding carries (``_embeddings``) and so every
     hidden state: the target and the head both write mostly those tokens (their p and q
     overlap, and a reply is many tokens rather than one repeated)."""
-    weights = _normal(rng, (n_vocab, width), 0.05)
+    weights = normal_weights(rng, (n_vocab, width), 0.05)
     favoured = slice(FAVOURED_FIRST, min(n_vocab, FAVOURED_FIRST + FAVOURED_TOKENS))
-    weights[favoured] = _normal(rng, weights[favoured].shape, 0.5)
+    weights[favoured] = normal_weights(rng, weights[favoured].shape, 0.5)
     weights[favoured, 0] += 3.0
     return weights
 
@@ -93,7 +93,7 @@ def _favouring(rng: np.random.Generator, n_vocab: int, width: int) -> np.ndarray
 def _embeddings(rng: np.random.Generator, n_vocab: int) -> np.ndarray:
     """The target's token embeddings, each with a large first dimension (see
     ``_favouring``)."""
-    weights = _normal(rng, (n_vocab, N_EMBD), 0.05)
+    weights = normal_weights(rng, (n_vocab, N_EMBD), 0.05)
     weights[:, 0] = 1.0
     return weights
 
@@ -182,13 +182,13 @@ def write_tiny_gemma4_assistant(
     # leans on the pending token as the random target's p does (their supports then
     # overlap: fully random weights reject every draft, and the accept step is never
     # put to the test).
-    pre = _normal(rng, (HEAD_EMBD, 2 * backbone), 0.05)
+    pre = normal_weights(rng, (HEAD_EMBD, 2 * backbone), 0.05)
     pre[:, :HEAD_EMBD] += np.eye(HEAD_EMBD, dtype=np.float32) * 4.0
     tensors: dict[str, np.ndarray] = {
         "token_embd.weight": _favouring(rng, n_vocab, HEAD_EMBD),
         "output_norm.weight": _ones(HEAD_EMBD),
         "nextn.pre_projection.weight": pre,
-        "nextn.post_projection.weight": _normal(rng, (backbone, HEAD_EMBD), 0.05),
+        "nextn.post_projection.weight": normal_weights(rng, (backbone, HEAD_EMBD), 0.05),
         "rope_freqs.weight": _ones(HEAD_DIM // 2),
     }
     for layer in range(len(HEAD_PATTERN)):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.support.tiny_hybrid import finish_gguf, passthrough_nextn
+from tests.support.tiny_hybrid import finish_gguf, normal_weights, passthrough_nextn
 
 ARCH = "glm4moe"
 N_EMBD = 128
@@ -38,56 +38,56 @@ FAVOURED_FIRST = 300
 FAVOURED_TOKENS = 64
 
 
-def _normal(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
-    return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-
 def _attention(rng: np.random.Generator, prefix: str) -> dict[str, np.ndarray]:
     """An attention block with GLM's q/k/v biases (numpy shapes: ggml's dims reversed)."""
     return {
         f"{prefix}.attn_norm.weight": np.ones(N_EMBD, dtype=np.float32),
-        f"{prefix}.attn_q.weight": _normal(rng, (HEAD_DIM * N_HEAD, N_EMBD), 0.05),
-        f"{prefix}.attn_k.weight": _normal(rng, (HEAD_DIM * N_HEAD_KV, N_EMBD), 0.05),
-        f"{prefix}.attn_v.weight": _normal(rng, (HEAD_DIM * N_HEAD_KV, N_EMBD), 0.05),
-        f"{prefix}.attn_q.bias": _normal(rng, (HEAD_DIM * N_HEAD,), 0.02),
-        f"{prefix}.attn_k.bias": _normal(rng, (HEAD_DIM * N_HEAD_KV,), 0.02),
-        f"{prefix}.attn_v.bias": _normal(rng, (HEAD_DIM * N_HEAD_KV,), 0.02),
-        f"{prefix}.attn_output.weight": _normal(rng, (N_EMBD, HEAD_DIM * N_HEAD), 0.05),
+        f"{prefix}.attn_q.weight": normal_weights(rng, (HEAD_DIM * N_HEAD, N_EMBD), 0.05),
+        f"{prefix}.attn_k.weight": normal_weights(rng, (HEAD_DIM * N_HEAD_KV, N_EMBD), 0.05),
+        f"{prefix}.attn_v.weight": normal_weights(rng, (HEAD_DIM * N_HEAD_KV, N_EMBD), 0.05),
+        f"{prefix}.attn_q.bias": normal_weights(rng, (HEAD_DIM * N_HEAD,), 0.02),
+        f"{prefix}.attn_k.bias": normal_weights(rng, (HEAD_DIM * N_HEAD_KV,), 0.02),
+        f"{prefix}.attn_v.bias": normal_weights(rng, (HEAD_DIM * N_HEAD_KV,), 0.02),
+        f"{prefix}.attn_output.weight": normal_weights(rng, (N_EMBD, HEAD_DIM * N_HEAD), 0.05),
         f"{prefix}.post_attention_norm.weight": np.ones(N_EMBD, dtype=np.float32),
     }
 
 
 def _dense_ffn(rng: np.random.Generator, prefix: str) -> dict[str, np.ndarray]:
     return {
-        f"{prefix}.ffn_gate.weight": _normal(rng, (N_FF, N_EMBD), 0.05),
-        f"{prefix}.ffn_up.weight": _normal(rng, (N_FF, N_EMBD), 0.05),
-        f"{prefix}.ffn_down.weight": _normal(rng, (N_EMBD, N_FF), 0.05),
+        f"{prefix}.ffn_gate.weight": normal_weights(rng, (N_FF, N_EMBD), 0.05),
+        f"{prefix}.ffn_up.weight": normal_weights(rng, (N_FF, N_EMBD), 0.05),
+        f"{prefix}.ffn_down.weight": normal_weights(rng, (N_EMBD, N_FF), 0.05),
     }
 
 
 def _expert_ffn(rng: np.random.Generator, prefix: str) -> dict[str, np.ndarray]:
     """The routed experts (one 3-d tensor each), their router and the shared expert."""
     return {
-        f"{prefix}.ffn_gate_inp.weight": _normal(rng, (N_EXPERT, N_EMBD), 0.05),
+        f"{prefix}.ffn_gate_inp.weight": normal_weights(rng, (N_EXPERT, N_EMBD), 0.05),
         f"{prefix}.exp_probs_b.bias": np.zeros(N_EXPERT, dtype=np.float32),
-        f"{prefix}.ffn_gate_exps.weight": _normal(rng, (N_EXPERT, N_FF_EXPERT, N_EMBD), 0.05),
-        f"{prefix}.ffn_up_exps.weight": _normal(rng, (N_EXPERT, N_FF_EXPERT, N_EMBD), 0.05),
-        f"{prefix}.ffn_down_exps.weight": _normal(rng, (N_EXPERT, N_EMBD, N_FF_EXPERT), 0.01),
-        f"{prefix}.ffn_gate_shexp.weight": _normal(rng, (N_FF_EXPERT, N_EMBD), 0.05),
-        f"{prefix}.ffn_up_shexp.weight": _normal(rng, (N_FF_EXPERT, N_EMBD), 0.05),
-        f"{prefix}.ffn_down_shexp.weight": _normal(rng, (N_EMBD, N_FF_EXPERT), 0.01),
+        f"{prefix}.ffn_gate_exps.weight": normal_weights(
+            rng, (N_EXPERT, N_FF_EXPERT, N_EMBD), 0.05
+        ),
+        f"{prefix}.ffn_up_exps.weight": normal_weights(rng, (N_EXPERT, N_FF_EXPERT, N_EMBD), 0.05),
+        f"{prefix}.ffn_down_exps.weight": normal_weights(
+            rng, (N_EXPERT, N_EMBD, N_FF_EXPERT), 0.01
+        ),
+        f"{prefix}.ffn_gate_shexp.weight": normal_weights(rng, (N_FF_EXPERT, N_EMBD), 0.05),
+        f"{prefix}.ffn_up_shexp.weight": normal_weights(rng, (N_FF_EXPERT, N_EMBD), 0.05),
+        f"{prefix}.ffn_down_shexp.weight": normal_weights(rng, (N_EMBD, N_FF_EXPERT), 0.01),
     }
 
 
 def tiny_glm4moe_tensors(n_vocab: int, *, seed: int) -> dict[str, np.ndarray]:
     """Random weights for the tiny target and its nextn block, by GGUF tensor name."""
     rng = np.random.default_rng(seed)
-    output = _normal(rng, (n_vocab, N_EMBD), 0.05)
+    output = normal_weights(rng, (n_vocab, N_EMBD), 0.05)
     favoured = slice(FAVOURED_FIRST, min(n_vocab, FAVOURED_FIRST + FAVOURED_TOKENS))
-    output[favoured] = _normal(rng, output[favoured].shape, 0.5)
+    output[favoured] = normal_weights(rng, output[favoured].shape, 0.5)
     tensors: dict[str, np.ndarray] = {
         # Large enough that the logits are peaked (greedy choices win by a clear margin).
-        "token_embd.weight": _normal(rng, (n_vocab, N_EMBD), 0.5),
+        "token_embd.weight": normal_weights(rng, (n_vocab, N_EMBD), 0.5),
         "output_norm.weight": np.ones(N_EMBD, dtype=np.float32),
         # Untied: tied to the embeddings, a random model writes the token it just read.
         "output.weight": output,

@@ -52,17 +52,19 @@ _TOKENIZER_SCALARS = (
 _TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
 
 
-def _normal(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
+def normal_weights(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
+    """Random float32 weights of ``shape``, normal with standard deviation ``scale`` (every
+    tiny GGUF the tests write draws its weights so)."""
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
 def _attention_block(rng: np.random.Generator, prefix: str) -> dict[str, np.ndarray]:
     """A full attention block's tensors (numpy shapes are ggml's dims reversed)."""
     return {
-        f"{prefix}.attn_q.weight": _normal(rng, (HEAD_DIM * N_HEAD * 2, N_EMBD), 0.05),
-        f"{prefix}.attn_k.weight": _normal(rng, (HEAD_DIM * N_HEAD_KV, N_EMBD), 0.05),
-        f"{prefix}.attn_v.weight": _normal(rng, (HEAD_DIM * N_HEAD_KV, N_EMBD), 0.05),
-        f"{prefix}.attn_output.weight": _normal(rng, (N_EMBD, HEAD_DIM * N_HEAD), 0.05),
+        f"{prefix}.attn_q.weight": normal_weights(rng, (HEAD_DIM * N_HEAD * 2, N_EMBD), 0.05),
+        f"{prefix}.attn_k.weight": normal_weights(rng, (HEAD_DIM * N_HEAD_KV, N_EMBD), 0.05),
+        f"{prefix}.attn_v.weight": normal_weights(rng, (HEAD_DIM * N_HEAD_KV, N_EMBD), 0.05),
+        f"{prefix}.attn_output.weight": normal_weights(rng, (N_EMBD, HEAD_DIM * N_HEAD), 0.05),
         f"{prefix}.attn_q_norm.weight": np.ones(HEAD_DIM, dtype=np.float32),
         f"{prefix}.attn_k_norm.weight": np.ones(HEAD_DIM, dtype=np.float32),
     }
@@ -74,16 +76,16 @@ def _delta_net_block(rng: np.random.Generator, prefix: str) -> dict[str, np.ndar
     value_dim = (SSM_INNER // SSM_V_HEADS) * SSM_V_HEADS
     conv_dim = key_dim * 2 + value_dim
     return {
-        f"{prefix}.attn_qkv.weight": _normal(rng, (conv_dim, N_EMBD), 0.05),
-        f"{prefix}.attn_gate.weight": _normal(rng, (value_dim, N_EMBD), 0.05),
-        f"{prefix}.ssm_conv1d.weight": _normal(rng, (conv_dim, SSM_CONV), 0.5),
-        f"{prefix}.ssm_dt.bias": _normal(rng, (SSM_V_HEADS,), 0.5),
+        f"{prefix}.attn_qkv.weight": normal_weights(rng, (conv_dim, N_EMBD), 0.05),
+        f"{prefix}.attn_gate.weight": normal_weights(rng, (value_dim, N_EMBD), 0.05),
+        f"{prefix}.ssm_conv1d.weight": normal_weights(rng, (conv_dim, SSM_CONV), 0.5),
+        f"{prefix}.ssm_dt.bias": normal_weights(rng, (SSM_V_HEADS,), 0.5),
         # A = -exp(A_log): negative, so the state decays rather than blows up.
         f"{prefix}.ssm_a": -np.exp(rng.uniform(0.0, 1.5, SSM_V_HEADS)).astype(np.float32),
-        f"{prefix}.ssm_beta.weight": _normal(rng, (SSM_V_HEADS, N_EMBD), 0.05),
-        f"{prefix}.ssm_alpha.weight": _normal(rng, (SSM_V_HEADS, N_EMBD), 0.05),
+        f"{prefix}.ssm_beta.weight": normal_weights(rng, (SSM_V_HEADS, N_EMBD), 0.05),
+        f"{prefix}.ssm_alpha.weight": normal_weights(rng, (SSM_V_HEADS, N_EMBD), 0.05),
         f"{prefix}.ssm_norm.weight": np.ones(SSM_INNER // SSM_V_HEADS, dtype=np.float32),
-        f"{prefix}.ssm_out.weight": _normal(rng, (N_EMBD, value_dim), 0.05),
+        f"{prefix}.ssm_out.weight": normal_weights(rng, (N_EMBD, value_dim), 0.05),
     }
 
 
@@ -91,9 +93,9 @@ def _block_common(rng: np.random.Generator, prefix: str) -> dict[str, np.ndarray
     return {
         f"{prefix}.attn_norm.weight": np.ones(N_EMBD, dtype=np.float32),
         f"{prefix}.post_attention_norm.weight": np.ones(N_EMBD, dtype=np.float32),
-        f"{prefix}.ffn_gate.weight": _normal(rng, (N_FF, N_EMBD), 0.05),
-        f"{prefix}.ffn_up.weight": _normal(rng, (N_FF, N_EMBD), 0.05),
-        f"{prefix}.ffn_down.weight": _normal(rng, (N_EMBD, N_FF), 0.05),
+        f"{prefix}.ffn_gate.weight": normal_weights(rng, (N_FF, N_EMBD), 0.05),
+        f"{prefix}.ffn_up.weight": normal_weights(rng, (N_FF, N_EMBD), 0.05),
+        f"{prefix}.ffn_down.weight": normal_weights(rng, (N_EMBD, N_FF), 0.05),
     }
 
 
@@ -102,9 +104,9 @@ def _output_matrix(rng: np.random.Generator, n_vocab: int) -> np.ndarray:
     the token it just read, forever), whose large rows for a few hundred ordinary
     tokens make a random model write those: its output then falls into loosely
     repeating stretches within a few dozen tokens, which n-gram drafts can follow."""
-    weights = _normal(rng, (n_vocab, N_EMBD), 0.05)
+    weights = normal_weights(rng, (n_vocab, N_EMBD), 0.05)
     favoured = slice(FAVOURED_FIRST, min(n_vocab, FAVOURED_FIRST + FAVOURED_TOKENS))
-    weights[favoured] = _normal(rng, weights[favoured].shape, 0.5)
+    weights[favoured] = normal_weights(rng, weights[favoured].shape, 0.5)
     return weights
 
 
@@ -116,7 +118,7 @@ def tiny_qwen35_tensors(
     tensors: dict[str, np.ndarray] = {
         # Large enough that the logits are peaked (a random model then writes the
         # same token at a clear margin, not by a hair that rounding could flip).
-        "token_embd.weight": _normal(rng, (n_vocab, N_EMBD), 0.5),
+        "token_embd.weight": normal_weights(rng, (n_vocab, N_EMBD), 0.5),
         "output_norm.weight": np.ones(N_EMBD, dtype=np.float32),
         "output.weight": _output_matrix(rng, n_vocab),
     }
@@ -144,7 +146,7 @@ def passthrough_nextn(rng: np.random.Generator, prefix: str, width: int) -> dict
     too, so the head's q overlaps the target's p (fully random weights give disjoint
     supports, where every draft is rejected and the accept step is never put to the
     test)."""
-    projection = _normal(rng, (width, 2 * width), 0.05)
+    projection = normal_weights(rng, (width, 2 * width), 0.05)
     projection[:, :width] += np.eye(width, dtype=np.float32)
     return {
         f"{prefix}.nextn.eh_proj.weight": projection,
