@@ -105,26 +105,22 @@ def measure(folder: Path, calls: int, threads: int) -> Iterator[tuple[str, list[
     try:
         for name, (target_path, attach, path) in heads.items():
 
-            def load_alone(target_path=target_path, attach=attach, path=path) -> Engine:  # type: ignore[no-untyped-def]
-                alone = Engine(LlamaCppModel(target_path, n_ctx=512, n_threads=threads))
-                if attach is not None:
-                    getattr(alone, attach)(path)
-                return alone
-
-            alone = exchange.call(load_alone)
-            prompt = alone.chat_prompt(PROMPT)[:40]
-            exchange.call(lambda alone=alone, prompt=prompt: alone.target.prefill(prompt))
-            whole = _round(name, alone.drafter_named(name).head, prompt)  # type: ignore[attr-defined]
-
-            def load_parallel(target_path=target_path, attach=attach, path=path) -> Engine:  # type: ignore[no-untyped-def]
-                engine = Engine(
-                    LlamaCppModel(target_path, n_ctx=512, n_threads=threads, parallel=2)
-                )
+            def load(  # type: ignore[no-untyped-def]
+                parallel: int, target_path=target_path, attach=attach, path=path
+            ) -> Engine:
+                """The engine on the target of ``parallel`` sequences, its head attached."""
+                model = LlamaCppModel(target_path, n_ctx=512, n_threads=threads, parallel=parallel)
+                engine = Engine(model)
                 if attach is not None:
                     getattr(engine, attach)(path)
                 return engine
 
-            engine = exchange.call(load_parallel)
+            alone = exchange.call(lambda load=load: load(1))
+            prompt = alone.chat_prompt(PROMPT)[:40]
+            exchange.call(lambda alone=alone, prompt=prompt: alone.target.prefill(prompt))
+            whole = _round(name, alone.drafter_named(name).head, prompt)  # type: ignore[attr-defined]
+
+            engine = exchange.call(lambda load=load: load(2))
             slots = EngineSlots(engine, exchange)
             slots.take([])
             slot = slots.take([])
